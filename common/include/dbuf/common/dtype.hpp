@@ -1,0 +1,58 @@
+#pragma once
+/// \file
+/// Element types known to dbuf: names as they appear in model files and on the
+/// wire, and their sizes. Pure value helpers, thread-safe.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace dbuf {
+
+enum class DType : std::uint8_t { kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kF64, kI8, kU8, kI32, kI64 };
+
+struct DTypeInfo {
+  DType dtype;
+  std::string_view name;
+  std::int64_t size_bytes;
+};
+
+inline constexpr std::array<DTypeInfo, 10> kDTypes{{
+    {DType::kF32, "fp32", 4},
+    {DType::kF16, "fp16", 2},
+    {DType::kBF16, "bf16", 2},
+    {DType::kF8E4M3, "fp8_e4m3", 1},
+    {DType::kF8E5M2, "fp8_e5m2", 1},
+    {DType::kF64, "fp64", 8},
+    {DType::kI8, "int8", 1},
+    {DType::kU8, "uint8", 1},
+    {DType::kI32, "int32", 4},
+    {DType::kI64, "int64", 8},
+}};
+
+[[nodiscard]] constexpr const DTypeInfo& info(DType dtype) noexcept {
+  for (const auto& entry : kDTypes) {
+    if (entry.dtype == dtype) return entry;
+  }
+  return kDTypes[0];  // unreachable: every enumerator is in the table
+}
+
+[[nodiscard]] constexpr std::int64_t sizeBytes(DType dtype) noexcept { return info(dtype).size_bytes; }
+[[nodiscard]] constexpr std::string_view toString(DType dtype) noexcept { return info(dtype).name; }
+
+/// Parses a dtype name; accepts the canonical names above plus the common
+/// aliases float32 / float16 / bfloat16 / e4m3 / e5m2.
+[[nodiscard]] constexpr std::optional<DType> parseDType(std::string_view name) noexcept {
+  for (const auto& entry : kDTypes) {
+    if (entry.name == name) return entry.dtype;
+  }
+  if (name == "float32" || name == "f32") return DType::kF32;
+  if (name == "float16" || name == "f16") return DType::kF16;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "e4m3" || name == "fp8") return DType::kF8E4M3;
+  if (name == "e5m2") return DType::kF8E5M2;
+  return std::nullopt;
+}
+
+}  // namespace dbuf

@@ -1,0 +1,91 @@
+#include "dbuf/planner/baselines.hpp"
+
+#include <numeric>
+
+#include "dbuf/common/int_math.hpp"
+
+namespace dbuf::planner {
+namespace {
+
+/// Items laid end to end from `offsets`, cut every S elements: count split blocks.
+std::int64_t flatSplitBlocks(std::span<const LayoutItem> items, std::span<const std::int64_t> offsets,
+                             std::int64_t shard) {
+  std::int64_t split = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) split += splitBlocks(items[i], offsets[i], shard);
+  return split;
+}
+
+/// Offsets of items packed back to back, each start rounded up to `align`.
+std::vector<std::int64_t> packedOffsets(std::span<const LayoutItem> items, std::int64_t align,
+                                        std::int64_t& total) {
+  std::vector<std::int64_t> offsets;
+  offsets.reserve(items.size());
+  std::int64_t position = 0;
+  for (const LayoutItem& item : items) {
+    position = roundUp(position, align);
+    offsets.push_back(position);
+    position += item.numel;
+  }
+  total = position;
+  return offsets;
+}
+
+std::int64_t rowSize(const std::vector<std::int64_t>& shape) {
+  return std::accumulate(shape.begin() + 1, shape.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+BaselineResult fsdp2(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
+                     std::int64_t devices) {
+  BaselineResult result;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::int64_t chunk_rows = ceilDiv(shapes[i].front(), devices);
+    const std::int64_t chunk = chunk_rows * rowSize(shapes[i]);
+    result.shard_elems += chunk;
+    result.split_blocks += countSplitBlocks(items[i], chunk, chunk);
+  }
+  return result;
+}
+
+BaselineResult zero3(std::span<const LayoutItem> items, std::int64_t devices) {
+  BaselineResult result;
+  for (const LayoutItem& item : items) {
+    const std::int64_t chunk = ceilDiv(item.numel, devices);
+    result.shard_elems += chunk;
+    result.split_blocks += countSplitBlocks(item, chunk, chunk);
+  }
+  return result;
+}
+
+BaselineResult fsdp1(std::span<const LayoutItem> items, std::int64_t devices, std::int64_t align) {
+  std::int64_t end = 0;
+  const auto offsets = packedOffsets(items, align, end);
+  // Every parameter, the last included, is padded to the alignment; the flat
+  // parameter is then padded to a multiple of V.
+  const std::int64_t flat = roundUp(roundUp(end, align), devices);
+  const std::int64_t shard = flat / devices;
+  return {shard, flatSplitBlocks(items, offsets, shard)};
+}
+
+BaselineResult megatron(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
+                        std::int64_t devices) {
+  std::int64_t row_lcm = 1;
+  for (const auto& shape : shapes) row_lcm = std::lcm(row_lcm, rowSize(shape));
+  std::int64_t end = 0;
+  const auto offsets = packedOffsets(items, 1, end);
+  const std::int64_t shard = roundUp(end, devices * row_lcm) / devices;
+  return {shard, flatSplitBlocks(items, offsets, shard)};
+}
+
+}  // namespace
+
+Baselines computeBaselines(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
+                           std::int64_t devices, std::int64_t align_elems) {
+  return Baselines{
+      .fsdp2 = fsdp2(shapes, items, devices),
+      .fsdp1 = fsdp1(items, devices, align_elems),
+      .zero3 = zero3(items, devices),
+      .megatron = megatron(shapes, items, devices),
+  };
+}
+
+}  // namespace dbuf::planner

@@ -1,0 +1,116 @@
+#include "dbuf/planner/layout.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "dbuf/common/int_math.hpp"
+
+namespace dbuf::planner {
+namespace {
+
+/// Position within one shard [0, S) at which `item` may start, at or after
+/// `start` (a multiple of align), or nullopt if nowhere in this shard works.
+/// Starting at r, the item crosses the boundary at S when r + n > S; it must
+/// then start at r = S (mod g) so that the boundary falls on a block edge, and
+/// if it reaches past 2S as well, S itself must be a multiple of g.
+std::optional<std::int64_t> startInShard(std::int64_t start, const LayoutItem& item, std::int64_t shard,
+                                         std::int64_t align) noexcept {
+  if (start + item.numel <= shard) return start;  // fits without crossing
+  // Offsets are multiples of align and must be = S (mod g); S = 0 (mod align)
+  // so both congruences merge into r = S (mod lcm(align, g)).
+  const std::int64_t period = lcm64(align, item.granularity);
+  const std::int64_t crossing_start = start + floorMod(shard - start, period);
+  if (crossing_start >= shard) return std::nullopt;
+  const bool crosses_twice = crossing_start + item.numel > 2 * shard;
+  if (crosses_twice && shard % item.granularity != 0) return std::nullopt;
+  return crossing_start;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> earliestFeasibleOffset(std::int64_t position, const LayoutItem& item,
+                                                   std::int64_t shard_elems, std::int64_t align_elems) noexcept {
+  std::int64_t shard_begin = (position / shard_elems) * shard_elems;
+  std::int64_t start = roundUp(position - shard_begin, align_elems);
+  if (start >= shard_elems) {
+    shard_begin += shard_elems;
+    start = 0;
+  }
+  if (auto in_shard = startInShard(start, item, shard_elems, align_elems)) return shard_begin + *in_shard;
+  // Every later shard looks like a fresh one starting at 0, so one more try
+  // settles it.
+  if (start == 0) return std::nullopt;
+  if (auto in_next = startInShard(0, item, shard_elems, align_elems)) return shard_begin + shard_elems + *in_next;
+  return std::nullopt;
+}
+
+bool placeable(const LayoutItem& item, std::int64_t shard_elems, std::int64_t align_elems) noexcept {
+  return startInShard(0, item, shard_elems, align_elems).has_value();
+}
+
+std::optional<std::vector<std::int64_t>> placeInOrder(const LayoutProblem& problem,
+                                                      std::span<const std::uint32_t> order,
+                                                      std::int64_t shard_elems) {
+  const std::int64_t capacity = problem.devices * shard_elems;
+  std::int64_t remaining = totalNumel(problem);
+  std::vector<std::int64_t> offsets(problem.items.size(), 0);
+  std::int64_t position = 0;
+  for (const std::uint32_t index : order) {
+    const LayoutItem& item = problem.items[index];
+    const auto offset = earliestFeasibleOffset(position, item, shard_elems, problem.align_elems);
+    if (!offset) return std::nullopt;
+    offsets[index] = *offset;
+    position = *offset + item.numel;
+    remaining -= item.numel;
+    // Early exit: what is left cannot fit even packed without a gap.
+    if (position + remaining > capacity) return std::nullopt;
+  }
+  return offsets;
+}
+
+std::int64_t splitBlocks(const LayoutItem& item, std::int64_t offset, std::int64_t shard_elems) noexcept {
+  const std::int64_t first_cut = (offset / shard_elems + 1) * shard_elems - offset;
+  return countSplitBlocks(item, first_cut, shard_elems);
+}
+
+std::int64_t countSplitBlocks(const LayoutItem& item, std::int64_t first_cut, std::int64_t cut_step) noexcept {
+  std::int64_t split = 0;
+  std::int64_t last_split_block = -1;
+  for (std::int64_t cut = first_cut; cut < item.numel; cut += cut_step) {
+    if (cut <= 0 || cut % item.granularity == 0) continue;
+    const std::int64_t block = cut / item.granularity;
+    if (block != last_split_block) ++split;  // several cuts may land in one block
+    last_split_block = block;
+  }
+  return split;
+}
+
+std::int64_t totalNumel(const LayoutProblem& problem) noexcept {
+  return std::accumulate(problem.items.begin(), problem.items.end(), std::int64_t{0},
+                         [](std::int64_t sum, const LayoutItem& item) { return sum + item.numel; });
+}
+
+std::string describeViolation(const LayoutProblem& problem, const Layout& layout) {
+  const std::int64_t shard = layout.shard_elems;
+  if (shard <= 0) return "shard size must be positive";
+  if (shard % problem.align_elems != 0) return "shard size is not a multiple of the alignment";
+  if (layout.offsets.size() != problem.items.size()) return "offset count differs from item count";
+  std::vector<std::uint32_t> by_offset(problem.items.size());
+  std::iota(by_offset.begin(), by_offset.end(), 0U);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](std::uint32_t x, std::uint32_t y) { return layout.offsets[x] < layout.offsets[y]; });
+  std::int64_t previous_end = 0;
+  for (const std::uint32_t index : by_offset) {
+    const LayoutItem& item = problem.items[index];
+    const std::int64_t offset = layout.offsets[index];
+    const std::string which = "item " + std::to_string(index);
+    if (offset % problem.align_elems != 0) return which + " is not aligned";
+    if (offset < previous_end) return which + " overlaps the previous item";
+    if (offset + item.numel > problem.devices * shard) return which + " ends past V*S";
+    if (splitBlocks(item, offset, shard) != 0) return which + " has a block split across ranks";
+    previous_end = offset + item.numel;
+  }
+  return {};
+}
+
+}  // namespace dbuf::planner

@@ -1,0 +1,215 @@
+#include "dbuf/planner/unit_plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "dbuf/common/int_math.hpp"
+#include "dbuf/planner/bounds.hpp"
+
+namespace dbuf::planner {
+namespace {
+
+constexpr double kDiagnosisThreshold = 1.05;  // bound more than 5% above ceil(N/V)
+
+bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devices) {
+  return static_cast<double>(lower_bound) > kDiagnosisThreshold * static_cast<double>(ceilDiv(numel, devices));
+}
+
+/// Identical shapes and granularities give identical plans (names aside).
+std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
+  std::string key = std::string(toString(unit.tensors.front().dtype));
+  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
+    key += '|';
+    for (const std::int64_t dim : unit.tensors[i].shape) key += std::to_string(dim) + ',';
+    key += std::to_string(problem.items[i].granularity);
+  }
+  return key;
+}
+
+std::int64_t boundOf(const UnitSpec& unit, const PlanOptions& options) {
+  auto problem = buildProblem(unit, options);
+  return problem ? computeLowerBound(*problem).shard_elems : 0;
+}
+
+UnitSpec mergeUnits(const std::vector<UnitSpec>& units, std::size_t first, std::size_t count) {
+  UnitSpec merged{"merged", {}};
+  for (std::size_t u = first; u < first + count; ++u) {
+    merged.tensors.insert(merged.tensors.end(), units[u].tensors.begin(), units[u].tensors.end());
+  }
+  return merged;
+}
+
+std::int64_t unitNumel(const UnitSpec& unit) {
+  std::int64_t n = 0;
+  for (const TensorSpec& tensor : unit.tensors) n += tensor.numel();
+  return n;
+}
+
+/// Smallest window of consecutive units containing `index` whose merged bound
+/// is within 5% of its ideal.
+std::optional<std::int64_t> unitsToMerge(const std::vector<UnitSpec>& units, std::size_t index,
+                                         const PlanOptions& options) {
+  for (std::size_t count = 2; count <= units.size(); ++count) {
+    const std::size_t first = std::min(index, units.size() - count);
+    const UnitSpec merged = mergeUnits(units, first, count);
+    if (!boundIsFar(boundOf(merged, options), unitNumel(merged), options.devices)) {
+      return static_cast<std::int64_t>(count);
+    }
+  }
+  return std::nullopt;
+}
+
+/// Coarsest rows:R' (R' halving from the current rule) for the forcing tensors
+/// that brings the unit's bound within 5%.
+std::optional<std::string> finerRule(const UnitSpec& unit, const std::vector<std::string>& forcing,
+                                     const PlanOptions& options) {
+  std::int64_t rows = 0;
+  for (const TensorSpec& tensor : unit.tensors) {
+    if (std::find(forcing.begin(), forcing.end(), tensor.name) == forcing.end()) continue;
+    const GranularityRule rule = tensor.granularity.value_or(options.default_rule);
+    if (rule.kind == GranularityRule::Kind::kRows || rule.kind == GranularityRule::Kind::kBlock) {
+      rows = std::max(rows, rule.rows);
+    } else if (rule.kind == GranularityRule::Kind::kMatrix && tensor.shape.size() >= 2) {
+      rows = std::max(rows, tensor.shape[tensor.shape.size() - 2]);
+    }
+  }
+  for (std::int64_t finer = rows / 2; finer >= 1; finer /= 2) {
+    UnitSpec trial = unit;
+    const GranularityRule rule{.kind = GranularityRule::Kind::kRows, .rows = finer};
+    for (TensorSpec& tensor : trial.tensors) {
+      if (std::find(forcing.begin(), forcing.end(), tensor.name) != forcing.end()) tensor.granularity = rule;
+    }
+    if (!boundIsFar(boundOf(trial, options), unitNumel(trial), options.devices)) return rule.toString();
+  }
+  return std::nullopt;
+}
+
+/// Largest device count (halving V) at which the unit's bound is within 5%:
+/// the shard group size HSDP would need.
+std::optional<std::int64_t> hsdpDevices(const UnitSpec& unit, const PlanOptions& options) {
+  for (std::int64_t devices = options.devices / 2; devices >= 1; devices /= 2) {
+    PlanOptions trial = options;
+    trial.devices = devices;
+    if (!boundIsFar(boundOf(unit, trial), unitNumel(unit), devices)) return devices;
+  }
+  return std::nullopt;
+}
+
+BoundDiagnosis diagnose(const std::vector<UnitSpec>& units, std::size_t index, const UnitPlan& plan,
+                        const PlanOptions& options) {
+  BoundDiagnosis diagnosis;
+  auto problem = buildProblem(units[index], options);
+  if (problem) {
+    for (const std::uint32_t item : computeLowerBound(*problem).forcing_items) {
+      diagnosis.forcing_tensors.push_back(plan.tensors[item].name);
+    }
+  }
+  diagnosis.merge_units = unitsToMerge(units, index, options);
+  diagnosis.finer_rule = finerRule(units[index], diagnosis.forcing_tensors, options);
+  diagnosis.hsdp_devices = hsdpDevices(units[index], options);
+  return diagnosis;
+}
+
+}  // namespace
+
+Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options) {
+  if (options.devices <= 0) return makeError(ErrorCode::kInvalidArgument, "device count must be positive");
+  if (auto valid = validateUnit(unit); !valid) return std::move(valid).error();
+  const std::int64_t elem_bytes = sizeBytes(unit.tensors.front().dtype);
+  if (options.align_bytes <= 0 || options.align_bytes % elem_bytes != 0) {
+    return makeError(ErrorCode::kInvalidArgument, "alignment of " + std::to_string(options.align_bytes) +
+                                                      " bytes is not a positive multiple of the element size");
+  }
+  LayoutProblem problem;
+  problem.devices = options.devices;
+  problem.align_elems = options.align_bytes / elem_bytes;
+  for (const TensorSpec& tensor : unit.tensors) {
+    auto granularity = tensorGranularity(tensor, options.default_rule);
+    if (!granularity) {
+      return std::move(granularity).error().withContext("unit '" + unit.name + "': tensor '" + tensor.name + "'");
+    }
+    problem.items.push_back({tensor.numel(), *granularity});
+  }
+  return problem;
+}
+
+Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  auto problem = buildProblem(unit, options);
+  if (!problem) return std::move(problem).error();
+  const SearchResult found = solveLayout(*problem, options.search);
+  const LowerBound bound = computeLowerBound(*problem);
+  if (const std::string violation = describeViolation(*problem, found.layout); !violation.empty()) {
+    return makeError(ErrorCode::kInternal, "unit '" + unit.name + "': planner produced an invalid layout: " + violation);
+  }
+
+  UnitPlan plan;
+  plan.name = unit.name;
+  plan.devices = options.devices;
+  plan.align_elems = problem->align_elems;
+  plan.dtype = unit.tensors.front().dtype;
+  plan.numel = totalNumel(*problem);
+  plan.shard_elems = found.layout.shard_elems;
+  plan.lower_bound_elems = bound.shard_elems;
+  plan.ideal_elems = ceilDiv(plan.numel, options.devices);
+  plan.padding_elems = options.devices * plan.shard_elems - plan.numel;
+  plan.strategy = found.strategy;
+  plan.exhaustive = found.exhaustive;
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
+    const LayoutItem& item = problem->items[i];
+    const std::int64_t offset = found.layout.offsets[i];
+    plan.split_blocks += splitBlocks(item, offset, plan.shard_elems);
+    plan.tensors.push_back({unit.tensors[i].name, unit.tensors[i].shape, offset, item.numel, item.granularity});
+    shapes.push_back(unit.tensors[i].shape);
+  }
+  plan.baselines = computeBaselines(shapes, problem->items, options.devices, problem->align_elems);
+  plan.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+  return plan;
+}
+
+std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index) {
+  const PlannedTensor& tensor = plan.tensors[index];
+  const std::int64_t shard = plan.shard_elems;
+  std::vector<RankSlice> slices;
+  const std::int64_t end = tensor.offset + tensor.numel;
+  for (std::int64_t rank = tensor.offset / shard; rank * shard < end; ++rank) {
+    const std::int64_t begin = std::max(tensor.offset, rank * shard) - tensor.offset;
+    const std::int64_t stop = std::min(end, (rank + 1) * shard) - tensor.offset;
+    const std::int64_t units = (stop - 1) / tensor.granularity - begin / tensor.granularity + 1;
+    slices.push_back({rank, begin, stop, units});
+  }
+  return slices;
+}
+
+Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  ModelPlan model;
+  std::unordered_map<std::string, std::size_t> planned;  // signature -> index of its first plan
+  for (const UnitSpec& unit : units) {
+    auto problem = buildProblem(unit, options);
+    if (!problem) return std::move(problem).error();
+    const std::string signature = unitSignature(unit, *problem);
+    if (const auto hit = planned.find(signature); hit != planned.end()) {
+      UnitPlan copy = model.units[hit->second];
+      copy.name = unit.name;
+      for (std::size_t i = 0; i < unit.tensors.size(); ++i) copy.tensors[i].name = unit.tensors[i].name;
+      copy.plan_us = 0;  // reused, not planned
+      model.units.push_back(std::move(copy));
+      continue;
+    }
+    auto plan = planUnit(unit, options);
+    if (!plan) return std::move(plan).error();
+    planned.emplace(signature, model.units.size());
+    model.units.push_back(std::move(*plan));
+  }
+  model.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  for (std::size_t i = 0; i < model.units.size(); ++i) {
+    UnitPlan& plan = model.units[i];
+    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnose(units, i, plan, options);
+  }
+  return model;
+}
+
+}  // namespace dbuf::planner

@@ -1,0 +1,120 @@
+#include "dbuf/plan_io/model_file.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace dbuf::plan_io {
+namespace {
+
+using nlohmann::json;
+
+Error invalid(std::string message) { return makeError(ErrorCode::kInvalidArgument, std::move(message)); }
+
+Result<planner::TensorSpec> parseTensor(const json& node, const std::string& where) {
+  if (!node.is_object()) return invalid(where + ": a tensor must be an object");
+  planner::TensorSpec tensor;
+  const auto name = node.find("name");
+  if (name == node.end() || !name->is_string()) return invalid(where + ": tensor without a string \"name\"");
+  tensor.name = name->get<std::string>();
+  const std::string what = where + ": tensor '" + tensor.name + "'";
+
+  const auto shape = node.find("shape");
+  if (shape == node.end() || !shape->is_array() || shape->empty()) {
+    return invalid(what + ": \"shape\" must be a non-empty array of integers");
+  }
+  for (const json& dim : *shape) {
+    if (!dim.is_number_integer()) return invalid(what + ": \"shape\" must hold integers");
+    const auto value = dim.get<std::int64_t>();
+    if (value <= 0) return invalid(what + ": dimension " + std::to_string(value) + " is not positive");
+    tensor.shape.push_back(value);
+  }
+
+  const auto dtype = node.find("dtype");
+  if (dtype != node.end()) {
+    if (!dtype->is_string()) return invalid(what + ": \"dtype\" must be a string");
+    const auto parsed = parseDType(dtype->get<std::string>());
+    if (!parsed) return invalid(what + ": unknown dtype '" + dtype->get<std::string>() + "'");
+    tensor.dtype = *parsed;
+  }
+
+  const auto rule = node.find("granularity");
+  if (rule != node.end()) {
+    std::string text;
+    if (rule->is_string()) {
+      text = rule->get<std::string>();
+    } else if (rule->is_number_integer()) {
+      text = std::to_string(rule->get<std::int64_t>());
+    } else {
+      return invalid(what + ": \"granularity\" must be a rule string or an element count");
+    }
+    auto parsed = planner::GranularityRule::parse(text);
+    if (!parsed) return std::move(parsed).error().withContext(what);
+    tensor.granularity = *parsed;
+  }
+
+  const auto tp_dim = node.find("tp_dim");
+  if (tp_dim != node.end()) {
+    if (!tp_dim->is_number_integer()) return invalid(what + ": \"tp_dim\" must be an integer");
+    tensor.tp_dim = tp_dim->get<int>();
+  }
+  return tensor;
+}
+
+Result<planner::UnitSpec> parseUnit(const json& node, std::size_t index, const std::string& file,
+                                    std::size_t& skipped) {
+  const std::string where = file + ": unit #" + std::to_string(index);
+  if (!node.is_object()) return invalid(where + ": a unit must be an object");
+  planner::UnitSpec unit;
+  const auto name = node.find("name");
+  unit.name = (name != node.end() && name->is_string()) ? name->get<std::string>() : "#" + std::to_string(index);
+  const std::string unit_where = file + ": unit '" + unit.name + "'";
+  const auto tensors = node.find("tensors");
+  if (tensors == node.end() || !tensors->is_array()) return invalid(unit_where + ": \"tensors\" must be an array");
+  for (const json& entry : *tensors) {
+    const auto trainable = entry.is_object() ? entry.find("trainable") : entry.end();
+    if (trainable != entry.end() && trainable->is_boolean() && !trainable->get<bool>()) {
+      ++skipped;
+      continue;
+    }
+    auto tensor = parseTensor(entry, unit_where);
+    if (!tensor) return std::move(tensor).error();
+    unit.tensors.push_back(std::move(*tensor));
+  }
+  if (unit.tensors.empty()) return invalid(unit_where + ": unit has no tensors");
+  return unit;
+}
+
+}  // namespace
+
+Result<ModelFile> parseModelJson(std::string_view text, const std::string& path) {
+  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return invalid(path + ": not valid JSON");
+  if (!root.is_object()) return invalid(path + ": the top level must be an object");
+  ModelFile file;
+  file.path = path;
+  const auto model = root.find("model");
+  file.model = (model != root.end() && model->is_string()) ? model->get<std::string>() : path;
+  const auto units = root.find("fsdp_units");
+  if (units == root.end() || !units->is_array()) return invalid(path + ": \"fsdp_units\" must be an array");
+  if (units->empty()) return invalid(path + ": \"fsdp_units\" is empty");
+  for (std::size_t i = 0; i < units->size(); ++i) {
+    auto unit = parseUnit((*units)[i], i, path, file.skipped_buffers);
+    if (!unit) return std::move(unit).error();
+    if (auto valid = planner::validateUnit(*unit); !valid) return std::move(valid).error().withContext(path);
+    file.units.push_back(std::move(*unit));
+  }
+  return file;
+}
+
+Result<ModelFile> loadModelFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return makeError(ErrorCode::kNotFound, path + ": cannot open model file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return makeError(ErrorCode::kIo, path + ": read failed");
+  return parseModelJson(text.str(), path);
+}
+
+}  // namespace dbuf::plan_io
