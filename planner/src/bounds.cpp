@@ -1,6 +1,7 @@
 #include "dbuf/planner/bounds.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "dbuf/common/int_math.hpp"
 
@@ -54,6 +55,29 @@ LowerBound computeLowerBound(const LayoutProblem& problem) {
   bound.shard_elems = nextPlaceableShard(problem, bound.capacity_elems, &bound.forcing_items);
   std::sort(bound.forcing_items.begin(), bound.forcing_items.end());
   return bound;
+}
+
+std::int64_t briefLowerBound(const LayoutProblem& problem) {
+  std::int64_t shard = ceilDiv(totalNumel(problem), problem.devices);
+  for (const LayoutItem& item : problem.items) shard = std::max(shard, std::min(item.granularity, item.numel));
+  // Tensor i forces S to a multiple of g_i while S < n_i / 2, i.e. up to
+  // release_i = floor((n_i - 1) / 2). Walk the intervals between releases in
+  // increasing S, each with a fixed forcing set, and take the first multiple of
+  // that set's lcm that falls inside its interval.
+  std::vector<std::pair<std::int64_t, std::int64_t>> releases;  // (first S not forced, g)
+  for (const LayoutItem& item : problem.items) releases.emplace_back((item.numel - 1) / 2 + 1, item.granularity);
+  std::sort(releases.begin(), releases.end());
+  std::size_t next = 0;
+  while (next < releases.size() && releases[next].first <= shard) ++next;
+  for (;;) {
+    std::int64_t forced = 1;
+    for (std::size_t i = next; i < releases.size(); ++i) forced = std::lcm(forced, releases[i].second);
+    const std::int64_t candidate = roundUp(shard, forced);
+    const std::int64_t interval_end = next < releases.size() ? releases[next].first : candidate + 1;
+    if (candidate < interval_end) return candidate;
+    shard = interval_end;
+    while (next < releases.size() && releases[next].first <= shard) ++next;
+  }
 }
 
 }  // namespace dbuf::planner

@@ -17,12 +17,15 @@ bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devic
 }
 
 /// Identical shapes and granularities give identical plans (names aside).
+/// The key is the raw bytes of dtype, shapes and block lengths.
 std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
-  std::string key = std::string(toString(unit.tensors.front().dtype));
+  std::string key;
+  const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
+  append(static_cast<std::int64_t>(unit.tensors.front().dtype));
   for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
-    key += '|';
-    for (const std::int64_t dim : unit.tensors[i].shape) key += std::to_string(dim) + ',';
-    key += std::to_string(problem.items[i].granularity);
+    append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
+    for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
+    append(problem.items[i].granularity);
   }
   return key;
 }
@@ -134,38 +137,58 @@ Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& opti
   return problem;
 }
 
-Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options) {
-  const auto started = std::chrono::steady_clock::now();
-  auto problem = buildProblem(unit, options);
-  if (!problem) return std::move(problem).error();
-  const SearchResult found = solveLayout(*problem, options.search);
-  const LowerBound bound = computeLowerBound(*problem);
-  if (const std::string violation = describeViolation(*problem, found.layout); !violation.empty()) {
+namespace {
+
+/// Layout part of a plan: everything but the baselines and the diagnosis.
+Result<UnitPlan> planLayout(const UnitSpec& unit, const LayoutProblem& problem, const PlanOptions& options) {
+  const SearchResult found = solveLayout(problem, options.search);
+  if (const std::string violation = describeViolation(problem, found.layout); !violation.empty()) {
     return makeError(ErrorCode::kInternal, "unit '" + unit.name + "': planner produced an invalid layout: " + violation);
   }
-
   UnitPlan plan;
   plan.name = unit.name;
   plan.devices = options.devices;
-  plan.align_elems = problem->align_elems;
+  plan.align_elems = problem.align_elems;
   plan.dtype = unit.tensors.front().dtype;
-  plan.numel = totalNumel(*problem);
+  plan.numel = totalNumel(problem);
   plan.shard_elems = found.layout.shard_elems;
-  plan.lower_bound_elems = bound.shard_elems;
+  plan.lower_bound_elems = computeLowerBound(problem).shard_elems;
+  plan.brief_lower_bound_elems = briefLowerBound(problem);
   plan.ideal_elems = ceilDiv(plan.numel, options.devices);
   plan.padding_elems = options.devices * plan.shard_elems - plan.numel;
   plan.strategy = found.strategy;
   plan.exhaustive = found.exhaustive;
-  std::vector<std::vector<std::int64_t>> shapes;
+  plan.tensors.reserve(unit.tensors.size());
   for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
-    const LayoutItem& item = problem->items[i];
+    const LayoutItem& item = problem.items[i];
     const std::int64_t offset = found.layout.offsets[i];
     plan.split_blocks += splitBlocks(item, offset, plan.shard_elems);
     plan.tensors.push_back({unit.tensors[i].name, unit.tensors[i].shape, offset, item.numel, item.granularity});
-    shapes.push_back(unit.tensors[i].shape);
   }
-  plan.baselines = computeBaselines(shapes, problem->items, options.devices, problem->align_elems);
-  plan.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+  return plan;
+}
+
+void addBaselines(UnitPlan& plan, const UnitSpec& unit, const LayoutProblem& problem) {
+  std::vector<std::vector<std::int64_t>> shapes;
+  shapes.reserve(unit.tensors.size());
+  for (const TensorSpec& tensor : unit.tensors) shapes.push_back(tensor.shape);
+  plan.baselines = computeBaselines(shapes, problem.items, problem.devices, problem.align_elems);
+}
+
+double microsSince(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+}
+
+}  // namespace
+
+Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  auto problem = buildProblem(unit, options);
+  if (!problem) return std::move(problem).error();
+  auto plan = planLayout(unit, *problem, options);
+  if (!plan) return plan;
+  plan->plan_us = microsSince(started);
+  addBaselines(*plan, unit, *problem);
   return plan;
 }
 
@@ -186,28 +209,43 @@ std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index) {
 Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   ModelPlan model;
-  std::unordered_map<std::string, std::size_t> planned;  // signature -> index of its first plan
-  for (const UnitSpec& unit : units) {
-    auto problem = buildProblem(unit, options);
+  std::vector<LayoutProblem> problems;
+  std::vector<std::size_t> source;  // index of the unit each plan was first made for
+  std::unordered_map<std::string, std::size_t> planned;  // signature -> that index
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const auto unit_started = std::chrono::steady_clock::now();
+    auto problem = buildProblem(units[u], options);
     if (!problem) return std::move(problem).error();
-    const std::string signature = unitSignature(unit, *problem);
-    if (const auto hit = planned.find(signature); hit != planned.end()) {
+    const auto [hit, inserted] = planned.try_emplace(unitSignature(units[u], *problem), u);
+    if (!inserted) {
       UnitPlan copy = model.units[hit->second];
-      copy.name = unit.name;
-      for (std::size_t i = 0; i < unit.tensors.size(); ++i) copy.tensors[i].name = unit.tensors[i].name;
-      copy.plan_us = 0;  // reused, not planned
+      copy.name = units[u].name;
+      for (std::size_t i = 0; i < units[u].tensors.size(); ++i) copy.tensors[i].name = units[u].tensors[i].name;
+      copy.plan_us = microsSince(unit_started);  // the look-up, not a search
       model.units.push_back(std::move(copy));
+      source.push_back(hit->second);
       continue;
     }
-    auto plan = planUnit(unit, options);
+    auto plan = planLayout(units[u], *problem, options);
     if (!plan) return std::move(plan).error();
-    planned.emplace(signature, model.units.size());
+    plan->plan_us = microsSince(unit_started);
     model.units.push_back(std::move(*plan));
+    problems.push_back(std::move(*problem));
+    source.push_back(u);
   }
-  model.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  for (std::size_t i = 0; i < model.units.size(); ++i) {
-    UnitPlan& plan = model.units[i];
-    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnose(units, i, plan, options);
+  model.plan_ms = microsSince(started) / 1000.0;
+
+  // Reporting, outside the timed part: baselines once per distinct unit, and
+  // a diagnosis wherever the bound itself is far above ceil(N/V).
+  std::size_t next_problem = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    UnitPlan& plan = model.units[u];
+    if (source[u] == u) {
+      addBaselines(plan, units[u], problems[next_problem++]);
+    } else {
+      plan.baselines = model.units[source[u]].baselines;
+    }
+    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnose(units, u, plan, options);
   }
   return model;
 }

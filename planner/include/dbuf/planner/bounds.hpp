@@ -26,6 +26,11 @@ struct LowerBound {
 
 [[nodiscard]] LowerBound computeLowerBound(const LayoutProblem& problem);
 
+/// The design brief's bound, for comparison: the smallest S >= max(ceil(N/V),
+/// max_i min(g_i, n_i)) that is a multiple of g_i for every tensor with
+/// n_i > 2S. Ignores alignment; never above `computeLowerBound`.
+[[nodiscard]] std::int64_t briefLowerBound(const LayoutProblem& problem);
+
 /// Smallest S' >= S (S a multiple of the alignment) at which every item is
 /// placeable. Jumps straight over sizes some item rules out; each item's next
 /// placeable size is computed exactly, so nothing feasible is skipped.

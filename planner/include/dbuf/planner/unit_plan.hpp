@@ -66,13 +66,14 @@ struct UnitPlan {
   DType dtype = DType::kBF16;
   std::int64_t numel = 0;          ///< N
   std::int64_t shard_elems = 0;    ///< S
-  std::int64_t lower_bound_elems = 0;
+  std::int64_t lower_bound_elems = 0;        ///< proven bound (bounds.hpp), >= the brief's
+  std::int64_t brief_lower_bound_elems = 0;  ///< the design brief's formula, for comparison
   std::int64_t ideal_elems = 0;    ///< ceil(N / V)
   std::int64_t padding_elems = 0;  ///< V*S - N
   std::int64_t split_blocks = 0;   ///< always 0 for a valid plan
   Strategy strategy = Strategy::kGivenOrder;
   bool exhaustive = true;
-  double plan_us = 0;
+  double plan_us = 0;  ///< layout planning (problem, bound, search); not baselines or diagnosis
   std::vector<PlannedTensor> tensors;  ///< in declaration order
   Baselines baselines;
   std::optional<BoundDiagnosis> diagnosis;  ///< set when lower bound > 1.05 * ceil(N/V)
@@ -99,7 +100,7 @@ struct UnitPlan {
 
 struct ModelPlan {
   std::vector<UnitPlan> units;
-  double plan_ms = 0;  ///< wall time of planning every unit
+  double plan_ms = 0;  ///< wall time of planning every unit (layouts only, cache included)
 };
 
 /// Plans every unit of a model. Units with the same tensor shapes and
