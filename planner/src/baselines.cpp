@@ -66,25 +66,50 @@ BaselineResult fsdp1(std::span<const LayoutItem> items, std::int64_t devices, st
   return {shard, flatSplitBlocks(items, offsets, shard)};
 }
 
-BaselineResult megatron(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
-                        std::int64_t devices) {
+/// One bucket: its parameters back to back, padded to a multiple of V x lcm
+/// of their row sizes, cut every S_bucket. Adds its S and split blocks.
+void addMegatronBucket(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
+                       const std::vector<std::size_t>& members, std::int64_t devices, BaselineResult& result) {
+  if (members.empty()) return;
   std::int64_t row_lcm = 1;
-  for (const auto& shape : shapes) row_lcm = std::lcm(row_lcm, rowSize(shape));
+  std::vector<LayoutItem> bucket;
+  for (const std::size_t i : members) {
+    row_lcm = std::lcm(row_lcm, rowSize(shapes[i]));
+    bucket.push_back(items[i]);
+  }
   std::int64_t end = 0;
-  const auto offsets = packedOffsets(items, 1, end);
+  const auto offsets = packedOffsets(bucket, 1, end);
   const std::int64_t shard = roundUp(end, devices * row_lcm) / devices;
-  return {shard, flatSplitBlocks(items, offsets, shard)};
+  result.shard_elems += shard;
+  result.split_blocks += flatSplitBlocks(bucket, offsets, shard);
+}
+
+BaselineResult megatron(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
+                        std::int64_t devices, std::span<const std::string> names) {
+  std::vector<std::size_t> dense;
+  std::vector<std::size_t> experts;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    (i < names.size() && isExpertParameter(names[i]) ? experts : dense).push_back(i);
+  }
+  BaselineResult result;
+  addMegatronBucket(shapes, items, dense, devices, result);
+  addMegatronBucket(shapes, items, experts, devices, result);
+  return result;
 }
 
 }  // namespace
 
+bool isExpertParameter(std::string_view name) noexcept {
+  return name.find(".experts.") != std::string_view::npos;
+}
+
 Baselines computeBaselines(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,
-                           std::int64_t devices, std::int64_t align_elems) {
+                           std::int64_t devices, std::int64_t align_elems, std::span<const std::string> names) {
   return Baselines{
       .fsdp2 = fsdp2(shapes, items, devices),
       .fsdp1 = fsdp1(items, devices, align_elems),
       .zero3 = zero3(items, devices),
-      .megatron = megatron(shapes, items, devices),
+      .megatron = megatron(shapes, items, devices, names),
   };
 }
 

@@ -170,9 +170,14 @@ Result<UnitPlan> planLayout(const UnitSpec& unit, const LayoutProblem& problem, 
 
 void addBaselines(UnitPlan& plan, const UnitSpec& unit, const LayoutProblem& problem) {
   std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::string> names;
   shapes.reserve(unit.tensors.size());
-  for (const TensorSpec& tensor : unit.tensors) shapes.push_back(tensor.shape);
-  plan.baselines = computeBaselines(shapes, problem.items, problem.devices, problem.align_elems);
+  names.reserve(unit.tensors.size());
+  for (const TensorSpec& tensor : unit.tensors) {
+    shapes.push_back(tensor.shape);
+    names.push_back(tensor.name);
+  }
+  plan.baselines = computeBaselines(shapes, problem.items, problem.devices, problem.align_elems, names);
 }
 
 double microsSince(std::chrono::steady_clock::time_point started) {
