@@ -79,11 +79,11 @@ namespace {
 class OrderSearch {
  public:
   explicit OrderSearch(const LayoutProblem& problem) : problem_(problem), classes_(classify(problem)) {
-    radix_.resize(classes_.size());
+    // State = mixed-radix number: digit c counts the placed members of class c.
     std::uint64_t states = 1;
-    for (std::size_t c = 0; c < classes_.size(); ++c) {
-      radix_[c] = states;
-      const std::uint64_t base = classes_[c].members.size() + 1;
+    for (const ItemClass& item_class : classes_) {
+      radix_.push_back(states);
+      const std::uint64_t base = item_class.members.size() + 1;
       memo_possible_ = memo_possible_ && states <= (std::uint64_t{1} << 62) / base;
       states *= base;
     }

@@ -11,6 +11,8 @@ namespace dbuf::planner {
 namespace {
 
 constexpr double kDiagnosisThreshold = 1.05;  // bound more than 5% above ceil(N/V)
+constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;
+constexpr std::int64_t kMaxBufferElems = std::int64_t{1} << 60;
 
 bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devices) {
   return static_cast<double>(lower_bound) > kDiagnosisThreshold * static_cast<double>(ceilDiv(numel, devices));
@@ -117,7 +119,9 @@ BoundDiagnosis diagnose(const std::vector<UnitSpec>& units, std::size_t index, c
 }  // namespace
 
 Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options) {
-  if (options.devices <= 0) return makeError(ErrorCode::kInvalidArgument, "device count must be positive");
+  if (options.devices <= 0 || options.devices > kMaxDevices) {
+    return makeError(ErrorCode::kInvalidArgument, "device count must be in [1, " + std::to_string(kMaxDevices) + "]");
+  }
   if (auto valid = validateUnit(unit); !valid) return std::move(valid).error();
   const std::int64_t elem_bytes = sizeBytes(unit.tensors.front().dtype);
   if (options.align_bytes <= 0 || options.align_bytes % elem_bytes != 0) {
@@ -133,6 +137,11 @@ Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& opti
       return std::move(granularity).error().withContext("unit '" + unit.name + "': tensor '" + tensor.name + "'");
     }
     problem.items.push_back({tensor.numel(), *granularity});
+  }
+  // Every position the planner computes is below 2 * V * N; keep that in int64.
+  if (totalNumel(problem) > kMaxBufferElems / options.devices) {
+    return makeError(ErrorCode::kInvalidArgument, "unit '" + unit.name + "' is too large to plan over " +
+                                                      std::to_string(options.devices) + " devices");
   }
   return problem;
 }
