@@ -13,6 +13,7 @@ std::int64_t TensorSpec::numel() const noexcept {
 Result<void> validateUnit(const UnitSpec& unit) {
   const std::string where = "unit '" + unit.name + "'";
   if (unit.tensors.empty()) return makeError(ErrorCode::kInvalidArgument, where + ": unit has no tensors");
+  std::int64_t unit_numel = 0;
   for (const TensorSpec& tensor : unit.tensors) {
     const std::string what = where + ": tensor '" + tensor.name + "'";
     if (tensor.shape.empty()) return makeError(ErrorCode::kInvalidArgument, what + ": empty shape");
@@ -27,6 +28,10 @@ Result<void> validateUnit(const UnitSpec& unit) {
         return makeError(ErrorCode::kInvalidArgument, what + ": too many elements");
       }
       numel *= dim;
+    }
+    unit_numel += numel;
+    if (unit_numel > (std::int64_t{1} << 60)) {
+      return makeError(ErrorCode::kInvalidArgument, where + ": too many elements in the unit");
     }
     if (tensor.dtype != unit.tensors.front().dtype) {
       return makeError(ErrorCode::kInvalidArgument,
