@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <unordered_map>
 #include <numeric>
+#include <unordered_map>
 #include <utility>
 
 #include "dbuf/common/int_math.hpp"
@@ -13,9 +13,9 @@
 namespace dbuf::planner {
 namespace {
 
-/// Items with the same (numel, granularity) are interchangeable; the best-fit
-/// construction chooses among classes, not items, which keeps it
-/// O(items x classes) even for MoE units with hundreds of identical experts.
+/// Items with the same (numel, granularity) are interchangeable; the order
+/// search chooses among classes, not items, which keeps a node O(classes) and
+/// the memo small even for MoE units with hundreds of identical experts.
 struct ItemClass {
   LayoutItem item;
   std::vector<std::uint32_t> members;  // in declaration order
@@ -30,40 +30,12 @@ std::vector<ItemClass> classify(const LayoutProblem& problem) {
     if (inserted) classes.push_back({item, {}});
     classes[it->second].members.push_back(i);
   }
-  // Largest first, so ties in the construction favour big tensors (as in
-  // first-fit decreasing), leaving small ones to fill gaps late.
+  // Largest first, so ties in the search favour big tensors (as in first-fit
+  // decreasing), leaving small ones to fill gaps late.
   std::stable_sort(classes.begin(), classes.end(),
                    [](const ItemClass& x, const ItemClass& y) { return x.item.numel > y.item.numel; });
   return classes;
 }
-
-}  // namespace
-
-std::string_view toString(Strategy strategy) noexcept {
-  switch (strategy) {
-    case Strategy::kGivenOrder: return "given";
-    case Strategy::kSizeDescending: return "size-desc";
-    case Strategy::kGranularityDescending: return "granularity-desc";
-    case Strategy::kOrderSearch: return "order-search";
-  }
-  return "unknown";
-}
-
-std::vector<std::uint32_t> fixedOrder(const LayoutProblem& problem, Strategy strategy) {
-  std::vector<std::uint32_t> order(problem.items.size());
-  std::iota(order.begin(), order.end(), 0U);
-  const auto& items = problem.items;
-  if (strategy == Strategy::kSizeDescending) {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::uint32_t x, std::uint32_t y) { return items[x].numel > items[y].numel; });
-  } else if (strategy == Strategy::kGranularityDescending) {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::uint32_t x, std::uint32_t y) { return items[x].granularity > items[y].granularity; });
-  }
-  return order;
-}
-
-namespace {
 
 /// Depth-first search over orders for one shard size, on item classes.
 ///
@@ -204,6 +176,30 @@ class SearchSchedule {
 
 }  // namespace
 
+std::string_view toString(Strategy strategy) noexcept {
+  switch (strategy) {
+    case Strategy::kGivenOrder: return "given";
+    case Strategy::kSizeDescending: return "size-desc";
+    case Strategy::kGranularityDescending: return "granularity-desc";
+    case Strategy::kOrderSearch: return "order-search";
+  }
+  return "unknown";
+}
+
+std::vector<std::uint32_t> fixedOrder(const LayoutProblem& problem, Strategy strategy) {
+  std::vector<std::uint32_t> order(problem.items.size());
+  std::iota(order.begin(), order.end(), 0U);
+  const auto& items = problem.items;
+  if (strategy == Strategy::kSizeDescending) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::uint32_t x, std::uint32_t y) { return items[x].numel > items[y].numel; });
+  } else if (strategy == Strategy::kGranularityDescending) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::uint32_t x, std::uint32_t y) { return items[x].granularity > items[y].granularity; });
+  }
+  return order;
+}
+
 std::optional<std::vector<std::int64_t>> placeBySearch(const LayoutProblem& problem, std::int64_t shard_elems,
                                                        std::int64_t node_budget, bool* exact) {
   return OrderSearch(problem).run(shard_elems, node_budget, exact);
@@ -215,9 +211,11 @@ SearchResult solveLayout(const LayoutProblem& problem, const SearchOptions& opti
     portfolio = {Strategy::kOrderSearch, Strategy::kGivenOrder, Strategy::kSizeDescending,
                  Strategy::kGranularityDescending};
   }
-  std::vector<std::vector<std::uint32_t>> orders;
+  std::vector<std::vector<std::uint32_t>> orders;  // empty for kOrderSearch, which orders per S
   orders.reserve(portfolio.size());
-  for (const Strategy strategy : portfolio) orders.push_back(fixedOrder(problem, strategy));
+  for (const Strategy strategy : portfolio) {
+    orders.push_back(strategy == Strategy::kOrderSearch ? std::vector<std::uint32_t>{} : fixedOrder(problem, strategy));
+  }
   OrderSearch order_search(problem);
   const SearchSchedule schedule(order_search.heavyPeriods(3), options.leading_searches);
 
