@@ -1,5 +1,8 @@
 #include "dbuf/plan_io/model_file.hpp"
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +18,44 @@ namespace {
 using nlohmann::json;
 
 Error invalid(std::string message) { return makeError(ErrorCode::kInvalidArgument, std::move(message)); }
+
+/// Records where and why parsing failed; the DOM parser's non-throwing mode
+/// only says that it failed. Used on the error path only.
+class SyntaxErrorRecorder final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool /*value*/) override { return true; }
+  bool number_integer(number_integer_t /*value*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*value*/) override { return true; }
+  bool number_float(number_float_t /*value*/, const string_t& /*text*/) override { return true; }
+  bool string(string_t& /*value*/) override { return true; }
+  bool binary(binary_t& /*value*/) override { return true; }
+  bool start_object(std::size_t /*elements*/) override { return true; }
+  bool key(string_t& /*value*/) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t /*elements*/) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& error) override {
+    message = error.what();
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." -> "parse error at ..."
+    if (const auto bracket = message.find("] "); message.starts_with("[json.") && bracket != std::string::npos) {
+      message.erase(0, bracket + 2);
+    }
+    return false;
+  }
+
+  std::string message;
+};
+
+std::string syntaxError(std::string_view text) {
+  SyntaxErrorRecorder recorder;
+  if (json::sax_parse(text, &recorder, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/false) ||
+      recorder.message.empty()) {
+    return "not valid JSON";
+  }
+  return "not valid JSON: " + recorder.message;
+}
 
 Result<planner::TensorSpec> parseTensor(const json& node, const std::string& where) {
   if (!node.is_object()) return invalid(where + ": a tensor must be an object");
@@ -94,7 +135,7 @@ Result<planner::UnitSpec> parseUnit(const json& node, std::size_t index, const s
 
 Result<ModelFile> parseModelJson(std::string_view text, const std::string& path) {
   const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return invalid(path + ": not valid JSON");
+  if (root.is_discarded()) return invalid(path + ": " + syntaxError(text));
   if (!root.is_object()) return invalid(path + ": the top level must be an object");
   ModelFile file;
   file.path = path;
@@ -113,8 +154,17 @@ Result<ModelFile> parseModelJson(std::string_view text, const std::string& path)
 }
 
 Result<ModelFile> loadModelFile(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    return makeError(ErrorCode::kInvalidArgument, path + ": is a directory, not a model file");
+  }
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return makeError(ErrorCode::kNotFound, path + ": cannot open model file");
+  if (!in) {
+    const int error = errno;  // libstdc++ opens with fopen, which sets errno
+    return makeError(ErrorCode::kNotFound,
+                     path + ": cannot open model file" + (error != 0 ? ": " + std::string(std::strerror(error)) : ""));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return makeError(ErrorCode::kIo, path + ": read failed");

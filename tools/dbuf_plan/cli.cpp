@@ -1,0 +1,225 @@
+#include "cli.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string_view>
+
+#include "dbuf/plan_io/model_file.hpp"
+#include "dbuf/plan_io/report.hpp"
+#include "dbuf/planner/granularity.hpp"
+#include "dbuf/planner/unit_plan.hpp"
+
+namespace dbuf::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: dbuf-plan --model FILE.json --devices V [options]
+
+Plans the RaggedShard layout of every FSDP unit of a model and reports it next
+to the proven lower bound and the FSDP2 / FSDP1 / ZeRO-3 / Megatron-FSDP
+baselines. Sizes are in elements of the unit's dtype.
+
+required:
+  --model FILE.json     model file (see models/README.md)
+  --devices V           ranks sharing each unit (1 .. 1048576)
+
+options:
+  --granularity RULE    default rule for 2D+ tensors without their own:
+                        element | rows:R | block:RxC | matrix | N (elements)
+                        (default: element)
+  --align-bytes A       offset and shard alignment in bytes (default: 16)
+  --format FMT          table | json | svg (default: table)
+  --output FILE         write the report to FILE instead of stdout
+  --unit NAME           svg: the unit to draw (default: the largest);
+                        table / json: report only this unit
+  --ranks               json: add every tensor's per-rank slices
+  --summary             table: one row per run of identical units
+  --help                print this text
+
+exit status: 0 success, 2 bad input (the error line names the file, unit and
+tensor), 1 internal error.
+)";
+
+Error usageError(const std::string& message) {
+  return makeError(ErrorCode::kInvalidArgument, message + " (see --help)");
+}
+
+Result<std::int64_t> parseCount(std::string_view flag, const std::string& text, std::int64_t max) {
+  std::int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end || value <= 0 || value > max) {
+    return usageError(std::string(flag) + ": '" + text + "' is not an integer between 1 and " + std::to_string(max));
+  }
+  return value;
+}
+
+/// Writes `text` to `path`; the error names the file and the reason.
+Result<void> writeFile(const std::string& path, const std::string& text) {
+  errno = 0;
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) {
+    return makeError(ErrorCode::kIo, path + ": cannot write output file: " + std::strerror(errno));
+  }
+  const std::size_t written = std::fwrite(text.data(), 1, text.size(), file);
+  const int write_error = errno;
+  if (std::fclose(file) != 0 || written != text.size()) {
+    const int error = write_error != 0 ? write_error : errno;
+    return makeError(ErrorCode::kIo, path + ": cannot write output file: " + std::strerror(error));
+  }
+  return {};
+}
+
+int fail(std::ostream& err, const Error& error) {
+  err << "dbuf-plan: " << error.message << "\n";
+  return error.code == ErrorCode::kInternal ? kExitInternal : kExitBadInput;
+}
+
+int run(std::span<const std::string> args, std::ostream& out, std::ostream& err) {
+  auto parsed = parseArgs(args);
+  if (!parsed) return fail(err, parsed.error());
+  const CliOptions& options = *parsed;
+  if (options.help) {
+    out << kUsage;
+    return kExitOk;
+  }
+  auto rule = planner::GranularityRule::parse(options.granularity);
+  if (!rule) return fail(err, std::move(rule).error().withContext("--granularity"));
+
+  auto model = plan_io::loadModelFile(options.model);
+  if (!model) return fail(err, model.error());
+  if (!options.unit.empty()) {
+    bool found = false;
+    for (const planner::UnitSpec& unit : model->units) found = found || unit.name == options.unit;
+    if (!found) {
+      return fail(err, makeError(ErrorCode::kNotFound, options.model + ": no unit named '" + options.unit + "'"));
+    }
+  }
+
+  planner::PlanOptions plan_options;
+  plan_options.devices = options.devices;
+  plan_options.default_rule = *rule;
+  plan_options.align_bytes = options.align_bytes;
+  auto plan = planner::planModel(model->units, plan_options);
+  if (!plan) return fail(err, std::move(plan).error().withContext(options.model));
+
+  plan_io::ReportOptions report_options;
+  report_options.model = model->model;
+  report_options.granularity = options.granularity;
+  report_options.align_bytes = options.align_bytes;
+  report_options.ranks = options.ranks;
+  // svg draws one unit out of the whole report; the other formats report only it.
+  if (options.format != "svg") report_options.only_unit = options.unit;
+  auto report = plan_io::makeReport(*plan, report_options);
+  if (!report) return fail(err, std::move(report).error().withContext(options.model));
+
+  std::string text;
+  if (options.format == "json") {
+    text = plan_io::writePlanJson(*report);
+  } else if (options.format == "svg") {
+    auto svg = plan_io::writePlanSvg(*report, {.unit = options.unit, .max_rows = 64});
+    if (!svg) return fail(err, std::move(svg).error().withContext(options.model));
+    text = std::move(*svg);
+  } else {
+    text = plan_io::writePlanTable(*report, {.summary = options.summary});
+  }
+
+  if (options.output.empty()) {
+    out << text;
+    out.flush();
+    if (!out) return fail(err, makeError(ErrorCode::kIo, "cannot write to standard output"));
+    return kExitOk;
+  }
+  if (auto written = writeFile(options.output, text); !written) return fail(err, written.error());
+  return kExitOk;
+}
+
+}  // namespace
+
+const char* usage() noexcept { return kUsage; }
+
+Result<CliOptions> parseArgs(std::span<const std::string> args) {
+  CliOptions options;
+  bool seen_devices = false;
+  std::vector<std::string> seen;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::optional<std::string> inline_value;
+    if (const auto equals = flag.find('='); flag.starts_with("--") && equals != std::string::npos) {
+      inline_value = flag.substr(equals + 1);
+      flag.resize(equals);
+    }
+    const bool is_switch = flag == "--help" || flag == "-h" || flag == "--ranks" || flag == "--summary";
+    const bool is_option = flag == "--model" || flag == "--devices" || flag == "--granularity" ||
+                           flag == "--align-bytes" || flag == "--format" || flag == "--output" || flag == "--unit";
+    if (!is_switch && !is_option) {
+      if (!flag.starts_with("-")) return usageError("unexpected argument '" + args[i] + "'");
+      return usageError("unknown option '" + flag + "'");
+    }
+    for (const std::string& before : seen) {
+      if (before == flag) return usageError(flag + " given more than once");
+    }
+    seen.push_back(flag);
+    if (is_switch) {
+      if (inline_value) return usageError(flag + " takes no value");
+      if (flag == "--ranks") {
+        options.ranks = true;
+      } else if (flag == "--summary") {
+        options.summary = true;
+      } else {
+        options.help = true;
+      }
+      continue;
+    }
+    std::string value;
+    if (inline_value) {
+      value = *inline_value;
+    } else {
+      // A following option is not a value: `--devices --model x` is a missing value.
+      if (i + 1 >= args.size() || args[i + 1].starts_with("--")) return usageError(flag + " needs a value");
+      value = args[++i];
+    }
+    if (value.empty()) return usageError(flag + " needs a non-empty value");
+    if (flag == "--model") {
+      options.model = value;
+    } else if (flag == "--devices") {
+      auto devices = parseCount(flag, value, kMaxDevices);
+      if (!devices) return std::move(devices).error();
+      options.devices = *devices;
+      seen_devices = true;
+    } else if (flag == "--granularity") {
+      options.granularity = value;
+    } else if (flag == "--align-bytes") {
+      auto align = parseCount(flag, value, kMaxAlignBytes);
+      if (!align) return std::move(align).error();
+      options.align_bytes = *align;
+    } else if (flag == "--format") {
+      if (value != "table" && value != "json" && value != "svg") {
+        return usageError("--format: '" + value + "' is not one of table, json, svg");
+      }
+      options.format = value;
+    } else if (flag == "--output") {
+      options.output = value;
+    } else {
+      options.unit = value;
+    }
+  }
+  if (options.help) return options;
+  if (options.model.empty()) return usageError("missing --model FILE.json");
+  if (!seen_devices) return usageError("missing --devices V");
+  return options;
+}
+
+int runCli(std::span<const std::string> args, std::ostream& out, std::ostream& err) {
+  try {
+    return run(args, out, err);
+  } catch (const std::exception& error) {  // bad_alloc and the like: say so, do not crash
+    err << "dbuf-plan: internal error: " << error.what() << "\n";
+    return kExitInternal;
+  }
+}
+
+}  // namespace dbuf::cli

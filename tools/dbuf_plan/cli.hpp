@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// `dbuf-plan`: argument parsing and the whole run, as a library so tests and
+/// other tools can drive it in-process. `main.cpp` only adapts argv.
+///
+/// Exit status: 0 success (and --help), 2 bad input (usage, model file,
+/// planner input, output file), 1 an internal error (a bug).
+
+#include <cstdint>
+#include <ostream>
+#include <span>
+#include <string>
+
+#include "dbuf/common/result.hpp"
+
+namespace dbuf::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInternal = 1;
+inline constexpr int kExitBadInput = 2;
+
+inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxAlignBytes = std::int64_t{1} << 20;
+
+struct CliOptions {
+  std::string model;
+  std::int64_t devices = 0;
+  std::string granularity = "element";
+  std::int64_t align_bytes = 16;
+  std::string format = "table";  ///< table, json or svg
+  std::string output;            ///< empty: stdout
+  std::string unit;              ///< svg: the unit to draw; table/json: report only this unit
+  bool ranks = false;            ///< json: per-rank slices of every tensor
+  bool summary = false;          ///< table: collapse runs of identical units
+  bool help = false;
+};
+
+/// Parses the arguments after the program name. Accepts `--flag value` and
+/// `--flag=value`. Errors are one-line messages.
+[[nodiscard]] Result<CliOptions> parseArgs(std::span<const std::string> args);
+
+/// The usage text printed by --help.
+[[nodiscard]] const char* usage() noexcept;
+
+/// Runs dbuf-plan with `args` (after the program name): the report goes to
+/// `out` (or the --output file), one error line to `err`. Returns the exit
+/// status. Never throws.
+int runCli(std::span<const std::string> args, std::ostream& out, std::ostream& err);
+
+}  // namespace dbuf::cli

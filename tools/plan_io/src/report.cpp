@@ -1,0 +1,90 @@
+#include "dbuf/plan_io/report.hpp"
+
+#include <algorithm>
+
+namespace dbuf::plan_io {
+namespace {
+
+BaselineReport toReport(const planner::BaselineResult& baseline) {
+  return {baseline.shard_elems, baseline.split_blocks};
+}
+
+UnitReport toReport(const planner::UnitPlan& plan, bool ranks) {
+  UnitReport unit;
+  unit.name = plan.name;
+  unit.numel = plan.numel;
+  unit.shard_elems = plan.shard_elems;
+  unit.lower_bound_elems = plan.lower_bound_elems;
+  unit.padding_elems = plan.padding_elems;
+  unit.split_blocks = plan.split_blocks;
+  unit.plan_us = plan.plan_us;
+  unit.tensors.reserve(plan.tensors.size());
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+    const planner::PlannedTensor& tensor = plan.tensors[i];
+    TensorReport out{tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity, std::nullopt};
+    if (ranks) {
+      std::vector<RankSliceReport> slices;
+      for (const planner::RankSlice& slice : planner::rankSlices(plan, i)) {
+        slices.push_back({slice.rank, slice.begin, slice.end, slice.local_units});
+      }
+      out.ranks = std::move(slices);
+    }
+    unit.tensors.push_back(std::move(out));
+  }
+  unit.fsdp2 = toReport(plan.baselines.fsdp2);
+  unit.fsdp1 = toReport(plan.baselines.fsdp1);
+  unit.zero3 = toReport(plan.baselines.zero3);
+  unit.megatron = toReport(plan.baselines.megatron);
+  unit.dtype = std::string(toString(plan.dtype));
+  unit.align_elems = plan.align_elems;
+  unit.ideal_elems = plan.ideal_elems;
+  unit.brief_lower_bound_elems = plan.brief_lower_bound_elems;
+  unit.strategy = std::string(planner::toString(plan.strategy));
+  unit.exhaustive = plan.exhaustive;
+  unit.inflation = plan.inflation();
+  if (plan.diagnosis) {
+    unit.diagnosis = DiagnosisReport{plan.diagnosis->forcing_tensors, plan.diagnosis->merge_units,
+                                     plan.diagnosis->finer_rule, plan.diagnosis->hsdp_devices};
+  }
+  return unit;
+}
+
+}  // namespace
+
+Result<PlanReport> makeReport(const planner::ModelPlan& plan, const ReportOptions& options) {
+  PlanReport report;
+  report.model = options.model;
+  report.granularity = options.granularity.empty() ? "element" : options.granularity;
+  report.align_bytes = options.align_bytes;
+  for (const planner::UnitPlan& unit : plan.units) {
+    if (!options.only_unit.empty() && unit.name != options.only_unit) continue;
+    report.units.push_back(toReport(unit, options.ranks));
+  }
+  if (report.units.empty() && !options.only_unit.empty()) {
+    return makeError(ErrorCode::kNotFound, "no unit named '" + options.only_unit + "'");
+  }
+  if (!plan.units.empty()) {
+    report.devices = plan.units.front().devices;
+    report.align_elems = plan.units.front().align_elems;
+  }
+  report.total.plan_ms = plan.plan_ms;
+  recomputeTotals(report);
+  return report;
+}
+
+void recomputeTotals(PlanReport& report) {
+  TotalReport& total = report.total;
+  total.numel = 0;
+  total.allgather_elems = 0;
+  std::int64_t bound_elems = 0;
+  for (const UnitReport& unit : report.units) {
+    total.numel += unit.numel;
+    total.allgather_elems += report.devices * unit.shard_elems;
+    bound_elems += report.devices * unit.lower_bound_elems;
+  }
+  const auto numel = static_cast<double>(std::max<std::int64_t>(total.numel, 1));
+  total.inflation = static_cast<double>(total.allgather_elems) / numel;
+  total.lower_bound_inflation = static_cast<double>(bound_elems) / numel;
+}
+
+}  // namespace dbuf::plan_io
