@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 
+#include "dbuf/common/dtype.hpp"
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/plan_io/report.hpp"
 #include "dbuf/planner/granularity.hpp"
@@ -96,6 +97,18 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
     for (const planner::UnitSpec& unit : model->units) found = found || unit.name == options.unit;
     if (!found) {
       return fail(err, makeError(ErrorCode::kNotFound, options.model + ": no unit named '" + options.unit + "'"));
+    }
+  }
+
+  // The planner checks this too, but cannot say which flag and dtype clash.
+  for (const planner::UnitSpec& unit : model->units) {
+    const DType dtype = unit.tensors.front().dtype;
+    if (options.align_bytes % sizeBytes(dtype) != 0) {
+      return fail(err, makeError(ErrorCode::kInvalidArgument,
+                                 options.model + ": unit '" + unit.name + "': --align-bytes " +
+                                     std::to_string(options.align_bytes) + " is not a multiple of the " +
+                                     std::string(toString(dtype)) + " element size (" +
+                                     std::to_string(sizeBytes(dtype)) + " bytes)"));
     }
   }
 
