@@ -1,0 +1,314 @@
+// The layout search (search.hpp) against the exhaustive oracle.
+#include "dbuf/planner/search.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "dbuf/planner/bounds.hpp"
+#include "support/oracle.hpp"
+
+namespace dbuf::planner {
+namespace {
+
+namespace t = dbuf::planner::testing;
+
+constexpr Strategy kFixedStrategies[] = {Strategy::kGivenOrder, Strategy::kSizeDescending,
+                                         Strategy::kGranularityDescending};
+
+/// Minimal S at which the planner's earliest placement of `order` fits,
+/// scanning every multiple of a (feasibility is not monotone in S).
+std::int64_t planInOrderMinShard(const LayoutProblem& problem, std::span<const std::uint32_t> order) {
+  for (std::int64_t shard = problem.align_elems;; shard += problem.align_elems) {
+    if (placeInOrder(problem, order, shard)) return shard;
+  }
+}
+
+std::vector<std::uint32_t> randomOrder(std::mt19937_64& rng, std::size_t size) {
+  std::vector<std::uint32_t> order(size);
+  std::iota(order.begin(), order.end(), 0U);
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+// The design brief's first fact: for a fixed order and S, earliest placement
+// is optimal. Checked at every S up to past the optimum, against a search
+// that tries every aligned offset of every item.
+TEST(EarliestPlacement, IsOptimalForAFixedOrder) {
+  std::mt19937_64 rng(0x5ea50001);
+  int feasible_sizes = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 4, .max_total = 40});
+    const auto order = randomOrder(rng, problem.items.size());
+    const std::int64_t brute = t::bruteForceFixedOrder(problem, order);
+    ASSERT_EQ(planInOrderMinShard(problem, order), brute) << t::describe(problem) << " order " << ::testing::PrintToString(order);
+    for (std::int64_t shard = problem.align_elems; shard <= brute + 4 * problem.align_elems;
+         shard += problem.align_elems) {
+      const auto offsets = placeInOrder(problem, order, shard);
+      ASSERT_EQ(offsets.has_value(), t::fixedOrderFeasible(problem, order, shard))
+          << t::describe(problem) << " S=" << shard << " order " << ::testing::PrintToString(order);
+      if (offsets) {
+        ++feasible_sizes;
+        ASSERT_EQ(t::checkLayout(problem, shard, *offsets), "");
+      }
+    }
+  }
+  EXPECT_GT(feasible_sizes, 1500);
+}
+
+struct Agreement {
+  int instances = 0;
+  int equal = 0;
+};
+
+/// Runs solveLayout on `count` random instances and checks it against the
+/// oracle, the lower bound and the three fixed orders.
+Agreement checkSolveLayout(std::uint64_t seed, int count, const t::GeneratorOptions& options) {
+  std::mt19937_64 rng(seed);
+  Agreement agreement;
+  for (int trial = 0; trial < count; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, options);
+    const SearchResult found = solveLayout(problem);
+    const std::int64_t shard = found.layout.shard_elems;
+    const std::int64_t optimum = t::oracleShard(problem);
+    EXPECT_EQ(describeViolation(problem, found.layout), "") << t::describe(problem);
+    EXPECT_EQ(t::checkLayout(problem, shard, found.layout.offsets), "") << t::describe(problem);
+    EXPECT_GE(shard, optimum) << t::describe(problem);
+    EXPECT_GE(shard, computeLowerBound(problem).shard_elems) << t::describe(problem);
+    EXPECT_TRUE(found.exhaustive);
+    for (const Strategy strategy : kFixedStrategies) {
+      const auto order = fixedOrder(problem, strategy);
+      EXPECT_LE(shard, planInOrderMinShard(problem, order)) << t::describe(problem) << " vs " << toString(strategy);
+    }
+    if (shard != optimum) {
+      std::printf("  solveLayout S=%lld, oracle S=%lld: %s\n", static_cast<long long>(shard),
+                  static_cast<long long>(optimum), t::describe(problem).c_str());
+    }
+    ++agreement.instances;
+    agreement.equal += shard == optimum;
+    if (::testing::Test::HasFailure()) break;
+  }
+  return agreement;
+}
+
+void report(const char* what, const Agreement& agreement) {
+  std::printf("%s: solveLayout equals the oracle on %d of %d instances (%.2f%%)\n", what, agreement.equal,
+              agreement.instances, 100.0 * agreement.equal / std::max(agreement.instances, 1));
+}
+
+// Measured agreement: 100% on the four mixed generators below, 99.4% and
+// 98.3% on the bin-packing ones (where the schedule skips the order search at
+// some sizes, see search.hpp). The thresholds leave a little room for
+// heuristic changes without hiding a collapse.
+constexpr double kMinAgreement = 0.99;
+constexpr double kMinAgreementBinPacking = 0.97;
+
+TEST(SolveLayout, AgreesWithOracleUpToFourItems) {
+  const Agreement agreement = checkSolveLayout(0x5ea50003, 2000, {.max_items = 4, .max_total = 40});
+  report("<= 4 items", agreement);
+  EXPECT_GE(agreement.equal, kMinAgreement * agreement.instances);
+}
+
+TEST(SolveLayout, AgreesWithOracleUpToSevenItems) {
+  const Agreement agreement =
+      checkSolveLayout(0x5ea50004, 1500, {.min_items = 5, .max_items = 7, .max_total = 40, .max_devices = 6});
+  report("5-7 items", agreement);
+  EXPECT_GE(agreement.equal, kMinAgreement * agreement.instances);
+}
+
+TEST(SolveLayout, AgreesWithOracleOnManyDevices) {
+  const Agreement agreement = checkSolveLayout(
+      0x5ea50005, 1000, {.min_items = 3, .max_items = 6, .max_total = 48, .max_devices = 12, .aligns = {1, 2, 4, 8}});
+  report("3-6 items, V <= 12", agreement);
+  EXPECT_GE(agreement.equal, kMinAgreement * agreement.instances);
+}
+
+TEST(SolveLayout, AgreesWithOracleOnHarderInstances) {
+  const Agreement agreement = checkSolveLayout(0x5ea5000a, 1500,
+                                               {.min_items = 6, .max_items = 8, .max_total = 80, .max_devices = 8,
+                                                .aligns = {1, 2, 4, 8}, .whole_percent = 70});
+  report("6-8 items, total <= 80", agreement);
+  EXPECT_GE(agreement.equal, kMinAgreement * agreement.instances);
+}
+
+// Mostly unsplittable items, long relative to the alignment: bin packing,
+// where the best order matters and the optimum lies many sizes above the
+// bound.
+const t::GeneratorOptions kBinPacking{
+    .min_items = 5, .max_items = 7, .max_total = 300, .max_devices = 4, .aligns = {1, 2, 4, 8}, .whole_percent = 90};
+
+TEST(SolveLayout, AgreesWithOracleOnBinPacking) {
+  const Agreement agreement = checkSolveLayout(0x5ea5000b, 3000, kBinPacking);
+  report("bin packing, 5-7 items", agreement);
+  EXPECT_GE(agreement.equal, kMinAgreementBinPacking * agreement.instances);
+}
+
+// With the order search run at every size and no node limit, solveLayout is
+// exact.
+TEST(SolveLayout, ExactWithUnlimitedOrderSearch) {
+  std::mt19937_64 rng(0x5ea5000c);
+  SearchOptions options;
+  options.leading_searches = std::int64_t{1} << 40;
+  options.node_budget = std::int64_t{1} << 40;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, trial % 2 ? kBinPacking : t::GeneratorOptions{.max_items = 7});
+    const SearchResult found = solveLayout(problem, options);
+    ASSERT_EQ(found.layout.shard_elems, t::oracleShard(problem)) << t::describe(problem);
+    ASSERT_EQ(describeViolation(problem, found.layout), "");
+  }
+}
+
+// SearchResult::exhaustive promises that every candidate size below the
+// result was tried with every strategy of the portfolio. With an unlimited
+// node budget (so the order search is exact wherever it runs), an exhaustive
+// result must then be optimal.
+//
+// DISABLED: planner bug. solveLayout skips kOrderSearch at sizes after the
+// first `leading_searches` unless a heavy period divides S, yet still reports
+// exhaustive = true. Repro: V=4 a=1 items (n,g) = (48,48) (48,48) (53,53)
+// (53,53) (36,36) (19,2) (15,15): solveLayout gives S=96 (exhaustive=true,
+// 29 sizes tried) while S=84 fits (oracle; solveLayout also finds 84 when
+// leading_searches is unlimited). Either the flag should turn false when the
+// order search is skipped (or runs out of budget), or its doc should say it
+// covers only the fixed orders and the scan budget.
+TEST(SolveLayout, DISABLED_ExhaustiveResultsAreOptimal) {
+  std::mt19937_64 rng(0x5ea5000d);
+  SearchOptions options;
+  options.node_budget = std::int64_t{1} << 40;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, kBinPacking);
+    const SearchResult found = solveLayout(problem, options);
+    if (found.exhaustive) {
+      EXPECT_EQ(found.layout.shard_elems, t::oracleShard(problem)) << t::describe(problem);
+    }
+  }
+  const LayoutProblem repro{{{48, 48}, {48, 48}, {53, 53}, {53, 53}, {36, 36}, {19, 2}, {15, 15}}, 4, 1};
+  ASSERT_EQ(t::oracleShard(repro), 84);
+  const SearchResult found = solveLayout(repro, options);
+  EXPECT_TRUE(!found.exhaustive || found.layout.shard_elems == 84)
+      << "S=" << found.layout.shard_elems << " exhaustive=" << found.exhaustive;
+}
+
+// The memoised order search is exact for a fixed S: with an unlimited budget
+// it finds a layout exactly where some order fits.
+TEST(PlaceBySearch, IsExactForEveryShardSize) {
+  std::mt19937_64 rng(0x5ea50006);
+  for (int trial = 0; trial < 1500; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 6, .max_total = 40});
+    const std::int64_t optimum = t::oracleShard(problem);
+    const std::int64_t first = std::max(problem.align_elems, computeLowerBound(problem).capacity_elems);
+    for (std::int64_t shard = first; shard <= optimum + 3 * problem.align_elems; shard += problem.align_elems) {
+      bool exact = false;
+      const auto offsets = placeBySearch(problem, shard, 1LL << 40, &exact);
+      ASSERT_TRUE(exact) << t::describe(problem) << " S=" << shard;
+      ASSERT_EQ(offsets.has_value(), t::anyOrderFits(problem, shard)) << t::describe(problem) << " S=" << shard;
+      if (shard == optimum) {
+        ASSERT_TRUE(offsets.has_value());
+      }
+      if (offsets) {
+        ASSERT_EQ(t::checkLayout(problem, shard, *offsets), "") << t::describe(problem);
+      }
+    }
+  }
+}
+
+TEST(PlaceBySearch, ReportsInexactWhenOutOfBudget) {
+  // Seven unsplittable items of 3 and one of 2 on V = 3: 23 <= 24 at S = 8,
+  // but a shard of 8 holds at most two 3s, so nothing fits - and proving it
+  // takes more than a couple of nodes. At S = 9 three 3s fit per shard.
+  LayoutProblem problem{{}, 3, 1};
+  for (int i = 0; i < 7; ++i) problem.items.push_back({3, 3});
+  problem.items.push_back({2, 2});
+  bool exact = true;
+  EXPECT_FALSE(placeBySearch(problem, 8, 2, &exact).has_value());
+  EXPECT_FALSE(exact);
+  EXPECT_FALSE(placeBySearch(problem, 8, 1LL << 30, &exact).has_value());
+  EXPECT_TRUE(exact);
+  const auto fits = placeBySearch(problem, 9, 1LL << 30, &exact);
+  ASSERT_TRUE(fits.has_value());
+  EXPECT_TRUE(exact);
+  EXPECT_EQ(t::checkLayout(problem, 9, *fits), "");
+}
+
+// With the portfolio restricted to one fixed order, solveLayout is that
+// order's optimum: the jumps of nextPlaceableShard skip nothing feasible.
+TEST(SolveLayout, SingleFixedStrategyIsThatOrdersOptimum) {
+  std::mt19937_64 rng(0x5ea50007);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 4, .max_total = 40});
+    for (const Strategy strategy : kFixedStrategies) {
+      SearchOptions options;
+      options.strategies = {strategy};
+      const SearchResult found = solveLayout(problem, options);
+      ASSERT_EQ(found.strategy, strategy);
+      ASSERT_EQ(found.layout.shard_elems, t::bruteForceFixedOrder(problem, fixedOrder(problem, strategy)))
+          << t::describe(problem) << " " << toString(strategy);
+      ASSERT_EQ(describeViolation(problem, found.layout), "");
+    }
+  }
+}
+
+TEST(SolveLayout, LargerInstancesStayValidAndBeatFixedOrders) {
+  std::mt19937_64 rng(0x5ea50008);
+  for (int trial = 0; trial < 300; ++trial) {
+    const LayoutProblem problem =
+        t::randomProblem(rng, {.min_items = 8, .max_items = 30, .max_total = 3000, .max_devices = 64,
+                               .aligns = {1, 8, 16}});
+    const SearchResult found = solveLayout(problem);
+    ASSERT_EQ(describeViolation(problem, found.layout), "") << t::describe(problem);
+    ASSERT_GE(found.layout.shard_elems, computeLowerBound(problem).shard_elems);
+    for (const Strategy strategy : kFixedStrategies) {
+      SearchOptions options;
+      options.strategies = {strategy};
+      ASSERT_LE(found.layout.shard_elems, solveLayout(problem, options).layout.shard_elems) << t::describe(problem);
+    }
+  }
+}
+
+TEST(SolveLayout, ScanBudgetKeepsLayoutsValid) {
+  std::mt19937_64 rng(0x5ea50009);
+  for (int trial = 0; trial < 500; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 6, .max_total = 60});
+    SearchOptions options;
+    options.max_scan_steps = 1;
+    options.node_budget = 3;
+    const SearchResult found = solveLayout(problem, options);
+    ASSERT_EQ(describeViolation(problem, found.layout), "") << t::describe(problem);
+    ASSERT_GE(found.layout.shard_elems, t::oracleShard(problem));
+    if (found.shard_sizes_tried > 1) {
+      ASSERT_FALSE(found.exhaustive);
+    }
+  }
+}
+
+TEST(SolveLayout, SingleItemAndUnsplittable) {
+  const SearchResult one = solveLayout({{{7, 1}}, 3, 1});
+  EXPECT_EQ(one.layout.shard_elems, 3);
+  EXPECT_EQ(one.layout.offsets, std::vector<std::int64_t>{0});
+  const SearchResult whole = solveLayout({{{7, 7}, {1, 1}}, 3, 1});
+  EXPECT_EQ(whole.layout.shard_elems, 7);
+  const SearchResult aligned = solveLayout({{{1, 1}, {1, 1}}, 1, 8});
+  EXPECT_EQ(aligned.layout.shard_elems, 16);
+}
+
+TEST(FixedOrder, OrdersAreStable) {
+  const LayoutProblem problem{{{4, 2}, {9, 1}, {4, 4}, {9, 3}, {1, 1}}, 2, 1};
+  EXPECT_EQ(fixedOrder(problem, Strategy::kGivenOrder), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(fixedOrder(problem, Strategy::kSizeDescending), (std::vector<std::uint32_t>{1, 3, 0, 2, 4}));
+  EXPECT_EQ(fixedOrder(problem, Strategy::kGranularityDescending), (std::vector<std::uint32_t>{2, 3, 0, 1, 4}));
+}
+
+TEST(FixedOrder, StrategyNames) {
+  EXPECT_EQ(toString(Strategy::kGivenOrder), "given");
+  EXPECT_EQ(toString(Strategy::kSizeDescending), "size-desc");
+  EXPECT_EQ(toString(Strategy::kGranularityDescending), "granularity-desc");
+  EXPECT_EQ(toString(Strategy::kOrderSearch), "order-search");
+}
+
+}  // namespace
+}  // namespace dbuf::planner
