@@ -43,6 +43,7 @@ ChildResult runChild(const std::string& executable, const std::vector<std::strin
   storage.push_back(executable);
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(storage.size() + 1);
   for (std::string& arg : storage) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
@@ -65,7 +66,8 @@ ChildResult runChild(const std::string& executable, const std::vector<std::strin
   int open_fds = 2;
   char buffer[65536];
   while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       result.timed_out = true;
       kill(pid, SIGKILL);
@@ -112,7 +114,7 @@ TempDir::~TempDir() {
 }
 
 std::string TempDir::write(const std::string& name, const std::string& text) const {
-  const std::string full = (path_ / name).string();
+  std::string full = (path_ / name).string();
   std::ofstream out(full, std::ios::binary);
   out << text;
   if (!out) throw std::runtime_error("cannot write " + full);

@@ -5,10 +5,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "child_process.hpp"
 #include "dbuf/plan_io/report.hpp"
@@ -22,7 +21,9 @@ const std::string kExe = DBUF_PLAN_EXE;
 const std::string kModels = DBUF_MODELS_DIR;
 const std::string kLlama = kModels + "/llama3-8b.json";
 
-ChildResult plan(const std::vector<std::string>& args) { return runChild(kExe, args); }
+ChildResult plan(const std::vector<std::string>& args) {
+  return runChild(kExe, args);
+}
 
 /// Exit status 2, nothing on stdout, exactly one line on stderr, containing
 /// every one of `needles`.
@@ -53,9 +54,13 @@ std::string modelWith(const std::string& tensors, const std::string& unit = "blk
 
 // ------------------------------------------------------------ usage errors --
 
-TEST(CliUsage, NoArgumentsAsksForTheModel) { expectBadInput(plan({}), {"--model"}); }
+TEST(CliUsage, NoArgumentsAsksForTheModel) {
+  expectBadInput(plan({}), {"--model"});
+}
 
-TEST(CliUsage, MissingDevices) { expectBadInput(plan({"--model", kLlama}), {"--devices"}); }
+TEST(CliUsage, MissingDevices) {
+  expectBadInput(plan({"--model", kLlama}), {"--devices"});
+}
 
 TEST(CliUsage, UnknownFlag) {
   expectBadInput(plan({"--model", kLlama, "--devices", "8", "--frobnicate"}), {"unknown option", "--frobnicate"});
@@ -101,7 +106,8 @@ TEST(CliUsage, UnknownFormat) {
 TEST(CliUsage, BadAlignment) {
   expectBadInput(plan({"--model", kLlama, "--devices", "8", "--align-bytes", "0"}), {"--align-bytes"});
   // 3 bytes is not a multiple of bf16's 2.
-  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--align-bytes", "3"}), {kLlama, "unit 'embed'", "--align-bytes 3", "bf16"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--align-bytes", "3"}),
+                 {kLlama, "unit 'embed'", "--align-bytes 3", "bf16"});
 }
 
 TEST(CliUsage, FlagGivenTwice) {
@@ -311,8 +317,7 @@ TEST(CliJson, Llama8bAt8DevicesIsValidWithDocumentedKeys) {
 }
 
 TEST(CliJson, BlockRuleAtManyRanksIsValid) {
-  const ChildResult result =
-      plan({"--model", kLlama, "--devices=256", "--granularity=block:128x128", "--format=json"});
+  const ChildResult result = plan({"--model", kLlama, "--devices=256", "--granularity=block:128x128", "--format=json"});
   expectOk(result);
   const plan_io::PlanReport report = readJsonOutput(result);
   EXPECT_EQ(report.granularity, "block:128x128");
@@ -327,8 +332,8 @@ TEST(CliJson, BlockRuleAtManyRanksIsValid) {
 }
 
 TEST(CliJson, RoundTripIsIdentical) {
-  const ChildResult result =
-      plan({"--model", kModels + "/gpt-oss-20b.json", "--devices", "64", "--granularity", "rows:32", "--format", "json"});
+  const ChildResult result = plan(
+      {"--model", kModels + "/gpt-oss-20b.json", "--devices", "64", "--granularity", "rows:32", "--format", "json"});
   expectOk(result);
   const plan_io::PlanReport report = readJsonOutput(result);
   EXPECT_EQ(plan_io::writePlanJson(report), result.out);
@@ -363,8 +368,8 @@ TEST(CliJson, RanksListEveryRankSlice) {
 TEST(CliTable, HasTotalAndEveryBaseline) {
   const ChildResult result = plan({"--model", kLlama, "--devices", "8"});
   expectOk(result);
-  for (const char* needle : {"TOTAL", "ours", "lower bound", "FSDP2", "FSDP1", "ZeRO-3", "Megatron-FSDP", "layers.31",
-                             "8030261248"}) {
+  for (const char* needle :
+       {"TOTAL", "ours", "lower bound", "FSDP2", "FSDP1", "ZeRO-3", "Megatron-FSDP", "layers.31", "8030261248"}) {
     EXPECT_NE(result.out.find(needle), std::string::npos) << needle;
   }
 }
@@ -377,8 +382,8 @@ TEST(CliTable, SummaryCollapsesIdenticalLayers) {
 }
 
 TEST(CliTable, ExplainsBoundsFarAboveIdeal) {
-  const ChildResult result = plan({"--model", kModels + "/deepseek-v3.json", "--devices", "1024", "--granularity",
-                                   "block:128x128", "--summary"});
+  const ChildResult result = plan(
+      {"--model", kModels + "/deepseek-v3.json", "--devices", "1024", "--granularity", "block:128x128", "--summary"});
   expectOk(result);
   EXPECT_NE(result.out.find("more than 5% above ceil(N/V)"), std::string::npos);
   EXPECT_NE(result.out.find("forced by:"), std::string::npos);

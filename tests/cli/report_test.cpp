@@ -1,5 +1,7 @@
 // Report writers and the JSON reader, in-process on small hand-made units;
 // plus dbuf-plan's argument parser.
+#include "dbuf/plan_io/report.hpp"
+
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "dbuf/plan_io/report.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf::plan_io {
@@ -26,10 +27,14 @@ TensorSpec tensor(std::string name, std::vector<std::int64_t> shape,
   return spec;
 }
 
-GranularityRule rows(std::int64_t r) { return {.kind = GranularityRule::Kind::kRows, .rows = r}; }
+GranularityRule rows(std::int64_t r) {
+  return {.kind = GranularityRule::Kind::kRows, .rows = r};
+}
 
 /// The design brief's toy unit: A[5,4], B[3,2], C[7], bf16.
-UnitSpec toyUnit() { return {"toy", {tensor("A", {5, 4}), tensor("B", {3, 2}), tensor("C", {7})}}; }
+UnitSpec toyUnit() {
+  return {"toy", {tensor("A", {5, 4}), tensor("B", {3, 2}), tensor("C", {7})}};
+}
 
 /// Two identical layers whose bound is close to ceil(N/V), and a unit whose
 /// 32-row bands force the bound far above it at 4 or 8 ranks.
@@ -240,7 +245,9 @@ TEST(CliReportSvg, BandsAboveMaxRowsAndEscapesNames) {
 namespace dbuf::cli {
 namespace {
 
-Result<CliOptions> parse(std::vector<std::string> args) { return parseArgs(args); }
+Result<CliOptions> parse(std::vector<std::string> args) {
+  return parseArgs(args);
+}
 
 TEST(CliArgs, DefaultsAndBothValueForms) {
   auto options = parse({"--model", "m.json", "--devices=64"});

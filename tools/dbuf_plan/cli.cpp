@@ -152,7 +152,9 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
 
 }  // namespace
 
-const char* usage() noexcept { return kUsage; }
+const char* usage() noexcept {
+  return kUsage;
+}
 
 Result<CliOptions> parseArgs(std::span<const std::string> args) {
   CliOptions options;

@@ -4,9 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -17,7 +16,9 @@ namespace {
 
 using nlohmann::json;
 
-Error invalid(std::string message) { return makeError(ErrorCode::kInvalidArgument, std::move(message)); }
+Error invalid(std::string message) {
+  return makeError(ErrorCode::kInvalidArgument, std::move(message));
+}
 
 /// Records where and why parsing failed; the DOM parser's non-throwing mode
 /// only says that it failed. Used on the error path only.

@@ -4,7 +4,6 @@
 // one line, so a unit with 800 tensors is 800 lines, not 8000. The reader
 // checks every type and never lets a nlohmann exception escape.
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "dbuf/plan_io/report.hpp"
@@ -215,14 +214,12 @@ class Reader {
     return true;
   }
 
-  bool integer(const Json& parent, const char* key, const std::string& path, std::int64_t& out,
-               bool required = true) {
+  bool integer(const Json& parent, const char* key, const std::string& path, std::int64_t& out, bool required = true) {
     const Json* node = find(parent, key, path, required);
     return node == nullptr ? !required : toInt(*node, join(path, key), out);
   }
 
-  bool optionalInteger(const Json& parent, const char* key, const std::string& path,
-                       std::optional<std::int64_t>& out) {
+  bool optionalInteger(const Json& parent, const char* key, const std::string& path, std::optional<std::int64_t>& out) {
     const Json* node = find(parent, key, path, false);
     if (node == nullptr) return true;
     std::int64_t value = 0;
@@ -239,8 +236,7 @@ class Reader {
     return true;
   }
 
-  bool string(const Json& parent, const char* key, const std::string& path, std::string& out,
-              bool required = true) {
+  bool string(const Json& parent, const char* key, const std::string& path, std::string& out, bool required = true) {
     const Json* node = find(parent, key, path, required);
     if (node == nullptr) return !required;
     if (!node->is_string()) return fail(join(path, key), "expected a string");
@@ -370,7 +366,8 @@ bool readUnit(Reader& reader, const Json& node, const std::string& path, UnitRep
          reader.integer(node, "brief_lower_bound_elems", path, out.brief_lower_bound_elems, false) &&
          reader.string(node, "strategy", path, out.strategy, false) &&
          reader.boolean(node, "exhaustive", path, out.exhaustive) &&
-         reader.number(node, "inflation", path, out.inflation, false) && readDiagnosis(reader, node, path, out.diagnosis);
+         reader.number(node, "inflation", path, out.inflation, false) &&
+         readDiagnosis(reader, node, path, out.diagnosis);
 }
 
 bool readReport(Reader& reader, const Json& root, PlanReport& out) {

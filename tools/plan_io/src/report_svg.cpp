@@ -22,9 +22,9 @@ namespace dbuf::plan_io {
 namespace {
 
 constexpr double kWidth = 1100;
-constexpr double kLeft = 96;     // rank labels and the y axis title
+constexpr double kLeft = 96;  // rank labels and the y axis title
 constexpr double kPlotWidth = 900;
-constexpr double kTop = 64;      // title lines
+constexpr double kTop = 64;  // title lines
 constexpr double kMaxPlotHeight = 520;
 constexpr std::size_t kMaxLegend = 24;
 constexpr double kCharWidth = 6.1;  // average glyph width at 11px, for fitting labels
@@ -65,10 +65,18 @@ std::string escape(const std::string& text) {
   out.reserve(text.size());
   for (const char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         // Control characters are not allowed in XML 1.0 text.
         if (static_cast<unsigned char>(c) >= 0x20 || c == '\t') out += c;
@@ -132,11 +140,13 @@ std::string toHex(Rgb rgb) {
 }
 
 Rgb lighten(Rgb rgb, double amount) {
-  const auto mix = [amount](int c) { return static_cast<int>(c + (255 - c) * amount + 0.5); };
+  const auto mix = [amount](int c) { return static_cast<int>(std::lround(c + (255 - c) * amount)); };
   return {mix(rgb.r), mix(rgb.g), mix(rgb.b)};
 }
 
-bool isDark(Rgb rgb) { return 0.299 * rgb.r + 0.587 * rgb.g + 0.114 * rgb.b < 150; }
+bool isDark(Rgb rgb) {
+  return 0.299 * rgb.r + 0.587 * rgb.g + 0.114 * rgb.b < 150;
+}
 
 struct Kind {
   std::string name;
@@ -284,12 +294,13 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
   const std::size_t legend_shown = std::min(kinds.size(), kMaxLegend);
   constexpr std::size_t kLegendColumns = 3;
   const double legend_top = plot_bottom + 76;
-  const auto legend_rows = static_cast<double>((legend_shown + 1 + kLegendColumns - 1) / kLegendColumns +
-                                               (kinds.size() > legend_shown ? 1 : 0));
+  // Whole rows of entries (kinds, then padding), plus one for "... and N more".
+  const std::size_t entry_rows = (legend_shown + 1 + kLegendColumns - 1) / kLegendColumns;
+  const auto legend_rows = static_cast<double>(entry_rows + (kinds.size() > legend_shown ? 1 : 0));
   const double height = legend_top + legend_rows * 17 + 16;
 
   std::string out;
-  out.reserve(64 * 1024);
+  out.reserve(std::size_t{64} * 1024);
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(kWidth) + "\" height=\"" + num(height) +
          "\" viewBox=\"0 0 " + num(kWidth) + " " + num(height) +
          "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"11\">\n";
@@ -310,8 +321,8 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
   out += "<text x=\"" + num(kLeft) + "\" y=\"38\">" +
          escape("N = " + std::to_string(unit.numel) + " elements, S = " + std::to_string(unit.shard_elems) +
                 " per rank (lower bound " + std::to_string(unit.lower_bound_elems) + "), padding " +
-                std::to_string(unit.padding_elems) + " (" + fixed(padding_share, 2) + "%), V*S/N = " +
-                fixed(unit.inflation, 4) + "x, split blocks " + std::to_string(unit.split_blocks)) +
+                std::to_string(unit.padding_elems) + " (" + fixed(padding_share, 2) +
+                "%), V*S/N = " + fixed(unit.inflation, 4) + "x, split blocks " + std::to_string(unit.split_blocks)) +
          "</text>\n";
   out += "<text x=\"" + num(kLeft) + "\" y=\"54\" fill=\"#555555\">" +
          escape(banded ? "Each row is a band of " + std::to_string(per_row) +
@@ -324,8 +335,8 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
     const Row& row = rows[r];
     const double y = kTop + static_cast<double>(r) * row_height;
     const double h = row_height - gap;
-    out += "<rect x=\"" + num(kLeft) + "\" y=\"" + num(y) + "\" width=\"" + num(kPlotWidth) + "\" height=\"" +
-           num(h) + "\" fill=\"url(#pad)\"><title>" + escape(row.title) + "</title></rect>\n";
+    out += "<rect x=\"" + num(kLeft) + "\" y=\"" + num(y) + "\" width=\"" + num(kPlotWidth) + "\" height=\"" + num(h) +
+           "\" fill=\"url(#pad)\"><title>" + escape(row.title) + "</title></rect>\n";
     for (const Span& span : row.spans) {
       const double width = span.x1 - span.x0;
       if (width < 0.02) continue;  // invisible; still in the legend and the tooltips' totals
@@ -338,9 +349,8 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
       } else {
         tip += " on rank " + row.label;
       }
-      out += "<rect x=\"" + num(kLeft + span.x0) + "\" y=\"" + num(y) + "\" width=\"" + num(width) +
-             "\" height=\"" + num(h) + "\" fill=\"" + styles[span.tensor].fill + "\"><title>" + escape(tip) +
-             "</title></rect>\n";
+      out += "<rect x=\"" + num(kLeft + span.x0) + "\" y=\"" + num(y) + "\" width=\"" + num(width) + "\" height=\"" +
+             num(h) + "\" fill=\"" + styles[span.tensor].fill + "\"><title>" + escape(tip) + "</title></rect>\n";
       const std::string& label = short_names[span.tensor];
       if (h >= 13 && width >= static_cast<double>(label.size()) * kCharWidth + 8) {
         out += "<text x=\"" + num(kLeft + span.x0 + 4) + "\" y=\"" + num(y + h / 2 + 4) + "\" fill=\"" +
@@ -353,14 +363,12 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
              escape(row.label) + "</text>\n";
     }
     if (pad_column) {
-      out += "<text x=\"" + num(kLeft + kPlotWidth + 6) + "\" y=\"" + num(y + h / 2 + 4) +
-             "\" fill=\"#555555\">" +
+      out += "<text x=\"" + num(kLeft + kPlotWidth + 6) + "\" y=\"" + num(y + h / 2 + 4) + "\" fill=\"#555555\">" +
              fixed(100.0 * static_cast<double>(row.padding) / static_cast<double>(row.capacity), 1) + "%</text>\n";
     }
   }
   if (pad_column) {
-    out += "<text x=\"" + num(kLeft + kPlotWidth + 6) + "\" y=\"" + num(kTop - 4) +
-           "\" fill=\"#555555\">pad</text>\n";
+    out += "<text x=\"" + num(kLeft + kPlotWidth + 6) + "\" y=\"" + num(kTop - 4) + "\" fill=\"#555555\">pad</text>\n";
   }
 
   // Axes.
@@ -375,8 +383,7 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
     out += "<text x=\"" + num(x) + "\" y=\"" + num(plot_bottom + 19) + "\" text-anchor=\"" + anchor + "\">" + tick +
            "</text>\n";
   }
-  out += "<text x=\"" + num(kLeft + kPlotWidth / 2) + "\" y=\"" + num(plot_bottom + 36) +
-         "\" text-anchor=\"middle\">" +
+  out += "<text x=\"" + num(kLeft + kPlotWidth / 2) + "\" y=\"" + num(plot_bottom + 36) + "\" text-anchor=\"middle\">" +
          escape(banded ? "share of the band's elements (" + std::to_string(per_row) + " x S)"
                        : "element offset within the rank's shard (S = " + std::to_string(unit.shard_elems) + ")") +
          "</text>\n";
@@ -388,7 +395,8 @@ Result<std::string> writePlanSvg(const PlanReport& report, const SvgOptions& opt
   const double column_width = (kWidth - kLeft) / static_cast<double>(kLegendColumns);
   const auto legend_entry = [&](std::size_t slot, const std::string& fill, const std::string& text) {
     const double x = kLeft + column_width * static_cast<double>(slot % kLegendColumns);
-    const double y = legend_top + 17 * static_cast<double>(slot / kLegendColumns);
+    const std::size_t row = slot / kLegendColumns;
+    const double y = legend_top + 17 * static_cast<double>(row);
     out += "<rect x=\"" + num(x) + "\" y=\"" + num(y - 10) + "\" width=\"12\" height=\"12\" fill=\"" + fill +
            "\" stroke=\"#666666\" stroke-width=\"0.5\"/>\n";
     out += "<text x=\"" + num(x + 17) + "\" y=\"" + num(y) + "\">" + escape(text) + "</text>\n";

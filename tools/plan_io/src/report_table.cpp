@@ -28,7 +28,9 @@ std::string fixed(double value, int decimals) {
   return buffer;
 }
 
-std::string inflationText(double value) { return fixed(value, 4) + "x"; }
+std::string inflationText(double value) {
+  return fixed(value, 4) + "x";
+}
 
 std::string inflationOf(std::int64_t devices, std::int64_t shard, std::int64_t numel) {
   return inflationText(static_cast<double>(devices) * static_cast<double>(shard) /
@@ -112,10 +114,10 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
     if (!unit.diagnosis) continue;
     const DiagnosisReport& diagnosis = *unit.diagnosis;
     const std::int64_t ideal = ceilDiv(unit.numel, std::max<std::int64_t>(report.devices, 1));
-    text += "  " + runName(report, run) + ": bound S >= " + std::to_string(unit.lower_bound_elems) + " is " +
-            fixed(static_cast<double>(unit.lower_bound_elems) / static_cast<double>(std::max<std::int64_t>(ideal, 1)),
-                  3) +
-            "x ceil(N/V) = " + std::to_string(ideal) + "\n";
+    text +=
+        "  " + runName(report, run) + ": bound S >= " + std::to_string(unit.lower_bound_elems) + " is " +
+        fixed(static_cast<double>(unit.lower_bound_elems) / static_cast<double>(std::max<std::int64_t>(ideal, 1)), 3) +
+        "x ceil(N/V) = " + std::to_string(ideal) + "\n";
     if (!diagnosis.forcing_tensors.empty()) {
       text += "    forced by: " + listNames(diagnosis.forcing_tensors, 4) + "\n";
     }
@@ -145,8 +147,8 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
 }  // namespace
 
 std::string writePlanTable(const PlanReport& report, const TableOptions& options) {
-  const std::vector<Group> groups = {{"", 2},           {"ours", 3},       {"lower bound", 2}, {"FSDP2", 3},
-                                     {"FSDP1", 3},      {"ZeRO-3", 3},     {"Megatron-FSDP", 3}, {"", 1}};
+  const std::vector<Group> groups = {{"", 2},      {"ours", 3},   {"lower bound", 2},   {"FSDP2", 3},
+                                     {"FSDP1", 3}, {"ZeRO-3", 3}, {"Megatron-FSDP", 3}, {"", 1}};
   std::vector<Column> columns = {{"unit", true}, {"numel", false}};
   columns.push_back({"S", false});
   columns.push_back({"infl", false});
@@ -228,9 +230,9 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
   };
 
   std::string out;
-  out += "model " + (report.model.empty() ? std::string("(unnamed)") : report.model) + ", " +
-         std::to_string(devices) + " ranks, granularity " + report.granularity + ", alignment " +
-         std::to_string(report.align_elems) + " elements (" + std::to_string(report.align_bytes) +
+  out += "model " + (report.model.empty() ? std::string("(unnamed)") : report.model) + ", " + std::to_string(devices) +
+         " ranks, granularity " + report.granularity + ", alignment " + std::to_string(report.align_elems) +
+         " elements (" + std::to_string(report.align_bytes) +
          " bytes). S = elements per rank, infl = V*S/N, split = blocks cut by a shard boundary.\n\n";
   {
     std::string line;
@@ -246,6 +248,7 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
     out += line + "\n";
   }
   std::vector<std::string> headers;
+  headers.reserve(columns.size());
   for (const Column& column : columns) headers.push_back(column.header);
   out += render(headers);
   const std::string header_line = render(headers);

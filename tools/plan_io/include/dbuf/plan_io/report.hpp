@@ -101,10 +101,10 @@ struct PlanReport {
 };
 
 struct ReportOptions {
-  std::string model;          ///< the model's name
-  std::string granularity;    ///< the default rule, as given
+  std::string model;        ///< the model's name
+  std::string granularity;  ///< the default rule, as given
   std::int64_t align_bytes = 16;
-  bool ranks = false;         ///< fill `TensorReport::ranks`
+  bool ranks = false;  ///< fill `TensorReport::ranks`
   /// Report only this unit (empty: all). The totals cover the reported units.
   std::string only_unit;
 };
