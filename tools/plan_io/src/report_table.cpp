@@ -233,7 +233,7 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
   out += "model " + (report.model.empty() ? std::string("(unnamed)") : report.model) + ", " + std::to_string(devices) +
          " ranks, granularity " + report.granularity + ", alignment " + std::to_string(report.align_elems) +
          " elements (" + std::to_string(report.align_bytes) +
-         " bytes). S = elements per rank, infl = V*S/N, split = blocks cut by a shard boundary.\n\n";
+         " bytes).\nS = elements per rank, infl = V*S/N, split = blocks cut by a shard boundary.\n\n";
   {
     std::string line;
     std::size_t c = 0;
