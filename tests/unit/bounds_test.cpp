@@ -51,9 +51,12 @@ TEST(LowerBound, NeverAboveTheOracle) {
   std::mt19937_64 rng(0xb0d50001);
   int tight = 0;
   int above_capacity = 0;
-  constexpr int kTrials = 2500;
+  constexpr int kTrials = 6000;
+  const t::GeneratorOptions mixed{.max_items = 5, .max_total = 40};
+  const t::GeneratorOptions coarse{.min_items = 3, .max_items = 7, .max_total = 200, .max_devices = 4,
+                                   .aligns = {1, 2, 4, 8}, .whole_percent = 70};
   for (int trial = 0; trial < kTrials; ++trial) {
-    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 5, .max_total = 40});
+    const LayoutProblem problem = t::randomProblem(rng, trial % 2 ? coarse : mixed);
     const LowerBound bound = computeLowerBound(problem);
     const std::int64_t optimum = t::oracleShard(problem);
     ASSERT_LE(bound.shard_elems, optimum) << t::describe(problem);
@@ -183,6 +186,23 @@ TEST(NextPlaceableShard, MatchesBruteForce) {
     }
   }
   EXPECT_GT(jumped, 1000);
+}
+
+TEST(NextPlaceableShard, MatchesBruteForceAtLargerSizes) {
+  std::mt19937_64 rng(0xb0d50007);
+  static constexpr std::int64_t kAligns[] = {1, 4, 8, 16};
+  for (int trial = 0; trial < 1500; ++trial) {
+    LayoutProblem problem{{}, t::uniform(rng, 1, 64), kAligns[t::uniform(rng, 0, 3)]};
+    const auto count = t::uniform(rng, 1, 3);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t numel = t::uniform(rng, 1, 300);
+      const std::int64_t block = t::uniform(rng, 0, 1) ? t::uniform(rng, 1, 8) * problem.align_elems : t::uniform(rng, 1, 60);
+      problem.items.push_back({numel, std::clamp<std::int64_t>(block, 1, numel)});
+    }
+    const std::int64_t shard = roundUpTo(t::uniform(rng, 1, 150), problem.align_elems);
+    ASSERT_EQ(nextPlaceableShard(problem, shard), bruteNextPlaceable(problem, shard))
+        << t::describe(problem) << " from S=" << shard;
+  }
 }
 
 TEST(LowerBound, DesignBriefExample) {

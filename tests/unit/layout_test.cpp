@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -39,6 +40,24 @@ TEST(EarliestFeasibleOffset, MatchesBruteForceScan) {
   // The generator must exercise both outcomes.
   EXPECT_GT(found, 1000);
   EXPECT_GT(none, 1000);
+}
+
+TEST(EarliestFeasibleOffset, MatchesBruteForceScanAtLargerSizes) {
+  // Longer items, coarser alignment and blocks that share factors with S.
+  std::mt19937_64 rng(0x5eed0006);
+  for (int trial = 0; trial < 20000; ++trial) {
+    static constexpr std::int64_t kAligns[] = {1, 4, 8, 16, 32};
+    const std::int64_t align = kAligns[t::uniform(rng, 0, 4)];
+    const std::int64_t numel = t::uniform(rng, 1, 2000);
+    const std::int64_t unit = t::uniform(rng, 1, 6) * (t::uniform(rng, 0, 1) ? align : 1);
+    const LayoutItem item{numel, std::clamp<std::int64_t>(unit * t::uniform(rng, 1, 40), 1, numel)};
+    const std::int64_t shard = align * t::uniform(rng, 1, 600 / align + 1);
+    const std::int64_t position = t::uniform(rng, 0, 3000);
+    ASSERT_EQ(earliestFeasibleOffset(position, item, shard, align), t::bruteEarliestOffset(position, item, shard, align))
+        << "n=" << item.numel << " g=" << item.granularity << " S=" << shard << " a=" << align
+        << " position=" << position;
+    ASSERT_EQ(placeable(item, shard, align), t::brutePlaceable(item, shard, align));
+  }
 }
 
 TEST(EarliestFeasibleOffset, HandChecked) {

@@ -42,8 +42,11 @@ std::vector<std::uint32_t> randomOrder(std::mt19937_64& rng, std::size_t size) {
 TEST(EarliestPlacement, IsOptimalForAFixedOrder) {
   std::mt19937_64 rng(0x5ea50001);
   int feasible_sizes = 0;
-  for (int trial = 0; trial < 1500; ++trial) {
-    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 4, .max_total = 40});
+  const t::GeneratorOptions mixed{.max_items = 4, .max_total = 40};
+  const t::GeneratorOptions coarse{.min_items = 2, .max_items = 4, .max_total = 48, .max_devices = 5,
+                                   .aligns = {1, 2, 4, 8}, .whole_percent = 40};
+  for (int trial = 0; trial < 4000; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, trial % 2 ? coarse : mixed);
     const auto order = randomOrder(rng, problem.items.size());
     const std::int64_t brute = t::bruteForceFixedOrder(problem, order);
     ASSERT_EQ(planInOrderMinShard(problem, order), brute) << t::describe(problem) << " order " << ::testing::PrintToString(order);
@@ -58,7 +61,7 @@ TEST(EarliestPlacement, IsOptimalForAFixedOrder) {
       }
     }
   }
-  EXPECT_GT(feasible_sizes, 1500);
+  EXPECT_GT(feasible_sizes, 4000);
 }
 
 struct Agreement {
@@ -198,8 +201,9 @@ TEST(SolveLayout, DISABLED_ExhaustiveResultsAreOptimal) {
 // it finds a layout exactly where some order fits.
 TEST(PlaceBySearch, IsExactForEveryShardSize) {
   std::mt19937_64 rng(0x5ea50006);
-  for (int trial = 0; trial < 1500; ++trial) {
-    const LayoutProblem problem = t::randomProblem(rng, {.max_items = 6, .max_total = 40});
+  for (int trial = 0; trial < 3000; ++trial) {
+    const LayoutProblem problem =
+        t::randomProblem(rng, trial % 2 ? kBinPacking : t::GeneratorOptions{.max_items = 6, .max_total = 40});
     const std::int64_t optimum = t::oracleShard(problem);
     const std::int64_t first = std::max(problem.align_elems, computeLowerBound(problem).capacity_elems);
     for (std::int64_t shard = first; shard <= optimum + 3 * problem.align_elems; shard += problem.align_elems) {

@@ -73,7 +73,8 @@ TEST(BuildProblem, ResolvesGranularityAndAlignment) {
 }
 
 TEST(BuildProblem, RejectsBadDeviceCounts) {
-  for (const std::int64_t devices : {0, -1, -1024}) {
+  for (const std::int64_t devices : {std::int64_t{0}, std::int64_t{-1}, std::int64_t{-1024}, (std::int64_t{1} << 24) + 1,
+                                    std::int64_t{1} << 40}) {
     const auto problem = buildProblem(toyUnit(), optionsFor(devices));
     ASSERT_FALSE(problem.ok()) << devices;
     EXPECT_EQ(problem.error().code, ErrorCode::kInvalidArgument);
@@ -121,6 +122,30 @@ TEST(BuildProblem, ErrorsNameUnitAndTensor) {
   tp.tp_dim = 2;
   expectErrorNaming(UnitSpec{"tpdim", {tp}}, "tp", "tp_dim");
   expectErrorNaming(UnitSpec{"huge", {tensor("h", {1LL << 40, 1LL << 20})}}, "h", "too many");
+}
+
+TEST(BuildProblem, RejectsUnitsTooLargeForInt64Arithmetic) {
+  // V * N must stay far inside int64: 2^37 elements over 2^24 devices is too much.
+  const UnitSpec big{"big", {tensor("w", {std::int64_t{1} << 37})}};
+  const auto problem = buildProblem(big, optionsFor(std::int64_t{1} << 24));
+  ASSERT_FALSE(problem.ok());
+  EXPECT_EQ(problem.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(contains(problem.error().message, "unit 'big'")) << problem.error().message;
+  // The same unit over fewer devices is fine, and so is the largest V with a
+  // smaller unit; plans stay valid at those sizes.
+  ASSERT_TRUE(buildProblem(big, optionsFor(1024)).ok());
+  const UnitSpec wide{"wide", {tensor("w", {std::int64_t{1} << 35}), tensor("b", {3})}};
+  const PlanOptions many = optionsFor(std::int64_t{1} << 24);
+  const auto plan = planUnit(wide, many);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const auto wide_problem = buildProblem(wide, many);
+  Layout layout{plan->shard_elems, {plan->tensors[0].offset, plan->tensors[1].offset}};
+  EXPECT_EQ(describeViolation(*wide_problem, layout), "");
+  EXPECT_EQ(plan->shard_elems, plan->lower_bound_elems);
+  // A unit whose tensors together pass 2^60 elements.
+  UnitSpec many_tensors{"many", {}};
+  for (int i = 0; i < 1025; ++i) many_tensors.tensors.push_back(tensor("t" + std::to_string(i), {std::int64_t{1} << 50}));
+  expectErrorNaming(many_tensors, "", "too many elements");
 }
 
 // ------------------------------------------------------------------- planUnit
@@ -271,6 +296,75 @@ TEST(RankSlices, RandomUnitsTileExactly) {
 }
 
 // ------------------------------------------------------------------ planModel
+
+/// Every bundled model at 8, 256 and 1024 ranks under each rule: every plan
+/// valid with no split block, at or above its bound, and no worse than the
+/// three fixed orders (checked on the first units and the last, where the
+/// distinct shapes are: embeddings, dense and MoE layers, head).
+class BundledModel : public ::testing::TestWithParam<std::string> {};
+
+std::string modelTestName(const ::testing::TestParamInfo<std::string>& model) {
+  std::string name = model.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+TEST_P(BundledModel, EveryPlanValidAndNoWorseThanFixedOrders) {
+  const auto file = plan_io::loadModelFile(std::string(DBUF_MODELS_DIR) + "/" + GetParam() + ".json");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  const std::vector<UnitSpec>& units = file->units;
+  for (const std::int64_t devices : {8, 256, 1024}) {
+    for (const std::string rule : {"element", "rows:32", "block:128x128"}) {
+      SCOPED_TRACE("V=" + std::to_string(devices) + " " + rule);
+      const PlanOptions options = optionsFor(devices, rule);
+      const auto model = planModel(units, options);
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      ASSERT_EQ(model->units.size(), units.size());
+      for (std::size_t u = 0; u < units.size(); ++u) {
+        const UnitPlan& plan = model->units[u];
+        const auto problem = buildProblem(units[u], options);
+        ASSERT_TRUE(problem.ok());
+        Layout layout{plan.shard_elems, {}};
+        for (const PlannedTensor& planned : plan.tensors) layout.offsets.push_back(planned.offset);
+        ASSERT_EQ(describeViolation(*problem, layout), "") << plan.name;
+        ASSERT_EQ(plan.split_blocks, 0);
+        ASSERT_GE(plan.shard_elems, plan.lower_bound_elems);
+        ASSERT_EQ(plan.lower_bound_elems, computeLowerBound(*problem).shard_elems);
+        // Slices: contiguous, covering, cut only on block edges.
+        for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+          const PlannedTensor& planned = plan.tensors[i];
+          std::int64_t next = 0;
+          std::int64_t units_held = 0;
+          for (const RankSlice& slice : rankSlices(plan, i)) {
+            ASSERT_EQ(slice.begin, next);
+            ASSERT_LT(slice.begin, slice.end);
+            ASSERT_LT(slice.rank, devices);
+            if (slice.end < planned.numel) {
+              ASSERT_EQ(slice.end % planned.granularity, 0) << planned.name;
+            }
+            units_held += slice.local_units;
+            next = slice.end;
+          }
+          ASSERT_EQ(next, planned.numel);
+          ASSERT_EQ(units_held, (planned.numel + planned.granularity - 1) / planned.granularity);
+        }
+        if (u > 3 && u + 2 < units.size()) continue;
+        for (const Strategy strategy :
+             {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending}) {
+          SearchOptions fixed;
+          fixed.strategies = {strategy};
+          ASSERT_LE(plan.shard_elems, solveLayout(*problem, fixed).layout.shard_elems)
+              << plan.name << " vs " << toString(strategy);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BundledModel,
+                         ::testing::Values("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama3-70b", "llama3-8b",
+                                           "mixtral-8x7b"),
+                         modelTestName);
 
 void expectSamePlan(const UnitPlan& from_model, const UnitPlan& alone) {
   EXPECT_EQ(from_model.name, alone.name);
