@@ -155,6 +155,40 @@ TEST(GranularityResolve, TensorParallelDimensionOutOfRange) {
   EXPECT_FALSE(resolveGranularity(Shape{12}, GranularityRule{}, 1).ok());  // a vector has no dim > 0
 }
 
+// A rule's R (or the explicit count) may be any positive int64, so R * K can
+// overflow. The result must still be a block length in [1, numel] (or an
+// error), never zero or negative.
+//
+// DISABLED: planner bug. resolveGranularity computes rule.rows * row_len
+// without an overflow check: rows:1000000000000000000 on [8, 16] gives
+// -2446744073709551616 (signed overflow, UB), rows:4611686018427387904 gives
+// 0, and planning such a unit then divides by zero (SIGFPE in roundUp via
+// lcm64(align, 0) / floorMod(..., 0)): dbuf-plan crashes on a model file with
+// "granularity": "rows:4611686018427387904" instead of exiting 2. Since the
+// result is clamped to numel anyway, R can be clamped to M (or the product
+// computed saturating) before multiplying.
+TEST(GranularityResolve, DISABLED_HugeRowCountsDoNotOverflow) {
+  const Shape m{8, 16};
+  for (const std::string text : {"rows:1000000000000000000", "rows:4611686018427387904", "rows:9223372036854775807",
+                                 "block:4611686018427387904x2"}) {
+    const auto resolved = resolveGranularity(m, rule(text));
+    if (!resolved.ok()) continue;  // an error is acceptable
+    EXPECT_GE(*resolved, 1) << text;
+    EXPECT_LE(*resolved, 128) << text;
+  }
+  const auto three_d = resolveGranularity(Shape{2, 8, 16}, rule("rows:1000000000000000000"));
+  if (three_d.ok()) {
+    EXPECT_EQ(*three_d, 128);
+  }
+}
+
+TEST(GranularityResolve, LargeButSafeRowCountsClampToNumel) {
+  EXPECT_EQ(resolve({8, 16}, "rows:1000000000"), 128);
+  EXPECT_EQ(resolve({8, 16}, "block:1000000000x128"), 128);
+  EXPECT_EQ(resolve({4, 8, 16}, "rows:1000000000"), 128);  // 8 % R != 0: the whole matrix
+  EXPECT_EQ(resolve({100}, "rows:1000000000"), 100);
+}
+
 TEST(GranularityResolve, RejectsBadShapes) {
   for (const Shape& shape : {Shape{}, Shape{0}, Shape{4, 0}, Shape{-3, 4}, Shape{2, 3, -1}}) {
     const auto resolved = resolveGranularity(shape, GranularityRule{});
