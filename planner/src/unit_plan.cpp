@@ -65,25 +65,38 @@ std::optional<std::int64_t> unitsToMerge(const std::vector<UnitSpec>& units, std
   return std::nullopt;
 }
 
-/// Coarsest rows:R' (R' halving from the current rule) for the forcing tensors
-/// that brings the unit's bound within 5%.
+/// Rows per block of a row-banded rule (rows / block / matrix) for `tensor`,
+/// or 0 when its rule is not banded (element, explicit count, vectors).
+std::int64_t bandRows(const TensorSpec& tensor, const GranularityRule& default_rule) {
+  if (tensor.shape.size() < 2) return 0;
+  const GranularityRule rule = tensor.granularity.value_or(default_rule);
+  switch (rule.kind) {
+    case GranularityRule::Kind::kRows:
+    case GranularityRule::Kind::kBlock: return rule.rows;
+    case GranularityRule::Kind::kMatrix: return tensor.shape[tensor.shape.size() - 2];
+    case GranularityRule::Kind::kElement:
+    case GranularityRule::Kind::kCount: return 0;
+  }
+  return 0;
+}
+
+/// Coarsest `rows:R'` (R' halving from the forcing tensors' rule) that, applied
+/// to every banded tensor of the unit coarser than it, brings the bound within
+/// 5%. All banded tensors change together: refining only the forcing ones
+/// would let the next-coarsest tensor force the bound instead.
 std::optional<std::string> finerRule(const UnitSpec& unit, const std::vector<std::string>& forcing,
                                      const PlanOptions& options) {
   std::int64_t rows = 0;
   for (const TensorSpec& tensor : unit.tensors) {
-    if (std::find(forcing.begin(), forcing.end(), tensor.name) == forcing.end()) continue;
-    const GranularityRule rule = tensor.granularity.value_or(options.default_rule);
-    if (rule.kind == GranularityRule::Kind::kRows || rule.kind == GranularityRule::Kind::kBlock) {
-      rows = std::max(rows, rule.rows);
-    } else if (rule.kind == GranularityRule::Kind::kMatrix && tensor.shape.size() >= 2) {
-      rows = std::max(rows, tensor.shape[tensor.shape.size() - 2]);
+    if (std::find(forcing.begin(), forcing.end(), tensor.name) != forcing.end()) {
+      rows = std::max(rows, bandRows(tensor, options.default_rule));
     }
   }
   for (std::int64_t finer = rows / 2; finer >= 1; finer /= 2) {
     UnitSpec trial = unit;
     const GranularityRule rule{.kind = GranularityRule::Kind::kRows, .rows = finer};
     for (TensorSpec& tensor : trial.tensors) {
-      if (std::find(forcing.begin(), forcing.end(), tensor.name) != forcing.end()) tensor.granularity = rule;
+      if (bandRows(tensor, options.default_rule) > finer) tensor.granularity = rule;
     }
     if (!boundIsFar(boundOf(trial, options), unitNumel(trial), options.devices)) return rule.toString();
   }
