@@ -27,21 +27,31 @@ std::int64_t nextPlaceableForItem(const LayoutItem& item, std::int64_t shard, st
   return best;
 }
 
+/// True if some size in [from, to) (multiples of align) rules `item` out.
+/// Below L = lcm(align, g) an item is unplaceable exactly when S < n. Inside
+/// a period [kL, (k+1)L) with k >= 1 the unplaceable sizes are those strictly
+/// between kL and n - kL, a window that shrinks as k grows. So if `from` is
+/// fine, the only places left to look are just after `from` (when it sits on
+/// kL itself) and just after the start of the next period.
+bool unplaceableSomewhere(const LayoutItem& item, std::int64_t from, std::int64_t to, std::int64_t align) {
+  const std::int64_t period = lcm64(align, item.granularity);
+  const std::int64_t next_period = (from / period + 1) * period;
+  for (const std::int64_t probe : {from, from + align, next_period + align}) {
+    if (probe < to && !placeable(item, probe, align)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
-std::int64_t nextPlaceableShard(const LayoutProblem& problem, std::int64_t shard_elems,
-                                std::vector<std::uint32_t>* blockers) {
+std::int64_t nextPlaceableShard(const LayoutProblem& problem, std::int64_t shard_elems) {
   std::int64_t shard = roundUp(std::max<std::int64_t>(shard_elems, 1), problem.align_elems);
   for (bool moved = true; moved;) {
     moved = false;
-    for (std::uint32_t index = 0; index < problem.items.size(); ++index) {
-      const std::int64_t next = nextPlaceableForItem(problem.items[index], shard, problem.align_elems);
-      if (next == shard) continue;
+    for (const LayoutItem& item : problem.items) {
+      const std::int64_t next = nextPlaceableForItem(item, shard, problem.align_elems);
+      moved = moved || next != shard;
       shard = next;
-      moved = true;
-      if (blockers && std::find(blockers->begin(), blockers->end(), index) == blockers->end()) {
-        blockers->push_back(index);
-      }
     }
   }
   return shard;
@@ -52,8 +62,12 @@ LowerBound computeLowerBound(const LayoutProblem& problem) {
   for (const LayoutItem& item : problem.items) aligned_total += roundUp(item.numel, problem.align_elems);
   LowerBound bound;
   bound.capacity_elems = roundUp(ceilDiv(aligned_total, problem.devices), problem.align_elems);
-  bound.shard_elems = nextPlaceableShard(problem, bound.capacity_elems, &bound.forcing_items);
-  std::sort(bound.forcing_items.begin(), bound.forcing_items.end());
+  bound.shard_elems = nextPlaceableShard(problem, bound.capacity_elems);
+  for (std::uint32_t index = 0; index < problem.items.size(); ++index) {
+    if (unplaceableSomewhere(problem.items[index], bound.capacity_elems, bound.shard_elems, problem.align_elems)) {
+      bound.forcing_items.push_back(index);
+    }
+  }
   return bound;
 }
 

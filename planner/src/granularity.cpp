@@ -91,7 +91,9 @@ Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, con
     case GranularityRule::Kind::kMatrix: granularity = row_len * matrix_rows; break;
     case GranularityRule::Kind::kRows:
     case GranularityRule::Kind::kBlock:
-      if (matrix_rows % rule.rows == 0 || matrix_count == 1) {
+      if (rule.rows >= matrix_rows) {
+        granularity = row_len * matrix_rows;  // one band covers the matrix (and R*K could overflow)
+      } else if (matrix_rows % rule.rows == 0 || matrix_count == 1) {
         granularity = rule.rows * row_len;
       } else {
         granularity = row_len * matrix_rows;  // bands would straddle matrices
@@ -112,7 +114,10 @@ Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, con
                        "tp_dim " + std::to_string(dim) + " is not a dimension > 0 of a rank-" +
                            std::to_string(shape.size()) + " tensor");
     }
-    granularity = std::lcm(granularity, product(shape.subspan(static_cast<std::size_t>(dim))));
+    const std::int64_t slice = product(shape.subspan(static_cast<std::size_t>(dim)));
+    // lcm(g, slice) = g / gcd * slice; past numel it means "never split".
+    const std::int64_t factor = granularity / std::gcd(granularity, slice);
+    granularity = factor > numel / slice ? numel : factor * slice;
   }
   return std::min(granularity, numel);
 }

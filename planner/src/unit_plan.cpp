@@ -18,8 +18,8 @@ bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devic
   return static_cast<double>(lower_bound) > kDiagnosisThreshold * static_cast<double>(ceilDiv(numel, devices));
 }
 
-/// Identical shapes and granularities give identical plans (names aside).
-/// The key is the raw bytes of dtype, shapes and block lengths.
+/// Identical shapes, granularities and expert flags give identical plans and
+/// baselines (names aside). The key is the raw bytes of those.
 std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
   std::string key;
   const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
@@ -28,6 +28,7 @@ std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
     append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
     for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
     append(problem.items[i].granularity);
+    append(isExpertParameter(unit.tensors[i].name) ? 1 : 0);  // Megatron buckets them apart
   }
   return key;
 }
@@ -103,10 +104,18 @@ std::optional<std::string> finerRule(const UnitSpec& unit, const std::vector<std
   return std::nullopt;
 }
 
-/// Largest device count (halving V) at which the unit's bound is within 5%:
-/// the shard group size HSDP would need.
+/// Largest proper divisor of V at which the unit's bound is within 5%: the
+/// shard-group size an HSDP configuration would need (groups must tile V).
 std::optional<std::int64_t> hsdpDevices(const UnitSpec& unit, const PlanOptions& options) {
-  for (std::int64_t devices = options.devices / 2; devices >= 1; devices /= 2) {
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t d = 1; d * d <= options.devices; ++d) {
+    if (options.devices % d != 0) continue;
+    divisors.push_back(d);
+    divisors.push_back(options.devices / d);
+  }
+  std::sort(divisors.rbegin(), divisors.rend());
+  for (const std::int64_t devices : divisors) {
+    if (devices == options.devices) continue;
     PlanOptions trial = options;
     trial.devices = devices;
     if (!boundIsFar(boundOf(unit, trial), unitNumel(unit), devices)) return devices;

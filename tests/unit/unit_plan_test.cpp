@@ -564,13 +564,10 @@ TEST(PlanModel, DiagnosesCoarseBlocksAtManyRanks) {
                   : "-");
 }
 
-// DISABLED: planner bug (see bounds_test
-// DISABLED_ForcingItemsAreEveryItemUnplaceableBelowTheBound). Two identical
-// [64, 16] tensors in bands of 8 rows (g = 128) at V = 64, 2-byte alignment:
-// N = 2048, ceil(N/V) = 32, bound 128. Both tensors force it, but the
-// diagnosis names only "w0", so finer_rule (applied to the named tensors
-// only) finds nothing; rows:1 on both gives bound 32.
-TEST(PlanModel, DISABLED_FinerRuleCoversEveryForcingTensor) {
+// Two identical coarse tensors both force the bound; the finer rule must be
+// found for the unit as a whole (V=64, rows:8 on two [64, 16] bf16 tensors:
+// N = 2048, ceil(N/V) = 32, bound 128; rows:1 brings it to 32).
+TEST(PlanModel, FinerRuleCoversEveryForcingTensor) {
   const UnitSpec unit{"twins", {tensor("w0", {64, 16}), tensor("w1", {64, 16})}};
   const PlanOptions options = optionsFor(64, "rows:8", 2);
   ASSERT_TRUE(boundIsNear(withRuleOn(unit, {"w0", "w1"}, "rows:1"), options));
@@ -587,14 +584,8 @@ TEST(PlanModel, DISABLED_FinerRuleCoversEveryForcingTensor) {
 // depends on which tensors are experts (by name), so a unit that differs only
 // in that must still get its own baseline.
 //
-// DISABLED: planner bug. planModel's cache key (unitSignature) holds dtype,
-// shapes and granularities, not expert-ness, and a cache hit copies the first
-// unit's baselines. Repro: units "dense" {a.mlp.w [5,4], a.mlp.v [2,3,2]} and
-// "moe" {b.mlp.w [5,4], b.mlp.experts.v [2,3,2]}, bf16, V = 4: planUnit(moe)
-// gives Megatron S = 14 (two buckets), planModel gives moe S = 12 (dense's).
-// Fix: put isExpertParameter(name) of each tensor into the signature (or
-// recompute baselines per unit).
-TEST(PlanModel, DISABLED_CachedPlansKeepTheirOwnExpertBaseline) {
+// The cache key includes which tensors are experts.
+TEST(PlanModel, CachedPlansKeepTheirOwnExpertBaseline) {
   const UnitSpec dense{"dense", {tensor("a.mlp.w", {5, 4}), tensor("a.mlp.v", {2, 3, 2})}};
   const UnitSpec moe{"moe", {tensor("b.mlp.w", {5, 4}), tensor("b.mlp.experts.v", {2, 3, 2})}};
   const PlanOptions options = optionsFor(4);
@@ -609,13 +600,8 @@ TEST(PlanModel, DISABLED_CachedPlansKeepTheirOwnExpertBaseline) {
 
 // An HSDP shard group must divide the world: V / hsdp_devices replicas.
 //
-// DISABLED: planner bug. hsdpDevices halves V with integer division, so for
-// a V that is not a power of two it proposes sizes that do not divide V.
-// Repro: Llama-3-8B (models/llama3-8b.json), rows:32, 16-byte alignment,
-// V = 1000: layers.0 gets hsdp_devices = 62 (1000 % 62 != 0); at V = 1200 it
-// gets 9. Expected: the largest divisor of V below V whose bound is within 5%
-// (e.g. try the divisors of V in decreasing order).
-TEST(PlanModel, DISABLED_HsdpGroupSizeDividesTheDeviceCount) {
+// The group size is the largest proper divisor of V that works.
+TEST(PlanModel, HsdpGroupSizeDividesTheDeviceCount) {
   const auto file = plan_io::loadModelFile(std::string(DBUF_MODELS_DIR) + "/llama3-8b.json");
   ASSERT_TRUE(file.ok()) << file.error().message;
   for (const std::int64_t devices : {1000, 1200}) {

@@ -125,7 +125,7 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
     if (diagnosis.merge_units) {
       fixes.push_back("merge " + std::to_string(*diagnosis.merge_units) + " consecutive units into one");
     }
-    if (diagnosis.finer_rule) fixes.push_back("granularity " + *diagnosis.finer_rule + " for the forcing tensors");
+    if (diagnosis.finer_rule) fixes.push_back("granularity " + *diagnosis.finer_rule + " for every tensor with coarser blocks");
     if (diagnosis.hsdp_devices) {
       fixes.push_back("HSDP with shard groups of " + std::to_string(*diagnosis.hsdp_devices) + " devices");
     }

@@ -19,8 +19,8 @@ struct LowerBound {
   /// for every tensor; S a multiple of g for every tensor longer than 2S) and is
   /// at least as tight.
   std::int64_t shard_elems = 0;
-  /// Items that were not placeable at some size in [capacity, shard): they are
-  /// what lifts the bound above the capacity bound.
+  /// Every item that, on its own, rules out some size in [capacity, shard):
+  /// the tensors that lift the bound above what the bytes demand.
   std::vector<std::uint32_t> forcing_items;
 };
 
@@ -34,8 +34,6 @@ struct LowerBound {
 /// Smallest S' >= S (S a multiple of the alignment) at which every item is
 /// placeable. Jumps straight over sizes some item rules out; each item's next
 /// placeable size is computed exactly, so nothing feasible is skipped.
-/// `blockers`, when given, collects the items that forced a jump.
-[[nodiscard]] std::int64_t nextPlaceableShard(const LayoutProblem& problem, std::int64_t shard_elems,
-                                              std::vector<std::uint32_t>* blockers = nullptr);
+[[nodiscard]] std::int64_t nextPlaceableShard(const LayoutProblem& problem, std::int64_t shard_elems);
 
 }  // namespace dbuf::planner

@@ -51,11 +51,12 @@ struct BoundDiagnosis {
   /// merged lower bound is within 5% of their ceil(N/V); nullopt if even the
   /// whole remaining model is not enough.
   std::optional<std::int64_t> merge_units;
-  /// Finest-first alternative rule for the forcing tensors that would bring
-  /// this unit's bound within 5%, if any.
+  /// Coarsest `rows:R'` (R' halving from the forcing tensors' rows) that,
+  /// applied to every tensor with coarser row bands, brings this unit's bound
+  /// within 5%, if any.
   std::optional<std::string> finer_rule;
-  /// Largest shard-group size (halving V) that would be within 5%: the
-  /// HSDP configuration that fixes it, if any.
+  /// Largest shard-group size (a proper divisor of V) that would be within
+  /// 5%: the HSDP configuration that fixes it, if any.
   std::optional<std::int64_t> hsdp_devices;
 };
 
