@@ -33,6 +33,7 @@ struct Totals {
   double three = 0;       // best of the three fixed orders, per unit
   double bound = 0;       // proven lower bound
   double brief = 0;       // the design brief's bound
+  int proven_optimal = 0;  // units whose S is proven optimal over all orders
   bool ours_never_worse = true;
   bool valid = true;      // 0 split blocks everywhere
 };
@@ -47,6 +48,7 @@ Totals compare(const ModelPlan& ours, const ModelPlan& three) {
     t.three += v * static_cast<double>(three.units[u].shard_elems);
     t.bound += v * static_cast<double>(p.lower_bound_elems);
     t.brief += v * static_cast<double>(p.brief_lower_bound_elems);
+    t.proven_optimal += p.proven_optimal ? 1 : 0;
     t.ours_never_worse = t.ours_never_worse && p.shard_elems <= three.units[u].shard_elems;
     t.valid = t.valid && p.split_blocks == 0 && three.units[u].split_blocks == 0;
   }
@@ -126,8 +128,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rules{"element", "rows:32", "block:128x128"};
 
   int failures = 0;
-  std::printf("%-13s %5s %-13s %9s %9s %9s %9s %10s %10s %9s %8s %8s  %s\n", "model", "V", "rule", "ours", "3-order",
-              "bound", "brief-lb", "gap-ours", "gap-3ord", "closed", "plan-ms", "3ord-ms", "check");
+  std::printf("%-13s %5s %-13s %9s %9s %9s %9s %10s %10s %9s %7s %8s %8s  %s\n", "model", "V", "rule", "ours", "3-order",
+              "bound", "brief-lb", "gap-ours", "gap-3ord", "closed", "optimal", "plan-ms", "3ord-ms", "check");
   for (const auto& path : files) {
     auto model = dbuf::plan_io::loadModelFile(path);
     if (!model) {
@@ -158,15 +160,16 @@ int main(int argc, char** argv) {
         if (!t.ours_never_worse) check = "FAIL worse than a fixed order";
         if (devices <= 256 && gap_ours > kMaxGapAtOrBelow256) check = "FAIL gap > 0.5%";
         if (check != "ok") ++failures;
-        std::printf("%-13s %5lld %-13s %9.4f %9.4f %9.4f %9.4f %9.4f%% %9.4f%% %8.0f%% %8.2f %8.2f  %s\n",
+        std::printf("%-13s %5lld %-13s %9.4f %9.4f %9.4f %9.4f %9.4f%% %9.4f%% %8.0f%% %3d/%-3zu %8.2f %8.2f  %s\n",
                     model->model.c_str(), static_cast<long long>(devices), rule.c_str(), t.ours / t.numel,
                     t.three / t.numel, t.bound / t.numel, t.brief / t.numel, gap_ours * 100, gap_three * 100,
-                    closed * 100, ours->plan_ms, three->plan_ms, check.c_str());
+                    closed * 100, t.proven_optimal, ours->units.size(), ours->plan_ms, three->plan_ms, check.c_str());
       }
     }
   }
   std::printf("\n(columns ours .. brief-lb: all-gather inflation V*S/N summed over units; gap: to the proven bound;\n"
-              " closed: share of the 3-order gap to the brief's bound that ours closes)\n\n");
+              " closed: share of the 3-order gap to the brief's bound that ours closes;
+ optimal: units whose S is proven optimal over all orders, of all units)\n\n");
 
   for (const std::int64_t devices : {4, 8, 16, 32}) syntheticComparison(quick ? 100 : 400, devices);
   std::printf("\n");

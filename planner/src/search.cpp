@@ -73,6 +73,7 @@ class OrderSearch {
     best_end_.clear();
     path_.clear();
     const bool found = descend(0, 0);
+    nodes_used_ = node_budget - std::max<std::int64_t>(budget_, 0);
     if (exact) *exact = budget_ >= 0;
     if (!found) return std::nullopt;
     std::vector<std::int64_t> offsets(problem_.items.size(), 0);
@@ -80,6 +81,9 @@ class OrderSearch {
     for (const auto& [cls, offset] : path_) offsets[classes_[cls].members[next[cls]++]] = offset;
     return offsets;
   }
+
+  /// Nodes visited by the last run.
+  [[nodiscard]] std::int64_t nodesUsed() const noexcept { return nodes_used_; }
 
   /// Lengths of the blocks (with alignment) of the classes that carry most of
   /// the bytes: shard sizes that are multiples of these let those classes
@@ -155,23 +159,29 @@ class OrderSearch {
   std::int64_t capacity_ = 0;
   std::int64_t remaining_ = 0;
   std::int64_t budget_ = 0;
+  std::int64_t nodes_used_ = 0;
 };
 
-/// Shard sizes at which the (comparatively expensive) order search runs: the
-/// first few above the lower bound, and those where a heavy class straddles
-/// boundaries cleanly. The fixed orders run at every size.
+/// Shard sizes at which the (comparatively expensive) order search runs:
+/// every size while its total spend is small, then the first few above the
+/// lower bound and those where a heavy class straddles boundaries cleanly.
+/// The fixed orders run at every size.
 class SearchSchedule {
  public:
-  SearchSchedule(std::vector<std::int64_t> periods, std::int64_t leading)
-      : periods_(std::move(periods)), leading_(leading) {}
+  SearchSchedule(std::vector<std::int64_t> periods, const SearchOptions& options)
+      : periods_(std::move(periods)), leading_(options.leading_searches), node_cap_(options.search_nodes_total) {}
+
   [[nodiscard]] bool worthSearching(std::int64_t shard, std::int64_t sizes_tried) const {
-    if (sizes_tried <= leading_) return true;
+    if (nodes_spent_ < node_cap_ || sizes_tried <= leading_) return true;
     return std::any_of(periods_.begin(), periods_.end(), [&](std::int64_t period) { return shard % period == 0; });
   }
+  void spent(std::int64_t nodes) { nodes_spent_ += nodes; }
 
  private:
   std::vector<std::int64_t> periods_;
   std::int64_t leading_;
+  std::int64_t node_cap_;
+  std::int64_t nodes_spent_ = 0;
 };
 
 }  // namespace
@@ -217,29 +227,38 @@ SearchResult solveLayout(const LayoutProblem& problem, const SearchOptions& opti
     orders.push_back(strategy == Strategy::kOrderSearch ? std::vector<std::uint32_t>{} : fixedOrder(problem, strategy));
   }
   OrderSearch order_search(problem);
-  const SearchSchedule schedule(order_search.heavyPeriods(3), options.leading_searches);
+  SearchSchedule schedule(order_search.heavyPeriods(3), options);
 
   SearchResult result;
-  std::int64_t shard = computeLowerBound(problem).shard_elems;
+  const std::int64_t lower_bound = computeLowerBound(problem).shard_elems;
+  bool smaller_sizes_refuted = true;  // an exact order search failed at every size tried so far
+  std::int64_t shard = lower_bound;
   std::int64_t step = problem.align_elems;
   for (;;) {
     ++result.shard_sizes_tried;
+    bool refuted = false;
     for (std::size_t s = 0; s < portfolio.size(); ++s) {
       std::optional<std::vector<std::int64_t>> offsets;
       if (portfolio[s] != Strategy::kOrderSearch) {
         offsets = placeInOrder(problem, orders[s], shard);
       } else if (schedule.worthSearching(shard, result.shard_sizes_tried)) {
-        offsets = order_search.run(shard, options.node_budget, nullptr);
+        bool exact = false;
+        offsets = order_search.run(shard, options.node_budget, &exact);
+        schedule.spent(order_search.nodesUsed());
+        refuted = exact && !offsets;
       }
       if (offsets) {
         result.layout = Layout{shard, std::move(*offsets)};
         result.strategy = portfolio[s];
+        result.proven_optimal = shard == lower_bound || smaller_sizes_refuted;
         return result;
       }
     }
+    smaller_sizes_refuted = smaller_sizes_refuted && refuted;
     if (result.shard_sizes_tried >= options.max_scan_steps) {
-      // Out of budget: keep going, but coarser. Still valid, no longer exhaustive.
-      result.exhaustive = false;
+      // Out of budget: keep going, but coarser. Still valid; sizes get skipped.
+      result.scan_complete = false;
+      smaller_sizes_refuted = false;
       step *= 2;
     }
     shard = nextPlaceableShard(problem, shard + step);

@@ -188,7 +188,8 @@ Result<UnitPlan> planLayout(const UnitSpec& unit, const LayoutProblem& problem, 
   plan.ideal_elems = ceilDiv(plan.numel, options.devices);
   plan.padding_elems = options.devices * plan.shard_elems - plan.numel;
   plan.strategy = found.strategy;
-  plan.exhaustive = found.exhaustive;
+  plan.scan_complete = found.scan_complete;
+  plan.proven_optimal = found.proven_optimal;
   plan.tensors.reserve(unit.tensors.size());
   for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
     const LayoutItem& item = problem.items[i];

@@ -40,7 +40,8 @@ UnitReport toReport(const planner::UnitPlan& plan, bool ranks) {
   unit.ideal_elems = plan.ideal_elems;
   unit.brief_lower_bound_elems = plan.brief_lower_bound_elems;
   unit.strategy = std::string(planner::toString(plan.strategy));
-  unit.exhaustive = plan.exhaustive;
+  unit.scan_complete = plan.scan_complete;
+  unit.proven_optimal = plan.proven_optimal;
   unit.inflation = plan.inflation();
   if (plan.diagnosis) {
     unit.diagnosis = DiagnosisReport{plan.diagnosis->forcing_tensors, plan.diagnosis->merge_units,

@@ -67,7 +67,8 @@ Json toJson(const UnitReport& unit) {
   out["ideal_elems"] = unit.ideal_elems;
   out["brief_lower_bound_elems"] = unit.brief_lower_bound_elems;
   out["strategy"] = unit.strategy;
-  out["exhaustive"] = unit.exhaustive;
+  out["scan_complete"] = unit.scan_complete;
+  out["proven_optimal"] = unit.proven_optimal;
   out["inflation"] = unit.inflation;
   if (unit.diagnosis) {
     const DiagnosisReport& diagnosis = *unit.diagnosis;
@@ -365,7 +366,8 @@ bool readUnit(Reader& reader, const Json& node, const std::string& path, UnitRep
          reader.integer(node, "ideal_elems", path, out.ideal_elems, false) &&
          reader.integer(node, "brief_lower_bound_elems", path, out.brief_lower_bound_elems, false) &&
          reader.string(node, "strategy", path, out.strategy, false) &&
-         reader.boolean(node, "exhaustive", path, out.exhaustive) &&
+         reader.boolean(node, "scan_complete", path, out.scan_complete) &&
+         reader.boolean(node, "proven_optimal", path, out.proven_optimal) &&
          reader.number(node, "inflation", path, out.inflation, false) &&
          readDiagnosis(reader, node, path, out.diagnosis);
 }

@@ -32,14 +32,16 @@ enum class Strategy : std::uint8_t {
 
 struct SearchOptions {
   /// Shard sizes tried one by one before the scan starts doubling its step.
-  /// Scanned sizes are exhaustive for the portfolio; beyond the budget the
-  /// result is still valid but may skip a smaller feasible size
-  /// (`SearchResult::exhaustive` says which happened).
+  /// Beyond the budget the result is still valid but may skip a smaller
+  /// feasible size (`SearchResult::scan_complete` turns false).
   std::int64_t max_scan_steps = 1000000;
   /// Nodes the order search may visit per shard size.
   std::int64_t node_budget = 4000;
-  /// Shard sizes above the lower bound at which the order search always runs;
-  /// after those it runs only where a heavy class's block length divides S.
+  /// The order search runs at every size until it has spent this many nodes
+  /// in total on the unit (small units are searched exactly at every size);
+  /// after that, only at the first `leading_searches` sizes above the lower
+  /// bound and where a heavy class's block length divides S.
+  std::int64_t search_nodes_total = 200000;
   std::int64_t leading_searches = 16;
   /// Restrict the portfolio to these strategies (empty: all).
   std::vector<Strategy> strategies;
@@ -49,9 +51,13 @@ struct SearchResult {
   Layout layout;
   Strategy strategy = Strategy::kGivenOrder;
   std::int64_t shard_sizes_tried = 0;
-  /// True when every candidate size below the result was tried with every
-  /// strategy of the portfolio.
-  bool exhaustive = true;
+  /// Every placeable size below the result was tried with the fixed orders of
+  /// the portfolio, so the result is no larger than any of their optima.
+  bool scan_complete = true;
+  /// The result is optimal over all orders: it equals the lower bound, or the
+  /// order search ran to completion (exact) at every size below it and found
+  /// nothing.
+  bool proven_optimal = false;
 };
 
 /// Orders of the fixed strategies (not kOrderSearch, which depends on S).

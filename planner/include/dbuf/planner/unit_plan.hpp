@@ -73,7 +73,8 @@ struct UnitPlan {
   std::int64_t padding_elems = 0;  ///< V*S - N
   std::int64_t split_blocks = 0;   ///< always 0 for a valid plan
   Strategy strategy = Strategy::kGivenOrder;
-  bool exhaustive = true;
+  bool scan_complete = true;    ///< see SearchResult
+  bool proven_optimal = false;  ///< see SearchResult
   double plan_us = 0;  ///< layout planning (problem, bound, search); not baselines or diagnosis
   std::vector<PlannedTensor> tensors;  ///< in declaration order
   Baselines baselines;

@@ -73,7 +73,8 @@ struct UnitReport {
   std::int64_t ideal_elems = 0;  ///< ceil(numel / devices)
   std::int64_t brief_lower_bound_elems = 0;
   std::string strategy;
-  bool exhaustive = true;
+  bool scan_complete = true;    ///< every smaller size was tried with the fixed orders
+  bool proven_optimal = false;  ///< S is optimal over all orders (see planner SearchResult)
   double inflation = 0;  ///< devices * shard_elems / numel
   std::optional<DiagnosisReport> diagnosis;
   friend bool operator==(const UnitReport&, const UnitReport&) = default;
