@@ -168,8 +168,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\n(columns ours .. brief-lb: all-gather inflation V*S/N summed over units; gap: to the proven bound;\n"
-              " closed: share of the 3-order gap to the brief's bound that ours closes;
- optimal: units whose S is proven optimal over all orders, of all units)\n\n");
+              " closed: share of the 3-order gap to the brief's bound that ours closes;\n"
+              " optimal: units whose S is proven optimal over all orders, of all units)\n\n");
 
   for (const std::int64_t devices : {4, 8, 16, 32}) syntheticComparison(quick ? 100 : 400, devices);
   std::printf("\n");
