@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake make pkg-config
-  nlohmann-json3-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libgtest-dev
   python3
 )
 
