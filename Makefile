@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-DEMO_MODEL ?= models/llama3-70b.json
+DEMO_MODEL ?= models/gpt-oss-120b.json
 
 .PHONY: all deps configure build demo test bench clean format
 
