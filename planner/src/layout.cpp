@@ -74,13 +74,21 @@ std::int64_t splitBlocks(const LayoutItem& item, std::int64_t offset, std::int64
 }
 
 std::int64_t countSplitBlocks(const LayoutItem& item, std::int64_t first_cut, std::int64_t cut_step) noexcept {
+  const std::int64_t block = item.granularity;
+  if (first_cut <= 0) first_cut += ceilDiv(1 - first_cut, cut_step) * cut_step;  // cuts at or before 0 split nothing
+  if (block == 1 || first_cut >= item.numel) return 0;
   std::int64_t split = 0;
-  std::int64_t last_split_block = -1;
-  for (std::int64_t cut = first_cut; cut < item.numel; cut += cut_step) {
-    if (cut <= 0 || cut % item.granularity == 0) continue;
-    const std::int64_t block = cut / item.granularity;
-    if (block != last_split_block) ++split;  // several cuts may land in one block
-    last_split_block = block;
+  if (cut_step >= block) {
+    // Consecutive cuts land in different blocks: count the cuts off an edge.
+    for (std::int64_t cut = first_cut; cut < item.numel; cut += cut_step) split += cut % block != 0 ? 1 : 0;
+    return split;
+  }
+  // Cuts are denser than blocks: walk the blocks instead and ask whether a cut
+  // falls strictly inside each one (cost n / g, not n / step).
+  for (std::int64_t begin = (first_cut / block) * block; begin < item.numel; begin += block) {
+    const std::int64_t end = std::min(begin + block, item.numel);
+    const std::int64_t first_inside = begin < first_cut ? first_cut : first_cut + ((begin - first_cut) / cut_step + 1) * cut_step;
+    split += first_inside < end ? 1 : 0;
   }
   return split;
 }

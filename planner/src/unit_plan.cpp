@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <unordered_map>
 
 #include "dbuf/common/int_math.hpp"
@@ -38,32 +39,10 @@ std::int64_t boundOf(const UnitSpec& unit, const PlanOptions& options) {
   return problem ? computeLowerBound(*problem).shard_elems : 0;
 }
 
-UnitSpec mergeUnits(const std::vector<UnitSpec>& units, std::size_t first, std::size_t count) {
-  UnitSpec merged{"merged", {}};
-  for (std::size_t u = first; u < first + count; ++u) {
-    merged.tensors.insert(merged.tensors.end(), units[u].tensors.begin(), units[u].tensors.end());
-  }
-  return merged;
-}
-
 std::int64_t unitNumel(const UnitSpec& unit) {
   std::int64_t n = 0;
   for (const TensorSpec& tensor : unit.tensors) n += tensor.numel();
   return n;
-}
-
-/// Smallest window of consecutive units containing `index` whose merged bound
-/// is within 5% of its ideal.
-std::optional<std::int64_t> unitsToMerge(const std::vector<UnitSpec>& units, std::size_t index,
-                                         const PlanOptions& options) {
-  for (std::size_t count = 2; count <= units.size(); ++count) {
-    const std::size_t first = std::min(index, units.size() - count);
-    const UnitSpec merged = mergeUnits(units, first, count);
-    if (!boundIsFar(boundOf(merged, options), unitNumel(merged), options.devices)) {
-      return static_cast<std::int64_t>(count);
-    }
-  }
-  return std::nullopt;
 }
 
 /// Rows per block of a row-banded rule (rows / block / matrix) for `tensor`,
@@ -123,20 +102,81 @@ std::optional<std::int64_t> hsdpDevices(const UnitSpec& unit, const PlanOptions&
   return std::nullopt;
 }
 
-BoundDiagnosis diagnose(const std::vector<UnitSpec>& units, std::size_t index, const UnitPlan& plan,
-                        const PlanOptions& options) {
-  BoundDiagnosis diagnosis;
-  auto problem = buildProblem(units[index], options);
-  if (problem) {
-    for (const std::uint32_t item : computeLowerBound(*problem).forcing_items) {
-      diagnosis.forcing_tensors.push_back(plan.tensors[item].name);
-    }
+/// Diagnoses for the units of one model whose bound is far above ceil(N/V).
+/// Identical units (same `source`) share everything but their names, and
+/// merge windows are memoised by the distinct units they contain, so a model of
+/// 58 identical layers costs little more than one.
+class Diagnoser {
+ public:
+  Diagnoser(const std::vector<UnitSpec>& units, const std::vector<std::size_t>& source, const PlanOptions& options)
+      : units_(units), source_(source), options_(options) {}
+
+  BoundDiagnosis diagnose(std::size_t index) {
+    const std::size_t origin = source_[index];
+    auto cached = per_source_.find(origin);
+    if (cached == per_source_.end()) cached = per_source_.emplace(origin, diagnoseDistinct(origin)).first;
+    const auto& [forcing, partial] = cached->second;
+    BoundDiagnosis diagnosis = partial;
+    for (const std::uint32_t item : forcing) diagnosis.forcing_tensors.push_back(units_[index].tensors[item].name);
+    diagnosis.merge_units = unitsToMerge(index);
+    return diagnosis;
   }
-  diagnosis.merge_units = unitsToMerge(units, index, options);
-  diagnosis.finer_rule = finerRule(units[index], diagnosis.forcing_tensors, options);
-  diagnosis.hsdp_devices = hsdpDevices(units[index], options);
-  return diagnosis;
-}
+
+ private:
+  /// Forcing tensors (by index), finer rule and HSDP size of a distinct unit.
+  std::pair<std::vector<std::uint32_t>, BoundDiagnosis> diagnoseDistinct(std::size_t origin) {
+    const LayoutProblem& problem = problemOf(origin);
+    std::vector<std::uint32_t> forcing = computeLowerBound(problem).forcing_items;
+    std::vector<std::string> names;
+    for (const std::uint32_t item : forcing) names.push_back(units_[origin].tensors[item].name);
+    BoundDiagnosis partial;
+    partial.finer_rule = finerRule(units_[origin], names, options_);
+    partial.hsdp_devices = hsdpDevices(units_[origin], options_);
+    return {std::move(forcing), std::move(partial)};
+  }
+
+  const LayoutProblem& problemOf(std::size_t origin) {
+    auto found = problems_.find(origin);
+    if (found == problems_.end()) {
+      // The unit was planned already, so building its problem cannot fail.
+      found = problems_.emplace(origin, std::move(buildProblem(units_[origin], options_).value())).first;
+    }
+    return found->second;
+  }
+
+  /// Smallest window of consecutive units containing `index` (one DBuffer,
+  /// so one dtype) whose merged bound is within 5% of its ideal.
+  std::optional<std::int64_t> unitsToMerge(std::size_t index) {
+    const std::size_t count_max = units_.size();
+    for (std::size_t count = 2; count <= count_max; ++count) {
+      const std::size_t first = std::min(index, units_.size() - count);
+      std::vector<std::size_t> key(source_.begin() + static_cast<std::ptrdiff_t>(first),
+                                   source_.begin() + static_cast<std::ptrdiff_t>(first + count));
+      auto memo = window_far_.find(key);
+      if (memo == window_far_.end()) memo = window_far_.emplace(key, windowIsFar(key)).first;
+      if (!memo->second) return static_cast<std::int64_t>(count);
+    }
+    return std::nullopt;
+  }
+
+  bool windowIsFar(const std::vector<std::size_t>& origins) {
+    LayoutProblem merged = problemOf(origins.front());
+    const DType dtype = units_[origins.front()].tensors.front().dtype;
+    for (std::size_t i = 1; i < origins.size(); ++i) {
+      if (units_[origins[i]].tensors.front().dtype != dtype) return true;  // cannot share a DBuffer
+      const auto& items = problemOf(origins[i]).items;
+      merged.items.insert(merged.items.end(), items.begin(), items.end());
+    }
+    return boundIsFar(computeLowerBound(merged).shard_elems, totalNumel(merged), merged.devices);
+  }
+
+  const std::vector<UnitSpec>& units_;
+  const std::vector<std::size_t>& source_;
+  const PlanOptions& options_;
+  std::unordered_map<std::size_t, LayoutProblem> problems_;
+  std::unordered_map<std::size_t, std::pair<std::vector<std::uint32_t>, BoundDiagnosis>> per_source_;
+  std::map<std::vector<std::size_t>, bool> window_far_;
+};
 
 }  // namespace
 
@@ -274,6 +314,7 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
 
   // Reporting, outside the timed part: baselines once per distinct unit, and
   // a diagnosis wherever the bound itself is far above ceil(N/V).
+  Diagnoser diagnoser(units, source, options);
   std::size_t next_problem = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitPlan& plan = model.units[u];
@@ -282,7 +323,7 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
     } else {
       plan.baselines = model.units[source[u]].baselines;
     }
-    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnose(units, u, plan, options);
+    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnoser.diagnose(u);
   }
   return model;
 }
