@@ -29,13 +29,13 @@ constexpr double kMaxPlanMs = 20.0;            // DeepSeek-V3, V=1024, block:128
 
 struct Totals {
   double numel = 0;
-  double ours = 0;        // sum of V*S
-  double three = 0;       // best of the three fixed orders, per unit
-  double bound = 0;       // proven lower bound
-  double brief = 0;       // the design brief's bound
+  double ours = 0;         // sum of V*S
+  double three = 0;        // best of the three fixed orders, per unit
+  double bound = 0;        // proven lower bound
+  double brief = 0;        // the design brief's bound
   int proven_optimal = 0;  // units whose S is proven optimal over all orders
   bool ours_never_worse = true;
-  bool valid = true;      // 0 split blocks everywhere
+  bool valid = true;  // 0 split blocks everywhere
 };
 
 Totals compare(const ModelPlan& ours, const ModelPlan& three) {
@@ -80,7 +80,8 @@ void syntheticComparison(int units, std::int64_t devices) {
       if (rng() % 4 == 0) {
         tensor.shape = {dims[rng() % dims.size()]};
       } else {
-        tensor.shape = {dims[rng() % dims.size()] * (1 + static_cast<std::int64_t>(rng() % 4)), dims[rng() % dims.size()]};
+        tensor.shape = {dims[rng() % dims.size()] * (1 + static_cast<std::int64_t>(rng() % 4)),
+                        dims[rng() % dims.size()]};
       }
       unit.tensors.push_back(tensor);
     }
@@ -99,10 +100,11 @@ void syntheticComparison(int units, std::int64_t devices) {
     ours_at_bound += ours->shard_elems == ours->lower_bound_elems;
     three_at_bound += three->shard_elems == ours->lower_bound_elems;
   }
-  std::printf("synthetic units, V=%-4lld %d units: mean gap to bound ours %.4f%% vs 3-order %.4f%%; ours smaller in %d, "
-              "larger in %d; at the bound: ours %d, 3-order %d\n",
-              static_cast<long long>(devices), units, 100 * ours_gap / units, 100 * three_gap / units, ours_better,
-              ours_worse, ours_at_bound, three_at_bound);
+  std::printf(
+      "synthetic units, V=%-4lld %d units: mean gap to bound ours %.4f%% vs 3-order %.4f%%; ours smaller in %d, "
+      "larger in %d; at the bound: ours %d, 3-order %d\n",
+      static_cast<long long>(devices), units, 100 * ours_gap / units, 100 * three_gap / units, ours_better, ours_worse,
+      ours_at_bound, three_at_bound);
 }
 
 }  // namespace
@@ -123,13 +125,14 @@ int main(int argc, char** argv) {
     if (entry.path().extension() == ".json") files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
-  const std::vector<std::int64_t> device_counts = quick ? std::vector<std::int64_t>{8, 1024}
-                                                        : std::vector<std::int64_t>{8, 64, 256, 1024};
+  const std::vector<std::int64_t> device_counts =
+      quick ? std::vector<std::int64_t>{8, 1024} : std::vector<std::int64_t>{8, 64, 256, 1024};
   const std::vector<std::string> rules{"element", "rows:32", "block:128x128"};
 
   int failures = 0;
-  std::printf("%-13s %5s %-13s %9s %9s %9s %9s %10s %10s %9s %7s %8s %8s  %s\n", "model", "V", "rule", "ours", "3-order",
-              "bound", "brief-lb", "gap-ours", "gap-3ord", "closed", "optimal", "plan-ms", "3ord-ms", "check");
+  std::printf("%-13s %5s %-13s %9s %9s %9s %9s %10s %10s %9s %7s %8s %8s  %s\n", "model", "V", "rule", "ours",
+              "3-order", "bound", "brief-lb", "gap-ours", "gap-3ord", "closed", "optimal", "plan-ms", "3ord-ms",
+              "check");
   for (const auto& path : files) {
     auto model = dbuf::plan_io::loadModelFile(path);
     if (!model) {
@@ -143,8 +146,7 @@ int main(int argc, char** argv) {
         options.default_rule = *GranularityRule::parse(rule);
         auto ours = dbuf::planner::planModel(model->units, options);
         PlanOptions fixed = options;
-        fixed.search.strategies = {Strategy::kGivenOrder, Strategy::kSizeDescending,
-                                   Strategy::kGranularityDescending};
+        fixed.search.strategies = {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending};
         auto three = dbuf::planner::planModel(model->units, fixed);
         if (!ours || !three) {
           std::fprintf(stderr, "planning failed\n");
@@ -156,7 +158,8 @@ int main(int argc, char** argv) {
         // Share of the three-order gap to the lower bound that ours closes
         // ("-" where the three orders already reach the bound).
         char closed[16] = "-";
-        if (t.three > t.bound) std::snprintf(closed, sizeof closed, "%.0f%%", 100 * (t.three - t.ours) / (t.three - t.bound));
+        if (t.three > t.bound)
+          std::snprintf(closed, sizeof closed, "%.0f%%", 100 * (t.three - t.ours) / (t.three - t.bound));
         std::string check = "ok";
         if (!t.valid) check = "FAIL split blocks";
         if (!t.ours_never_worse) check = "FAIL worse than a fixed order";
@@ -164,14 +167,15 @@ int main(int argc, char** argv) {
         if (check != "ok") ++failures;
         std::printf("%-13s %5lld %-13s %9.4f %9.4f %9.4f %9.4f %9.4f%% %9.4f%% %9s %3d/%-3zu %8.2f %8.2f  %s\n",
                     model->model.c_str(), static_cast<long long>(devices), rule.c_str(), t.ours / t.numel,
-                    t.three / t.numel, t.bound / t.numel, t.brief / t.numel, gap_ours * 100, gap_three * 100,
-                    closed, t.proven_optimal, ours->units.size(), ours->plan_ms, three->plan_ms, check.c_str());
+                    t.three / t.numel, t.bound / t.numel, t.brief / t.numel, gap_ours * 100, gap_three * 100, closed,
+                    t.proven_optimal, ours->units.size(), ours->plan_ms, three->plan_ms, check.c_str());
       }
     }
   }
-  std::printf("\n(columns ours .. brief-lb: all-gather inflation V*S/N summed over units; gap: to the proven bound;\n"
-              " closed: share of the 3-order gap to the bound that ours closes, - where there is none;\n"
-              " optimal: units whose S is proven optimal over all orders, of all units)\n\n");
+  std::printf(
+      "\n(columns ours .. brief-lb: all-gather inflation V*S/N summed over units; gap: to the proven bound;\n"
+      " closed: share of the 3-order gap to the bound that ours closes, - where there is none;\n"
+      " optimal: units whose S is proven optimal over all orders, of all units)\n\n");
 
   for (const std::int64_t devices : {4, 8, 16, 32}) syntheticComparison(quick ? 100 : 400, devices);
   std::printf("\n");
@@ -187,9 +191,10 @@ int main(int argc, char** argv) {
     auto plan = dbuf::planner::planModel(model->units, options);
     double cold_ms = 0;  // every unit planned from scratch, no reuse of identical units
     for (const auto& unit : model->units) cold_ms += dbuf::planner::planUnit(unit, options)->plan_us / 1000.0;
-    std::printf("DeepSeek-V3, V=1024, block:128x128: whole model %.2f ms (median of runs; target <= %.0f ms), "
-                "%.2f ms without reusing identical units\n",
-                median, kMaxPlanMs, cold_ms);
+    std::printf(
+        "DeepSeek-V3, V=1024, block:128x128: whole model %.2f ms (median of runs; target <= %.0f ms), "
+        "%.2f ms without reusing identical units\n",
+        median, kMaxPlanMs, cold_ms);
     for (const auto& unit : plan->units) {
       if (unit.name == "embed" || unit.name == "layers.0" || unit.name == "layers.3" || unit.name == "layers.4" ||
           unit.name == "final") {

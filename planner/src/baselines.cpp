@@ -16,8 +16,7 @@ std::int64_t flatSplitBlocks(std::span<const LayoutItem> items, std::span<const 
 }
 
 /// Offsets of items packed back to back, each start rounded up to `align`.
-std::vector<std::int64_t> packedOffsets(std::span<const LayoutItem> items, std::int64_t align,
-                                        std::int64_t& total) {
+std::vector<std::int64_t> packedOffsets(std::span<const LayoutItem> items, std::int64_t align, std::int64_t& total) {
   std::vector<std::int64_t> offsets;
   offsets.reserve(items.size());
   std::int64_t position = 0;

@@ -64,11 +64,16 @@ Result<GranularityRule> GranularityRule::parse(std::string_view text) {
 
 std::string GranularityRule::toString() const {
   switch (kind) {
-    case Kind::kElement: return "element";
-    case Kind::kRows: return "rows:" + std::to_string(rows);
-    case Kind::kBlock: return "block:" + std::to_string(rows) + "x" + std::to_string(cols);
-    case Kind::kMatrix: return "matrix";
-    case Kind::kCount: return std::to_string(count);
+    case Kind::kElement:
+      return "element";
+    case Kind::kRows:
+      return "rows:" + std::to_string(rows);
+    case Kind::kBlock:
+      return "block:" + std::to_string(rows) + "x" + std::to_string(cols);
+    case Kind::kMatrix:
+      return "matrix";
+    case Kind::kCount:
+      return std::to_string(count);
   }
   return "element";
 }
@@ -87,8 +92,12 @@ Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, con
 
   std::int64_t granularity = 1;
   switch (rule.kind) {
-    case GranularityRule::Kind::kElement: granularity = 1; break;
-    case GranularityRule::Kind::kMatrix: granularity = row_len * matrix_rows; break;
+    case GranularityRule::Kind::kElement:
+      granularity = 1;
+      break;
+    case GranularityRule::Kind::kMatrix:
+      granularity = row_len * matrix_rows;
+      break;
     case GranularityRule::Kind::kRows:
     case GranularityRule::Kind::kBlock:
       if (rule.rows >= matrix_rows) {
@@ -110,9 +119,9 @@ Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, con
   if (tp_dim) {
     const int dim = *tp_dim;
     if (dim <= 0 || static_cast<std::size_t>(dim) >= shape.size()) {
-      return makeError(ErrorCode::kInvalidArgument,
-                       "tp_dim " + std::to_string(dim) + " is not a dimension > 0 of a rank-" +
-                           std::to_string(shape.size()) + " tensor");
+      return makeError(ErrorCode::kInvalidArgument, "tp_dim " + std::to_string(dim) +
+                                                        " is not a dimension > 0 of a rank-" +
+                                                        std::to_string(shape.size()) + " tensor");
     }
     const std::int64_t slice = product(shape.subspan(static_cast<std::size_t>(dim)));
     // lcm(g, slice) = g / gcd * slice; past numel it means "never split".

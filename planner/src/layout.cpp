@@ -49,8 +49,7 @@ bool placeable(const LayoutItem& item, std::int64_t shard_elems, std::int64_t al
 }
 
 std::optional<std::vector<std::int64_t>> placeInOrder(const LayoutProblem& problem,
-                                                      std::span<const std::uint32_t> order,
-                                                      std::int64_t shard_elems) {
+                                                      std::span<const std::uint32_t> order, std::int64_t shard_elems) {
   const std::int64_t capacity = problem.devices * shard_elems;
   std::int64_t remaining = totalNumel(problem);
   std::vector<std::int64_t> offsets(problem.items.size(), 0);
@@ -87,7 +86,8 @@ std::int64_t countSplitBlocks(const LayoutItem& item, std::int64_t first_cut, st
   // falls strictly inside each one (cost n / g, not n / step).
   for (std::int64_t begin = (first_cut / block) * block; begin < item.numel; begin += block) {
     const std::int64_t end = std::min(begin + block, item.numel);
-    const std::int64_t first_inside = begin < first_cut ? first_cut : first_cut + ((begin - first_cut) / cut_step + 1) * cut_step;
+    const std::int64_t first_inside =
+        begin < first_cut ? first_cut : first_cut + ((begin - first_cut) / cut_step + 1) * cut_step;
     split += first_inside < end ? 1 : 0;
   }
   return split;

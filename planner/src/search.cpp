@@ -188,10 +188,14 @@ class SearchSchedule {
 
 std::string_view toString(Strategy strategy) noexcept {
   switch (strategy) {
-    case Strategy::kGivenOrder: return "given";
-    case Strategy::kSizeDescending: return "size-desc";
-    case Strategy::kGranularityDescending: return "granularity-desc";
-    case Strategy::kOrderSearch: return "order-search";
+    case Strategy::kGivenOrder:
+      return "given";
+    case Strategy::kSizeDescending:
+      return "size-desc";
+    case Strategy::kGranularityDescending:
+      return "granularity-desc";
+    case Strategy::kOrderSearch:
+      return "order-search";
   }
   return "unknown";
 }

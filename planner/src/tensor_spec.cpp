@@ -20,8 +20,7 @@ Result<void> validateUnit(const UnitSpec& unit) {
     std::int64_t numel = 1;
     for (const std::int64_t dim : tensor.shape) {
       if (dim <= 0) {
-        return makeError(ErrorCode::kInvalidArgument,
-                         what + ": dimension " + std::to_string(dim) + " is not positive");
+        return makeError(ErrorCode::kInvalidArgument, what + ": dimension " + std::to_string(dim) + " is not positive");
       }
       // Keep every later product (V*S, offsets) comfortably inside int64.
       if (numel > (std::int64_t{1} << 50) / dim) {
@@ -34,10 +33,10 @@ Result<void> validateUnit(const UnitSpec& unit) {
       return makeError(ErrorCode::kInvalidArgument, where + ": too many elements in the unit");
     }
     if (tensor.dtype != unit.tensors.front().dtype) {
-      return makeError(ErrorCode::kInvalidArgument,
-                       what + ": dtype " + std::string(toString(tensor.dtype)) + " differs from the unit's " +
-                           std::string(toString(unit.tensors.front().dtype)) +
-                           " (one DBuffer holds one dtype; split the unit)");
+      return makeError(ErrorCode::kInvalidArgument, what + ": dtype " + std::string(toString(tensor.dtype)) +
+                                                        " differs from the unit's " +
+                                                        std::string(toString(unit.tensors.front().dtype)) +
+                                                        " (one DBuffer holds one dtype; split the unit)");
     }
   }
   return {};

@@ -52,10 +52,13 @@ std::int64_t bandRows(const TensorSpec& tensor, const GranularityRule& default_r
   const GranularityRule rule = tensor.granularity.value_or(default_rule);
   switch (rule.kind) {
     case GranularityRule::Kind::kRows:
-    case GranularityRule::Kind::kBlock: return rule.rows;
-    case GranularityRule::Kind::kMatrix: return tensor.shape[tensor.shape.size() - 2];
+    case GranularityRule::Kind::kBlock:
+      return rule.rows;
+    case GranularityRule::Kind::kMatrix:
+      return tensor.shape[tensor.shape.size() - 2];
     case GranularityRule::Kind::kElement:
-    case GranularityRule::Kind::kCount: return 0;
+    case GranularityRule::Kind::kCount:
+      return 0;
   }
   return 0;
 }
@@ -214,7 +217,8 @@ namespace {
 Result<UnitPlan> planLayout(const UnitSpec& unit, const LayoutProblem& problem, const PlanOptions& options) {
   const SearchResult found = solveLayout(problem, options.search);
   if (const std::string violation = describeViolation(problem, found.layout); !violation.empty()) {
-    return makeError(ErrorCode::kInternal, "unit '" + unit.name + "': planner produced an invalid layout: " + violation);
+    return makeError(ErrorCode::kInternal,
+                     "unit '" + unit.name + "': planner produced an invalid layout: " + violation);
   }
   UnitPlan plan;
   plan.name = unit.name;
@@ -287,7 +291,7 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
   const auto started = std::chrono::steady_clock::now();
   ModelPlan model;
   std::vector<LayoutProblem> problems;
-  std::vector<std::size_t> source;  // index of the unit each plan was first made for
+  std::vector<std::size_t> source;                       // index of the unit each plan was first made for
   std::unordered_map<std::string, std::size_t> planned;  // signature -> that index
   for (std::size_t u = 0; u < units.size(); ++u) {
     const auto unit_started = std::chrono::steady_clock::now();

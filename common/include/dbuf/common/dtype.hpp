@@ -38,8 +38,12 @@ inline constexpr std::array<DTypeInfo, 10> kDTypes{{
   return kDTypes[0];  // unreachable: every enumerator is in the table
 }
 
-[[nodiscard]] constexpr std::int64_t sizeBytes(DType dtype) noexcept { return info(dtype).size_bytes; }
-[[nodiscard]] constexpr std::string_view toString(DType dtype) noexcept { return info(dtype).name; }
+[[nodiscard]] constexpr std::int64_t sizeBytes(DType dtype) noexcept {
+  return info(dtype).size_bytes;
+}
+[[nodiscard]] constexpr std::string_view toString(DType dtype) noexcept {
+  return info(dtype).name;
+}
 
 /// Parses a dtype name; accepts the canonical names above plus the common
 /// aliases float32 / float16 / bfloat16 / e4m3 / e5m2.

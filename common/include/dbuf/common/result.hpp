@@ -25,11 +25,16 @@ enum class ErrorCode : std::uint8_t {
 
 [[nodiscard]] constexpr std::string_view toString(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kNotFound: return "not found";
-    case ErrorCode::kIo: return "i/o error";
-    case ErrorCode::kInfeasible: return "infeasible";
-    case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kNotFound:
+      return "not found";
+    case ErrorCode::kIo:
+      return "i/o error";
+    case ErrorCode::kInfeasible:
+      return "infeasible";
+    case ErrorCode::kInternal:
+      return "internal error";
   }
   return "unknown error";
 }
@@ -55,7 +60,7 @@ struct Error {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Result(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] bool ok() const noexcept { return state_.index() == 0; }

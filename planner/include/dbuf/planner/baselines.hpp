@@ -20,9 +20,9 @@ struct BaselineResult {
 };
 
 struct Baselines {
-  BaselineResult fsdp2;     ///< per-parameter dim-0 sharding, dim 0 padded to ceil(d0/V)
-  BaselineResult fsdp1;     ///< flat parameter, 16-byte aligned params, total padded to a multiple of V
-  BaselineResult zero3;     ///< every parameter split into ceil(n/V)
+  BaselineResult fsdp2;  ///< per-parameter dim-0 sharding, dim 0 padded to ceil(d0/V)
+  BaselineResult fsdp1;  ///< flat parameter, 16-byte aligned params, total padded to a multiple of V
+  BaselineResult zero3;  ///< every parameter split into ceil(n/V)
   /// Megatron-FSDP: expert and non-expert parameters in separate buckets, each
   /// padded to a multiple of V x lcm(row sizes of its parameters), where a row
   /// size is prod(shape[1:]).

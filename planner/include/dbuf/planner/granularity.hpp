@@ -44,8 +44,7 @@ struct GranularityRule {
 ///
 /// The result is clamped to the tensor's numel. Errors: non-positive dims, an
 /// explicit count that does not divide numel, tp_dim out of range.
-[[nodiscard]] Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape,
-                                                      const GranularityRule& rule,
+[[nodiscard]] Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, const GranularityRule& rule,
                                                       std::optional<int> tp_dim = std::nullopt);
 
 }  // namespace dbuf::planner

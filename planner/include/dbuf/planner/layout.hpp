@@ -29,7 +29,7 @@ struct LayoutItem {
 
 struct LayoutProblem {
   std::vector<LayoutItem> items;
-  std::int64_t devices = 1;    ///< V
+  std::int64_t devices = 1;      ///< V
   std::int64_t align_elems = 1;  ///< a: offsets and S are multiples of it
 };
 

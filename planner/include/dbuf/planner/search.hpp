@@ -72,8 +72,7 @@ struct SearchResult {
 /// reached before with an earlier end. Exact (`*exact` set) when it finishes
 /// within `node_budget` nodes. Returns offsets when a layout fits in V*S.
 [[nodiscard]] std::optional<std::vector<std::int64_t>> placeBySearch(const LayoutProblem& problem,
-                                                                     std::int64_t shard_elems,
-                                                                     std::int64_t node_budget,
+                                                                     std::int64_t shard_elems, std::int64_t node_budget,
                                                                      bool* exact = nullptr);
 
 }  // namespace dbuf::planner

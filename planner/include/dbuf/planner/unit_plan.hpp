@@ -65,17 +65,17 @@ struct UnitPlan {
   std::int64_t devices = 1;
   std::int64_t align_elems = 1;
   DType dtype = DType::kBF16;
-  std::int64_t numel = 0;          ///< N
-  std::int64_t shard_elems = 0;    ///< S
+  std::int64_t numel = 0;                    ///< N
+  std::int64_t shard_elems = 0;              ///< S
   std::int64_t lower_bound_elems = 0;        ///< proven bound (bounds.hpp), >= the brief's
   std::int64_t brief_lower_bound_elems = 0;  ///< the design brief's formula, for comparison
-  std::int64_t ideal_elems = 0;    ///< ceil(N / V)
-  std::int64_t padding_elems = 0;  ///< V*S - N
-  std::int64_t split_blocks = 0;   ///< always 0 for a valid plan
+  std::int64_t ideal_elems = 0;              ///< ceil(N / V)
+  std::int64_t padding_elems = 0;            ///< V*S - N
+  std::int64_t split_blocks = 0;             ///< always 0 for a valid plan
   Strategy strategy = Strategy::kGivenOrder;
-  bool scan_complete = true;    ///< see SearchResult
-  bool proven_optimal = false;  ///< see SearchResult
-  double plan_us = 0;  ///< layout planning (problem, bound, search); not baselines or diagnosis
+  bool scan_complete = true;           ///< see SearchResult
+  bool proven_optimal = false;         ///< see SearchResult
+  double plan_us = 0;                  ///< layout planning (problem, bound, search); not baselines or diagnosis
   std::vector<PlannedTensor> tensors;  ///< in declaration order
   Baselines baselines;
   std::optional<BoundDiagnosis> diagnosis;  ///< set when lower bound > 1.05 * ceil(N/V)
