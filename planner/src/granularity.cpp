@@ -100,12 +100,12 @@ Result<std::int64_t> resolveGranularity(std::span<const std::int64_t> shape, con
       break;
     case GranularityRule::Kind::kRows:
     case GranularityRule::Kind::kBlock:
-      if (rule.rows >= matrix_rows) {
-        granularity = row_len * matrix_rows;  // one band covers the matrix (and R*K could overflow)
-      } else if (matrix_rows % rule.rows == 0 || matrix_count == 1) {
+      // Whole matrices when one band covers a matrix (R*K could also overflow)
+      // or when bands would straddle the matrices of a 3D+ tensor.
+      if (rule.rows < matrix_rows && (matrix_rows % rule.rows == 0 || matrix_count == 1)) {
         granularity = rule.rows * row_len;
       } else {
-        granularity = row_len * matrix_rows;  // bands would straddle matrices
+        granularity = row_len * matrix_rows;
       }
       break;
     case GranularityRule::Kind::kCount:

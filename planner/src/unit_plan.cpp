@@ -131,6 +131,7 @@ class Diagnoser {
     const LayoutProblem& problem = problemOf(origin);
     std::vector<std::uint32_t> forcing = computeLowerBound(problem).forcing_items;
     std::vector<std::string> names;
+    names.reserve(forcing.size());
     for (const std::uint32_t item : forcing) names.push_back(units_[origin].tensors[item].name);
     BoundDiagnosis partial;
     partial.finer_rule = finerRule(units_[origin], names, options_);
