@@ -1,0 +1,217 @@
+#pragma once
+/// \file
+/// The dbuf wire protocol between libdbuf and dbufd over a Unix stream socket.
+///
+/// Every message is one frame: a fixed 24-byte little-endian header
+/// {magic, version, type, reserved, payload length, request id} followed by the
+/// payload. Shared memory travels beside a frame as file descriptors
+/// (SCM_RIGHTS), never by name. Payloads are encoded field by field
+/// (little-endian integers; strings and arrays as a u32 count then the items),
+/// and every count and length is checked against the limits below before
+/// anything is allocated: the daemon never trusts a client.
+///
+/// One encode/decode pair per message type; decode rejects trailing bytes.
+/// Pure functions over value types; thread-safe.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dbuf/common/result.hpp"
+
+namespace dbuf::ipc {
+
+inline constexpr std::uint32_t kMagic = 0x46554244;  // "DBUF" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 24;
+inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
+inline constexpr std::uint32_t kMaxStringBytes = 512;
+inline constexpr std::uint32_t kMaxTensorsPerGroup = 8192;
+inline constexpr std::uint32_t kMaxTensorRank = 8;
+inline constexpr std::size_t kMaxFdsPerFrame = 8;
+
+enum class MessageType : std::uint16_t {
+  kHello = 1,           ///< client -> daemon, first frame
+  kWelcome = 2,         ///< daemon -> client, + session fd (none yet: reserved)
+  kError = 3,           ///< daemon -> client, reply to any failed request
+  kRegisterGroup = 4,   ///< client -> daemon
+  kGroupReady = 5,      ///< daemon -> client, + the group's shard memfd
+  kAcquireSlot = 6,     ///< client -> daemon: unsharded memory for a group
+  kSlotGranted = 7,     ///< daemon -> client, + the slot memfd
+  kReleaseSlot = 8,     ///< client -> daemon: give the slot's pages back
+  kSlotReleased = 9,    ///< daemon -> client
+  kDetach = 10,         ///< client -> daemon: orderly goodbye
+  kDetached = 11,       ///< daemon -> client
+  kShutdown = 12,       ///< daemon -> client, unsolicited: the daemon is stopping
+};
+
+/// Wire error codes (a superset of dbuf::ErrorCode for the reply's `code`).
+enum class WireError : std::uint16_t {
+  kBadRequest = 1,        ///< malformed frame or payload
+  kVersionMismatch = 2,   ///< protocol version not supported
+  kPermissionDenied = 3,  ///< peer credentials not allowed for this job / tenant
+  kConflict = 4,          ///< (job, rank) already attached, spec mismatch between ranks
+  kQuotaExceeded = 5,     ///< tenant quota or daemon memory limit
+  kTimeout = 6,           ///< peers did not arrive in time
+  kNotFound = 7,          ///< unknown group
+  kShuttingDown = 8,      ///< daemon refuses new work
+  kInternal = 9,
+};
+
+struct FrameHeader {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kProtocolVersion;
+  MessageType type = MessageType::kError;
+  std::uint32_t payload_bytes = 0;
+  std::uint64_t request_id = 0;
+};
+
+/// Encodes the 24-byte header.
+[[nodiscard]] std::array<std::byte, kHeaderBytes> encodeHeader(const FrameHeader& header);
+/// Decodes and validates a header: magic, version, known type, length <= max.
+/// A version mismatch is reported as such (the daemon answers it with an Error).
+[[nodiscard]] Result<FrameHeader> decodeHeader(std::span<const std::byte, kHeaderBytes> bytes);
+
+// ----------------------------------------------------------------- messages
+
+struct Hello {
+  std::uint16_t protocol_version = kProtocolVersion;
+  std::string job_id;          ///< 1..128 bytes, [A-Za-z0-9._-]
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 1;
+  std::uint32_t local_rank = 0;
+  std::int32_t device = -1;    ///< GPU index, -1 for host memory
+  std::uint64_t nonce = 0;
+  bool persistent = false;     ///< keep the job's memory for the grace period if every rank goes
+  std::uint32_t prefetch_depth = 1;  ///< unsharded slots per rank = prefetch_depth + 1
+  friend bool operator==(const Hello&, const Hello&) = default;
+};
+
+struct Welcome {
+  std::uint64_t nonce = 0;  ///< echo of Hello::nonce
+  std::uint64_t daemon_instance_id = 0;
+  std::uint64_t session_id = 0;
+  std::uint64_t memory_quota_bytes = 0;  ///< the tenant's quota
+  std::uint64_t memory_used_bytes = 0;   ///< already used by the tenant
+  bool reattached = false;               ///< a persistent job's rank came back: its shards are intact
+  friend bool operator==(const Welcome&, const Welcome&) = default;
+};
+
+struct ErrorReply {
+  WireError code = WireError::kInternal;
+  std::string message;
+  friend bool operator==(const ErrorReply&, const ErrorReply&) = default;
+};
+
+struct TensorDecl {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string granularity;  ///< a rule (see planner granularity.hpp); empty: the group's default
+  std::int32_t tp_dim = -1;  ///< -1: not tensor-parallel sharded
+  friend bool operator==(const TensorDecl&, const TensorDecl&) = default;
+};
+
+struct RegisterGroup {
+  std::string name;
+  std::string sharded_dtype = "fp32";    ///< dtype of the persistent shard (e.g. fp32 master)
+  std::string unsharded_dtype = "bf16";  ///< dtype of the gathered copy (and gradients)
+  std::string granularity = "element";   ///< default rule for 2D+ tensors
+  std::uint32_t align_bytes = 16;
+  std::vector<TensorDecl> tensors;
+  friend bool operator==(const RegisterGroup&, const RegisterGroup&) = default;
+};
+
+/// Where a region lives in a memfd.
+struct Region {
+  std::uint64_t offset = 0;  ///< bytes, 256-byte aligned
+  std::uint64_t bytes = 0;
+  friend bool operator==(const Region&, const Region&) = default;
+};
+
+struct PlacedTensorWire {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t offset = 0;  ///< elements, in the global buffer of devices * shard_elems
+  std::int64_t numel = 0;
+  std::int64_t granularity = 1;
+  friend bool operator==(const PlacedTensorWire&, const PlacedTensorWire&) = default;
+};
+
+/// Reply to RegisterGroup. The frame carries one fd: this rank's shard memfd
+/// holding `sharded` (shard_elems of sharded_dtype) and `sharded_grad`
+/// (shard_elems of unsharded_dtype).
+struct GroupReady {
+  std::uint32_t group_id = 0;
+  std::uint32_t devices = 1;
+  std::int64_t shard_elems = 0;
+  std::string sharded_dtype;
+  std::string unsharded_dtype;
+  std::vector<PlacedTensorWire> tensors;
+  std::uint64_t shard_file_bytes = 0;
+  Region sharded;
+  Region sharded_grad;
+  std::uint64_t slot_bytes = 0;  ///< unsharded params + grads: devices*shard_elems of unsharded_dtype each
+  friend bool operator==(const GroupReady&, const GroupReady&) = default;
+};
+
+struct AcquireSlot {
+  std::uint32_t group_id = 0;
+  friend bool operator==(const AcquireSlot&, const AcquireSlot&) = default;
+};
+
+/// Reply to AcquireSlot; the frame carries the slot memfd (slot_file_bytes
+/// long, of which `params` and `grads` are used by this group).
+struct SlotGranted {
+  std::uint32_t group_id = 0;
+  std::uint32_t slot_index = 0;
+  std::uint64_t slot_file_bytes = 0;
+  Region params;  ///< devices*shard_elems of unsharded_dtype
+  Region grads;   ///< devices*shard_elems of unsharded_dtype
+  friend bool operator==(const SlotGranted&, const SlotGranted&) = default;
+};
+
+struct ReleaseSlot {
+  std::uint32_t group_id = 0;
+  friend bool operator==(const ReleaseSlot&, const ReleaseSlot&) = default;
+};
+
+struct SlotReleased {
+  std::uint32_t group_id = 0;
+  friend bool operator==(const SlotReleased&, const SlotReleased&) = default;
+};
+
+struct Detach {
+  friend bool operator==(const Detach&, const Detach&) = default;
+};
+
+struct Detached {
+  friend bool operator==(const Detached&, const Detached&) = default;
+};
+
+struct Shutdown {
+  std::string reason;
+  friend bool operator==(const Shutdown&, const Shutdown&) = default;
+};
+
+using Message = std::variant<Hello, Welcome, ErrorReply, RegisterGroup, GroupReady, AcquireSlot, SlotGranted,
+                             ReleaseSlot, SlotReleased, Detach, Detached, Shutdown>;
+
+[[nodiscard]] MessageType typeOf(const Message& message) noexcept;
+
+/// Payload bytes of `message` (without the header). Fails only if a field is
+/// over a limit (a string longer than kMaxStringBytes, too many tensors...).
+[[nodiscard]] Result<std::vector<std::byte>> encodePayload(const Message& message);
+
+/// Decodes the payload of a frame of `type`; rejects short, long or
+/// out-of-range payloads with a message naming the field.
+[[nodiscard]] Result<Message> decodePayload(MessageType type, std::span<const std::byte> payload);
+
+/// Header + payload, ready to send.
+[[nodiscard]] Result<std::vector<std::byte>> encodeFrame(const Message& message, std::uint64_t request_id);
+
+}  // namespace dbuf::ipc
