@@ -143,8 +143,8 @@ struct PlacedTensorWire {
 };
 
 /// Reply to RegisterGroup. The frame carries one fd: this rank's shard memfd
-/// holding `sharded` (shard_elems of sharded_dtype) and `sharded_grad`
-/// (shard_elems of unsharded_dtype).
+/// holding `sharded` and `sharded_grad`, each shard_elems of sharded_dtype
+/// (the master copy and the reduced gradient it is updated from).
 struct GroupReady {
   std::uint32_t group_id = 0;
   std::uint32_t devices = 1;
