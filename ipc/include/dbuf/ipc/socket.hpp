@@ -39,6 +39,11 @@ struct PeerCredentials {
 [[nodiscard]] Result<void> sendAll(int socket, std::span<const std::byte> bytes, std::span<const int> fds,
                                    Clock::time_point deadline);
 
+/// One non-blocking sendmsg: sends as much of `bytes` as the socket takes now
+/// (possibly 0 on EAGAIN), with `fds` attached to the first byte. For event
+/// loops that wait for writability themselves.
+[[nodiscard]] Result<std::size_t> sendSome(int socket, std::span<const std::byte> bytes, std::span<const int> fds);
+
 /// Encodes and sends one frame.
 [[nodiscard]] Result<void> sendMessage(int socket, const Message& message, std::uint64_t request_id,
                                        std::span<const int> fds, Clock::time_point deadline);
