@@ -2,13 +2,17 @@
 /// \file
 /// The dbuf wire protocol between libdbuf and dbufd over a Unix stream socket.
 ///
-/// Every message is one frame: a fixed 24-byte little-endian header
-/// {magic, version, type, reserved, payload length, request id} followed by the
-/// payload. Shared memory travels beside a frame as file descriptors
-/// (SCM_RIGHTS), never by name. Payloads are encoded field by field
-/// (little-endian integers; strings and arrays as a u32 count then the items),
-/// and every count and length is checked against the limits below before
-/// anything is allocated: the daemon never trusts a client.
+/// Every message is one frame: a fixed 24-byte little-endian header followed
+/// by the payload. Header layout (byte offset: field):
+///   0: u32 magic (kMagic)     4: u16 version      6: u16 type (MessageType)
+///   8: u32 payload length    12: u32 reserved, 0  16: u64 request id
+/// Shared memory travels beside a frame as file descriptors (SCM_RIGHTS),
+/// never by name. Payloads are encoded field by field
+/// (little-endian integers of the field's width; bool as one byte 0 or 1;
+/// enums as their underlying integer, range-checked; strings and arrays as a
+/// u32 count then the items; nested structs inline), and every count and
+/// length is checked against the limits below before anything is allocated:
+/// the daemon never trusts a client. Strings may not contain NUL bytes.
 ///
 /// One encode/decode pair per message type; decode rejects trailing bytes.
 /// Pure functions over value types; thread-safe.
@@ -19,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -73,8 +78,10 @@ struct FrameHeader {
 
 /// Encodes the 24-byte header.
 [[nodiscard]] std::array<std::byte, kHeaderBytes> encodeHeader(const FrameHeader& header);
-/// Decodes and validates a header: magic, version, known type, length <= max.
-/// A version mismatch is reported as such (the daemon answers it with an Error).
+/// Decodes and validates a header: magic, version, reserved == 0, known type,
+/// length <= max (checked in that order). A version mismatch is reported as
+/// such: its message contains "protocol version" (the daemon answers it with
+/// an Error of code kVersionMismatch). All errors have code kInvalidArgument.
 [[nodiscard]] Result<FrameHeader> decodeHeader(std::span<const std::byte, kHeaderBytes> bytes);
 
 // ----------------------------------------------------------------- messages
@@ -210,6 +217,10 @@ using Message = std::variant<Hello, Welcome, ErrorReply, RegisterGroup, GroupRea
 /// Decodes the payload of a frame of `type`; rejects short, long or
 /// out-of-range payloads with a message naming the field.
 [[nodiscard]] Result<Message> decodePayload(MessageType type, std::span<const std::byte> payload);
+
+/// Checks a job id: 1..128 bytes of [A-Za-z0-9._-]. Applied to Hello::job_id
+/// by encodePayload and decodePayload; exported for early checks by callers.
+[[nodiscard]] Result<void> validateJobId(std::string_view job_id);
 
 /// Header + payload, ready to send.
 [[nodiscard]] Result<std::vector<std::byte>> encodeFrame(const Message& message, std::uint64_t request_id);

@@ -3,7 +3,7 @@
 /// Blocking Unix-socket helpers used by libdbuf and by tests: connect, send and
 /// receive whole frames with file descriptors (SCM_RIGHTS), peer credentials.
 /// Every blocking call takes a deadline. The daemon does its own non-blocking
-/// I/O with Asio but shares the frame codec and `sendFds`.
+/// I/O with Asio but shares the frame codec and `sendSome`.
 /// Thread safety: a socket must be used by one thread at a time.
 
 #include <chrono>
