@@ -53,11 +53,11 @@ constexpr bool validWireError(WireError code) noexcept {
 // alternative i is i + 1; the static_asserts pin that down.
 template <typename T>
 struct Traits;
-#define DBUF_IPC_MESSAGE(Type, Enumerator)                           \
-  template <>                                                        \
-  struct Traits<Type> {                                              \
-    static constexpr MessageType kType = MessageType::Enumerator;    \
-    static constexpr std::string_view kName = #Type;                 \
+#define DBUF_IPC_MESSAGE(Type, Enumerator)                        \
+  template <>                                                     \
+  struct Traits<Type> {                                           \
+    static constexpr MessageType kType = MessageType::Enumerator; \
+    static constexpr std::string_view kName = #Type;              \
   }
 DBUF_IPC_MESSAGE(Hello, kHello);
 DBUF_IPC_MESSAGE(Welcome, kWelcome);
@@ -91,7 +91,7 @@ concept MessageOf = std::is_same_v<std::remove_const_t<M>, T>;
 // Minimum encoded sizes of array items, checked against the bytes left before
 // an array is allocated.
 constexpr std::size_t kShapeDimBytes = 8;
-constexpr std::size_t kTensorDeclMinBytes = 4 + 4 + 4 + 4;         // name, shape count, granularity, tp_dim
+constexpr std::size_t kTensorDeclMinBytes = 4 + 4 + 4 + 4;        // name, shape count, granularity, tp_dim
 constexpr std::size_t kPlacedTensorMinBytes = 4 + 4 + 8 + 8 + 8;  // name, shape count, offset, numel, granularity
 
 template <typename Io, typename Shape>
@@ -272,9 +272,9 @@ Result<FrameHeader> decodeHeader(std::span<const std::byte, kHeaderBytes> bytes)
                      "frame header: bad magic " + hex(header.magic) + " (expected " + hex(kMagic) + ")");
   }
   if (header.version != kProtocolVersion) {
-    return makeError(ErrorCode::kInvalidArgument, "frame header: unsupported protocol version " +
-                                                      std::to_string(header.version) + " (this side speaks protocol version " +
-                                                      std::to_string(kProtocolVersion) + ")");
+    return makeError(ErrorCode::kInvalidArgument,
+                     "frame header: unsupported protocol version " + std::to_string(header.version) +
+                         " (this side speaks protocol version " + std::to_string(kProtocolVersion) + ")");
   }
   if (reserved != 0) {
     return makeError(ErrorCode::kInvalidArgument, "frame header: reserved field is " + hex(reserved) + ", must be 0");
@@ -301,21 +301,23 @@ Result<void> validateJobId(std::string_view job_id) {
   }
   for (std::size_t i = 0; i < job_id.size(); ++i) {
     const char c = job_id[i];
-    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                         c == '_' || c == '-';
+    const bool allowed =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!allowed) {
       // The byte goes into the message as a number: it may be a NUL or a
       // control character, and error messages travel back over the wire.
-      return makeError(ErrorCode::kInvalidArgument,
-                       "job id byte " + std::to_string(static_cast<unsigned char>(c)) + " at offset " +
-                           std::to_string(i) + " is not in [A-Za-z0-9._-]");
+      return makeError(ErrorCode::kInvalidArgument, "job id byte " + std::to_string(static_cast<unsigned char>(c)) +
+                                                        " at offset " + std::to_string(i) +
+                                                        " is not in [A-Za-z0-9._-]");
     }
   }
   return {};
 }
 
 MessageType typeOf(const Message& message) noexcept {
-  return std::visit([](const auto& m) { return Traits<std::decay_t<decltype(m)>>::kType; }, message);
+  // Alternative i has type i + 1 (static_asserts above); std::visit could
+  // throw on a valueless variant, the index cannot.
+  return static_cast<MessageType>(static_cast<std::uint16_t>(message.index() + 1));
 }
 
 Result<std::vector<std::byte>> encodePayload(const Message& message) {
@@ -326,10 +328,9 @@ Result<std::vector<std::byte>> encodePayload(const Message& message) {
         fields(writer, m);
         if (!writer.ok()) return writer.takeError();
         if (writer.bytes().size() > kMaxPayloadBytes) {
-          return makeError(ErrorCode::kInvalidArgument, std::string(Traits<T>::kName) + ": payload of " +
-                                                            std::to_string(writer.bytes().size()) +
-                                                            " bytes exceeds the maximum " +
-                                                            std::to_string(kMaxPayloadBytes));
+          return makeError(ErrorCode::kInvalidArgument,
+                           std::string(Traits<T>::kName) + ": payload of " + std::to_string(writer.bytes().size()) +
+                               " bytes exceeds the maximum " + std::to_string(kMaxPayloadBytes));
         }
         return std::move(writer.bytes());
       },
@@ -339,8 +340,7 @@ Result<std::vector<std::byte>> encodePayload(const Message& message) {
 Result<Message> decodePayload(MessageType type, std::span<const std::byte> payload) {
   if (payload.size() > kMaxPayloadBytes) {
     return makeError(ErrorCode::kInvalidArgument, "payload of " + std::to_string(payload.size()) +
-                                                      " bytes exceeds the maximum " +
-                                                      std::to_string(kMaxPayloadBytes));
+                                                      " bytes exceeds the maximum " + std::to_string(kMaxPayloadBytes));
   }
   switch (type) {
     case MessageType::kHello:

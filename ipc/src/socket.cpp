@@ -118,8 +118,8 @@ Result<void> receiveExactly(int socket, std::span<std::byte> buffer, std::vector
     }
     if (got == 0) {
       if (already + done == 0) return makeError(ErrorCode::kIo, "connection closed");
-      return makeError(ErrorCode::kIo, "connection closed mid-frame after " + std::to_string(already + done) +
-                                           " of " + std::to_string(frame_bytes) + " bytes");
+      return makeError(ErrorCode::kIo, "connection closed mid-frame after " + std::to_string(already + done) + " of " +
+                                           std::to_string(frame_bytes) + " bytes");
     }
     done += static_cast<std::size_t>(got);
   }
@@ -133,8 +133,8 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
   address.sun_family = AF_UNIX;
   if (path.empty()) return makeError(ErrorCode::kInvalidArgument, "socket path is empty");
   if (path.find('\0') != std::string::npos) {
-    return makeError(ErrorCode::kInvalidArgument, "socket path '" + path.substr(0, path.find('\0')) +
-                                                      "...' contains a NUL byte");
+    return makeError(ErrorCode::kInvalidArgument,
+                     "socket path '" + path.substr(0, path.find('\0')) + "...' contains a NUL byte");
   }
   if (path.size() >= sizeof(address.sun_path)) {
     return makeError(ErrorCode::kInvalidArgument, "socket path '" + path + "' is " + std::to_string(path.size()) +

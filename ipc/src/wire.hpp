@@ -117,8 +117,7 @@ class Writer : public Codec {
   explicit Writer(std::string_view root) : Codec(root) {}
 
   template <typename T>
-    requires std::is_integral_v<T> && (!std::is_same_v<T, bool>)
-  void integer(std::string_view /*field*/, const T& value) {
+  requires std::is_integral_v<T> &&(!std::is_same_v<T, bool>)void integer(std::string_view /*field*/, const T& value) {
     if (!ok()) return;
     using U = std::make_unsigned_t<T>;
     auto bits = static_cast<U>(value);
@@ -134,7 +133,7 @@ class Writer : public Codec {
 
   /// `valid` says whether the enumerator is one of the declared ones.
   template <typename E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void enumeration(std::string_view field, const E& value, bool (*valid)(E) noexcept) {
     if (!valid(value)) {
       fail(field, "value " + std::to_string(static_cast<std::underlying_type_t<E>>(value)) + " is out of range");
@@ -183,8 +182,7 @@ class Reader : public Codec {
   Reader(std::string_view root, std::span<const std::byte> bytes) : Codec(root), bytes_(bytes) {}
 
   template <typename T>
-    requires std::is_integral_v<T> && (!std::is_same_v<T, bool>)
-  void integer(std::string_view field, T& value) {
+  requires std::is_integral_v<T> &&(!std::is_same_v<T, bool>)void integer(std::string_view field, T& value) {
     value = T{};
     if (!ok() || !need(field, sizeof(T))) return;
     using U = std::make_unsigned_t<T>;
@@ -209,7 +207,7 @@ class Reader : public Codec {
   }
 
   template <typename E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void enumeration(std::string_view field, E& value, bool (*valid)(E) noexcept) {
     std::underlying_type_t<E> raw{};
     integer(field, raw);
@@ -258,8 +256,8 @@ class Reader : public Codec {
     }
     const std::size_t least = std::size_t{count} * min_item_bytes;
     if (least > remaining()) {
-      fail(field, "truncated: " + std::to_string(count) + " items need at least " + std::to_string(least) +
-                      " bytes, " + std::to_string(remaining()) + " left");
+      fail(field, "truncated: " + std::to_string(count) + " items need at least " + std::to_string(least) + " bytes, " +
+                      std::to_string(remaining()) + " left");
       return;
     }
     values.resize(count);
@@ -274,7 +272,8 @@ class Reader : public Codec {
   /// Succeeds when every byte was consumed and no field failed.
   [[nodiscard]] Result<void> finish() {
     if (ok() && remaining() != 0) {
-      fail("", std::to_string(remaining()) + " trailing bytes after the last field");
+      fail("", std::to_string(remaining()) + (remaining() == 1 ? " trailing byte" : " trailing bytes") +
+                   " after the last field");
     }
     if (!ok()) return takeError();
     return {};

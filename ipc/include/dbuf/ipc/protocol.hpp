@@ -41,18 +41,18 @@ inline constexpr std::uint32_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxFdsPerFrame = 8;
 
 enum class MessageType : std::uint16_t {
-  kHello = 1,           ///< client -> daemon, first frame
-  kWelcome = 2,         ///< daemon -> client, + session fd (none yet: reserved)
-  kError = 3,           ///< daemon -> client, reply to any failed request
-  kRegisterGroup = 4,   ///< client -> daemon
-  kGroupReady = 5,      ///< daemon -> client, + the group's shard memfd
-  kAcquireSlot = 6,     ///< client -> daemon: unsharded memory for a group
-  kSlotGranted = 7,     ///< daemon -> client, + the slot memfd
-  kReleaseSlot = 8,     ///< client -> daemon: give the slot's pages back
-  kSlotReleased = 9,    ///< daemon -> client
-  kDetach = 10,         ///< client -> daemon: orderly goodbye
-  kDetached = 11,       ///< daemon -> client
-  kShutdown = 12,       ///< daemon -> client, unsolicited: the daemon is stopping
+  kHello = 1,          ///< client -> daemon, first frame
+  kWelcome = 2,        ///< daemon -> client, + session fd (none yet: reserved)
+  kError = 3,          ///< daemon -> client, reply to any failed request
+  kRegisterGroup = 4,  ///< client -> daemon
+  kGroupReady = 5,     ///< daemon -> client, + the group's shard memfd
+  kAcquireSlot = 6,    ///< client -> daemon: unsharded memory for a group
+  kSlotGranted = 7,    ///< daemon -> client, + the slot memfd
+  kReleaseSlot = 8,    ///< client -> daemon: give the slot's pages back
+  kSlotReleased = 9,   ///< daemon -> client
+  kDetach = 10,        ///< client -> daemon: orderly goodbye
+  kDetached = 11,      ///< daemon -> client
+  kShutdown = 12,      ///< daemon -> client, unsolicited: the daemon is stopping
 };
 
 /// Wire error codes (a superset of dbuf::ErrorCode for the reply's `code`).
@@ -88,13 +88,13 @@ struct FrameHeader {
 
 struct Hello {
   std::uint16_t protocol_version = kProtocolVersion;
-  std::string job_id;          ///< 1..128 bytes, [A-Za-z0-9._-]
+  std::string job_id;  ///< 1..128 bytes, [A-Za-z0-9._-]
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
   std::uint32_t local_rank = 0;
-  std::int32_t device = -1;    ///< GPU index, -1 for host memory
+  std::int32_t device = -1;  ///< GPU index, -1 for host memory
   std::uint64_t nonce = 0;
-  bool persistent = false;     ///< keep the job's memory for the grace period if every rank goes
+  bool persistent = false;           ///< keep the job's memory for the grace period if every rank goes
   std::uint32_t prefetch_depth = 1;  ///< unsharded slots per rank = prefetch_depth + 1
   friend bool operator==(const Hello&, const Hello&) = default;
 };
@@ -118,7 +118,7 @@ struct ErrorReply {
 struct TensorDecl {
   std::string name;
   std::vector<std::int64_t> shape;
-  std::string granularity;  ///< a rule (see planner granularity.hpp); empty: the group's default
+  std::string granularity;   ///< a rule (see planner granularity.hpp); empty: the group's default
   std::int32_t tp_dim = -1;  ///< -1: not tensor-parallel sharded
   friend bool operator==(const TensorDecl&, const TensorDecl&) = default;
 };

@@ -1,0 +1,98 @@
+#pragma once
+/// \file
+/// Sample messages with non-trivial field values (one or more per message
+/// type) shared by the protocol and socket tests.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dbuf/ipc/protocol.hpp"
+
+namespace dbuf::ipc::testing {
+
+inline TensorDecl tensorDecl(std::string name, std::vector<std::int64_t> shape, std::string granularity,
+                             std::int32_t tp_dim) {
+  TensorDecl tensor;
+  tensor.name = std::move(name);
+  tensor.shape = std::move(shape);
+  tensor.granularity = std::move(granularity);
+  tensor.tp_dim = tp_dim;
+  return tensor;
+}
+
+inline Hello sampleHello() {
+  Hello hello;
+  hello.protocol_version = kProtocolVersion;
+  hello.job_id = "train-llama3_8b.run-42";
+  hello.rank = 5;
+  hello.world_size = 8;
+  hello.local_rank = 3;
+  hello.device = 7;
+  hello.nonce = 0xDEADBEEFCAFEF00DULL;
+  hello.persistent = true;
+  hello.prefetch_depth = 2;
+  return hello;
+}
+
+inline RegisterGroup sampleRegisterGroup() {
+  RegisterGroup group;
+  group.name = "decoder.layers.17";
+  group.sharded_dtype = "fp32";
+  group.unsharded_dtype = "bf16";
+  group.granularity = "rows:32";
+  group.align_bytes = 256;
+  group.tensors = {
+      tensorDecl("attn.q_proj.weight", {4096, 4096}, "", 0),
+      tensorDecl("attn.norm.weight", {4096}, "element", -1),
+      tensorDecl("mlp.experts.w1", {128, 2880, 5760}, "block:32x32", 2),
+      tensorDecl("scalar", {}, "", -1),
+      tensorDecl("huge", {INT64_MAX, -1, 0, 1, 2, 3, 4, 5}, "rows:1", 7),
+  };
+  return group;
+}
+
+inline GroupReady sampleGroupReady() {
+  GroupReady ready;
+  ready.group_id = 42;
+  ready.devices = 8;
+  ready.shard_elems = 123'456'789;
+  ready.sharded_dtype = "fp32";
+  ready.unsharded_dtype = "bf16";
+  ready.tensors = {
+      PlacedTensorWire{"attn.q_proj.weight", {4096, 4096}, 0, 4096LL * 4096, 131072},
+      PlacedTensorWire{"attn.norm.weight", {4096}, 16'777'216, 4096, 1},
+      PlacedTensorWire{"neg", {}, INT64_MIN, -5, INT64_MAX},
+  };
+  ready.shard_file_bytes = 1ULL << 40U;
+  ready.sharded = Region{0, 493'827'156};
+  ready.sharded_grad = Region{493'827'328, 493'827'156};
+  ready.slot_bytes = 0xFFFF'FFFF'FFFF'FFFFULL;
+  return ready;
+}
+
+/// At least one message of every type, each with non-default values.
+inline std::vector<Message> sampleMessages() {
+  std::vector<Message> messages;
+  messages.emplace_back(sampleHello());
+  Hello minimal_hello;
+  minimal_hello.job_id = "j";
+  messages.emplace_back(minimal_hello);
+  messages.emplace_back(Welcome{0x0123456789ABCDEFULL, 77, 0xFFFFFFFFFFFFFFFFULL, 64ULL << 30U, 12345, true});
+  messages.emplace_back(ErrorReply{WireError::kQuotaExceeded, "asked 8 GiB, 3 GiB left in tenant 'research'"});
+  messages.emplace_back(ErrorReply{WireError::kInternal, ""});
+  messages.emplace_back(ErrorReply{WireError::kBadRequest, std::string(kMaxStringBytes, 'x')});
+  messages.emplace_back(sampleRegisterGroup());
+  messages.emplace_back(RegisterGroup{});
+  messages.emplace_back(sampleGroupReady());
+  messages.emplace_back(AcquireSlot{0xA5A5A5A5U});
+  messages.emplace_back(SlotGranted{3, 1, 1ULL << 33U, Region{256, 1000}, Region{1280, 1000}});
+  messages.emplace_back(ReleaseSlot{0xFFFFFFFFU});
+  messages.emplace_back(SlotReleased{9});
+  messages.emplace_back(Detach{});
+  messages.emplace_back(Detached{});
+  messages.emplace_back(Shutdown{"SIGTERM received; daemon stopping"});
+  return messages;
+}
+
+}  // namespace dbuf::ipc::testing
