@@ -152,6 +152,7 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), address_bytes) == 0) break;
     const int error_number = errno;
     if (error_number == EINTR) continue;
+    if (error_number == EISCONN) break;  // an interrupted attempt completed meanwhile
     if (error_number == EAGAIN) {
       // A Unix socket whose backlog is full: nothing is in progress, so there
       // is nothing to poll for; retry shortly until the deadline.
