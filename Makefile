@@ -23,6 +23,7 @@ build: configure
 
 demo: build
 	./scripts/demo.sh $(BUILD_DIR) $(DEMO_MODEL)
+	./scripts/demo_daemon.sh $(BUILD_DIR)
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

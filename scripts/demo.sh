@@ -5,7 +5,7 @@ set -euo pipefail
 build_dir=${1:-build}
 model=${2:-models/gpt-oss-120b.json}
 rule=${DEMO_RULE:-rows:32}
-for devices in 8 64 256 1024; do
+for devices in 8 256 1024; do
   echo "== $(basename "$model" .json), $devices ranks, granularity $rule =="
   "$build_dir/bin/dbuf-plan" --model "$model" --devices "$devices" --granularity "$rule" --format table --summary
   echo

@@ -13,9 +13,13 @@
 namespace dbuf::daemon {
 namespace {
 
-std::string errnoText(int err) { return std::generic_category().message(err); }
+std::string errnoText(int err) {
+  return std::generic_category().message(err);
+}
 
-Error ioError(std::string what, int err) { return makeError(ErrorCode::kIo, std::move(what) + ": " + errnoText(err)); }
+Error ioError(std::string what, int err) {
+  return makeError(ErrorCode::kIo, std::move(what) + ": " + errnoText(err));
+}
 
 /// Parses the decimal pid at the start of the lock file ("1234\n").
 pid_t readPid(int fd) {
@@ -38,7 +42,8 @@ Result<LockFile> LockFile::acquire(const std::string& socket_path) {
   std::string path = socket_path + ".lock";
   // O_NOFOLLOW: the runtime directory may be shared; never lock (or truncate)
   // whatever a planted symlink points at.
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));  // NOLINT(cppcoreguidelines-pro-type-vararg)
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                     0600));  // NOLINT(cppcoreguidelines-pro-type-vararg)
   if (!fd) return ioError("cannot open lock file '" + path + "'", errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ioError("cannot stat lock file '" + path + "'", errno);
@@ -79,7 +84,9 @@ LockFile& LockFile::operator=(LockFile&& other) noexcept {
   return *this;
 }
 
-LockFile::~LockFile() { release(); }
+LockFile::~LockFile() {
+  release();
+}
 
 void LockFile::release() noexcept {
   if (!fd_) return;
@@ -104,7 +111,8 @@ Result<void> removeStaleSocket(const std::string& socket_path) {
 }
 
 pid_t readLockOwner(const std::string& lock_path) {
-  const UniqueFd fd(::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));  // NOLINT(cppcoreguidelines-pro-type-vararg)
+  const UniqueFd fd(
+      ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));  // NOLINT(cppcoreguidelines-pro-type-vararg)
   if (!fd) return -1;
   return readPid(fd.get());
 }

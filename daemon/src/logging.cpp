@@ -1,5 +1,9 @@
 #include "dbuf/daemon/logging.hpp"
 
+#include <spdlog/logger.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,11 +13,6 @@
 #include <string>
 #include <system_error>
 #include <utility>
-
-#include <spdlog/logger.h>
-#include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 namespace dbuf::daemon {
 namespace {

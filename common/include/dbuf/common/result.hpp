@@ -19,8 +19,12 @@ enum class ErrorCode : std::uint8_t {
   kInvalidArgument,  ///< the caller's input is malformed or out of range
   kNotFound,         ///< a named thing (file, unit, tensor) does not exist
   kIo,               ///< reading or writing a file or socket failed
-  kInfeasible,       ///< the request is well formed but cannot be satisfied
+  kInfeasible,       ///< the request is well formed but cannot be satisfied (e.g. over quota)
   kInternal,         ///< a bug in dbuf; the message says which invariant broke
+  kPermissionDenied, ///< the caller is not allowed to do this
+  kConflict,         ///< clashes with the state of others (rank taken, specs disagree)
+  kTimeout,          ///< a deadline passed
+  kUnavailable,      ///< the peer (daemon) is gone or shutting down
 };
 
 [[nodiscard]] constexpr std::string_view toString(ErrorCode code) noexcept {
@@ -35,6 +39,14 @@ enum class ErrorCode : std::uint8_t {
       return "infeasible";
     case ErrorCode::kInternal:
       return "internal error";
+    case ErrorCode::kPermissionDenied:
+      return "permission denied";
+    case ErrorCode::kConflict:
+      return "conflict";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
   }
   return "unknown error";
 }

@@ -47,8 +47,8 @@ struct Config {
   Backend backend = Backend::kHost;
   LogLevel log_level = LogLevel::kInfo;
   std::uint64_t memory_limit_bytes = std::uint64_t{64} << 30;  ///< all tenants together
-  std::uint32_t ring_entries = 1024;                            ///< per session ring capacity (power of two)
-  std::chrono::microseconds busy_poll{50};                      ///< spin before sleeping
+  std::uint32_t ring_entries = 1024;                           ///< per session ring capacity (power of two)
+  std::chrono::microseconds busy_poll{50};                     ///< spin before sleeping
   std::chrono::milliseconds handshake_timeout{2000};
   std::chrono::milliseconds register_timeout{30000};  ///< all ranks must register a group within it
   std::chrono::milliseconds collective_timeout{30000};

@@ -14,11 +14,11 @@
 /// Calling setupLogging() again replaces the logger (e.g. once the config file
 /// has been read). Loggers are thread-safe (multi-threaded sinks).
 
+#include <spdlog/common.h>
+
 #include <cstdint>
 #include <memory>
 #include <string_view>
-
-#include <spdlog/common.h>
 
 #include "dbuf/daemon/config.hpp"
 

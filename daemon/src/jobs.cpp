@@ -1,0 +1,433 @@
+#include "jobs.hpp"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "dbuf/common/shared_memory.hpp"
+#include "group_layout.hpp"
+
+namespace dbuf::daemon {
+namespace {
+
+constexpr std::uint32_t kMaxWorldSize = 1U << 16;
+constexpr std::uint32_t kMaxPrefetchDepth = 16;
+constexpr std::size_t kMaxGroupName = 128;
+
+std::string rankList(const std::vector<std::uint32_t>& ranks) {
+  std::string text;
+  for (const std::uint32_t rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  return text;
+}
+
+ipc::WireError wireCode(const Error& error) {
+  return error.code == ErrorCode::kInfeasible ? ipc::WireError::kQuotaExceeded : ipc::WireError::kBadRequest;
+}
+
+}  // namespace
+
+JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id)
+    : io_(io), config_(config), instance_id_(instance_id), budget_(config.tenants, config.memory_limit_bytes) {}
+
+JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
+  const auto found = attachments_.find(session.id());
+  return found == attachments_.end() ? nullptr : &found->second;
+}
+
+void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header,
+                         ipc::Message message) {
+  const std::uint64_t request = header.request_id;
+  if (const auto* hello = std::get_if<ipc::Hello>(&message)) {
+    handleHello(session, request, *hello);
+    return;
+  }
+  if (!session->attached()) {
+    session->sendError(ipc::WireError::kBadRequest, "the first message must be Hello", request);
+    session->closeAfterSending();
+    return;
+  }
+  if (const auto* spec = std::get_if<ipc::RegisterGroup>(&message)) {
+    handleRegister(session, request, *spec);
+  } else if (const auto* acquire = std::get_if<ipc::AcquireSlot>(&message)) {
+    handleAcquire(session, request, acquire->group_id);
+  } else if (const auto* release = std::get_if<ipc::ReleaseSlot>(&message)) {
+    handleRelease(session, request, release->group_id);
+  } else if (std::holds_alternative<ipc::Detach>(message)) {
+    session->send(ipc::Detached{}, request);
+    session->closeAfterSending();
+  } else {
+    session->sendError(ipc::WireError::kBadRequest, "not a request a client may send", request);
+  }
+}
+
+std::optional<std::size_t> JobTable::tenantOf(const ipc::PeerCredentials& peer) const {
+  for (std::size_t t = 0; t < config_.tenants.size(); ++t) {
+    const Tenant& tenant = config_.tenants[t];
+    if (std::find(tenant.uids.begin(), tenant.uids.end(), peer.uid) != tenant.uids.end() ||
+        std::find(tenant.gids.begin(), tenant.gids.end(), peer.gid) != tenant.gids.end()) {
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+std::size_t JobTable::jobsOfTenant(std::size_t tenant) const {
+  return static_cast<std::size_t>(
+      std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.second.tenant == tenant; }));
+}
+
+void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello) {
+  const auto refuse = [&](ipc::WireError code, const std::string& why) {
+    session->sendError(code, why, request);
+    session->closeAfterSending();
+  };
+  if (session->attached()) return refuse(ipc::WireError::kBadRequest, "this connection is already attached");
+  if (hello.protocol_version != ipc::kProtocolVersion) {
+    return refuse(ipc::WireError::kVersionMismatch, "protocol version " + std::to_string(hello.protocol_version) +
+                                                        " is not supported (daemon speaks " +
+                                                        std::to_string(ipc::kProtocolVersion) + ")");
+  }
+  if (hello.world_size == 0 || hello.world_size > kMaxWorldSize || hello.rank >= hello.world_size ||
+      hello.prefetch_depth > kMaxPrefetchDepth) {
+    return refuse(ipc::WireError::kBadRequest, "rank " + std::to_string(hello.rank) + " of world size " +
+                                                   std::to_string(hello.world_size) + " (prefetch depth " +
+                                                   std::to_string(hello.prefetch_depth) + ") is out of range");
+  }
+  const auto tenant = tenantOf(session->peer());
+  if (!tenant) {
+    return refuse(ipc::WireError::kPermissionDenied, "uid " + std::to_string(session->peer().uid) + " / gid " +
+                                                         std::to_string(session->peer().gid) +
+                                                         " belongs to no tenant of this daemon");
+  }
+  auto job = attachTo(hello, session->peer(), *tenant);
+  if (!job) {
+    const ErrorCode code = job.error().code;
+    return refuse(code == ErrorCode::kNotFound     ? ipc::WireError::kPermissionDenied
+                  : code == ErrorCode::kInfeasible ? ipc::WireError::kQuotaExceeded
+                                                   : ipc::WireError::kConflict,
+                  job.error().message);
+  }
+  Job& attached = **job;
+  const bool reattached = !attached.groups.empty();
+  attached.ranks[hello.rank].session = session;
+  attachments_[session->id()] = {attached.id, hello.rank};
+  session->markAttached();
+  ipc::Welcome welcome;
+  welcome.nonce = hello.nonce;
+  welcome.daemon_instance_id = instance_id_;
+  welcome.session_id = session->id();
+  welcome.memory_quota_bytes = config_.tenants[attached.tenant].memory_quota_bytes;
+  welcome.memory_used_bytes = budget_.used(attached.tenant);
+  welcome.reattached = reattached;
+  session->send(welcome, request);
+  spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
+               session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
+}
+
+Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant) {
+  const auto found = jobs_.find(hello.job_id);
+  if (found == jobs_.end()) {
+    if (jobsOfTenant(tenant) >= config_.tenants[tenant].max_jobs) {
+      return makeError(ErrorCode::kInfeasible, "tenant '" + config_.tenants[tenant].name + "' already runs " +
+                                                   std::to_string(config_.tenants[tenant].max_jobs) + " jobs");
+    }
+    Job job;
+    job.id = hello.job_id;
+    job.tenant = tenant;
+    job.world_size = hello.world_size;
+    job.persistent = hello.persistent;
+    job.ranks.resize(hello.world_size);
+    for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
+    return &jobs_.emplace(job.id, std::move(job)).first->second;
+  }
+  Job& job = found->second;
+  if (job.tenant != tenant) {
+    // kNotFound marks "permission denied": do not reveal more about another tenant's job.
+    return makeError(ErrorCode::kNotFound, "job '" + hello.job_id + "' belongs to another tenant (uid " +
+                                               std::to_string(peer.uid) + " is not allowed)");
+  }
+  if (job.world_size != hello.world_size) {
+    return makeError(ErrorCode::kInvalidArgument, "job '" + job.id + "' has world size " +
+                                                      std::to_string(job.world_size) + ", not " +
+                                                      std::to_string(hello.world_size));
+  }
+  const RankState& rank = job.ranks[hello.rank];
+  if (rank.session) {
+    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
+                                                      "' is already attached (pid " +
+                                                      std::to_string(rank.session->peer().pid) + ")");
+  }
+  if (job.grace_timer) {
+    job.grace_timer->cancel();
+    job.grace_timer.reset();
+  }
+  return &job;
+}
+
+void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request,
+                              const ipc::RegisterGroup& spec) {
+  Attachment* attachment = attachmentOf(*session);
+  Job& job = jobs_.at(attachment->job);
+  const std::uint32_t rank = attachment->rank;
+  if (spec.name.empty() || spec.name.size() > kMaxGroupName || spec.tensors.empty()) {
+    session->sendError(ipc::WireError::kBadRequest, "a group needs a name (1-128 bytes) and at least one tensor",
+                       request);
+    return;
+  }
+  if (const auto existing = job.groups.find(spec.name); existing != job.groups.end()) {
+    // Registered before (a reattaching rank, or a repeat): same spec, same memory.
+    if (const auto difference = specDifference(existing->second.spec, spec)) {
+      session->sendError(ipc::WireError::kConflict,
+                         "group '" + spec.name + "' is registered with a different spec: " + *difference, request);
+      return;
+    }
+    replyGroup(job, existing->second, rank, session, request);
+    return;
+  }
+  auto [entry, created] = job.pending.try_emplace(spec.name);
+  PendingGroup& pending = entry->second;
+  if (created) {
+    pending.spec = spec;
+    pending.first_rank = rank;
+    pending.timer = std::make_unique<asio::steady_timer>(io_, config_.register_timeout);
+    pending.timer->async_wait([this, id = job.id, name = spec.name](const asio::error_code& error) {
+      if (error) return;
+      const auto job_entry = jobs_.find(id);
+      if (job_entry == jobs_.end()) return;
+      const auto waiting = job_entry->second.pending.find(name);
+      if (waiting == job_entry->second.pending.end()) return;
+      std::vector<std::uint32_t> missing;
+      for (std::uint32_t r = 0; r < job_entry->second.world_size; ++r) {
+        if (!waiting->second.waiters.contains(r)) missing.push_back(r);
+      }
+      failPending(job_entry->second, name, ipc::WireError::kTimeout,
+                  "group '" + name + "': ranks " + rankList(missing) + " did not register within " +
+                      std::to_string(config_.register_timeout.count()) + " ms");
+    });
+  } else if (pending.waiters.contains(rank)) {
+    session->sendError(ipc::WireError::kConflict, "rank " + std::to_string(rank) + " is already registering '" +
+                                                      spec.name + "'",
+                       request);
+    return;
+  } else if (const auto difference = specDifference(pending.spec, spec)) {
+    pending.waiters[rank] = {session, request};
+    failPending(job, spec.name, ipc::WireError::kConflict,
+                "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
+                    std::to_string(pending.first_rank) + " disagree: " + *difference);
+    return;
+  }
+  pending.waiters[rank] = {session, request};
+  if (pending.waiters.size() == job.world_size) completeRegistration(job, spec.name);
+}
+
+void JobTable::failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why) {
+  const auto found = job.pending.find(name);
+  if (found == job.pending.end()) return;
+  spdlog::warn("job {}: {}", job.id, why);
+  PendingGroup pending = std::move(found->second);
+  job.pending.erase(found);
+  if (pending.timer) pending.timer->cancel();
+  for (auto& [rank, waiter] : pending.waiters) waiter.session->sendError(code, why, waiter.request_id);
+}
+
+Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec) {
+  auto plan = planGroup(spec, job.world_size);
+  if (!plan) return std::move(plan).error().withContext("group '" + spec.name + "'");
+  GroupState group;
+  group.id = job.next_group_id;
+  group.spec = spec;
+  group.reply = describeGroup(spec, *plan, group.id);
+  const std::uint64_t bytes = group.reply.shard_file_bytes * job.world_size;
+  if (auto charged = budget_.charge(job.tenant, bytes, "group '" + spec.name + "'"); !charged) {
+    return std::move(charged).error();
+  }
+  job.charged += bytes;
+  for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
+    auto fd = createMemfd("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
+                          group.reply.shard_file_bytes);
+    if (!fd) {
+      budget_.release(job.tenant, bytes);
+      job.charged -= bytes;
+      return std::move(fd).error();
+    }
+    group.shards.push_back({std::move(*fd), group.reply.shard_file_bytes});
+  }
+  ++job.next_group_id;
+  return group;
+}
+
+void JobTable::completeRegistration(Job& job, const std::string& name) {
+  PendingGroup& pending = job.pending.at(name);
+  auto group = buildGroup(job, pending.spec);
+  if (!group) {
+    failPending(job, name, wireCode(group.error()), group.error().message);
+    return;
+  }
+  pending.timer->cancel();
+  auto waiters = std::move(pending.waiters);
+  job.pending.erase(name);
+  const GroupState& stored = job.groups.emplace(name, std::move(*group)).first->second;
+  spdlog::info("job {}: group '{}' planned: {} tensors, S = {} elements, {} bytes per rank", job.id, name,
+               stored.reply.tensors.size(), stored.reply.shard_elems, stored.reply.shard_file_bytes);
+  for (auto& [rank, waiter] : waiters) replyGroup(job, stored, rank, waiter.session, waiter.request_id);
+}
+
+void JobTable::replyGroup(Job& job, const GroupState& group, std::uint32_t rank,
+                          const std::shared_ptr<Session>& session, std::uint64_t request) {
+  (void)job;
+  session->send(group.reply, request, {group.shards[rank].fd.get()});
+}
+
+void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
+  const Attachment* attachment = attachmentOf(*session);
+  Job& job = jobs_.at(attachment->job);
+  const auto group = std::find_if(job.groups.begin(), job.groups.end(),
+                                  [&](const auto& entry) { return entry.second.id == group_id; });
+  if (group == job.groups.end()) {
+    session->sendError(ipc::WireError::kNotFound, "no group " + std::to_string(group_id) + " in job " + job.id,
+                       request);
+    return;
+  }
+  const ipc::GroupReady& ready = group->second.reply;
+  const SlotLayout layout = slotLayout(ready);
+  RankState& rank = job.ranks[attachment->rank];
+  auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
+  if (slot == rank.slots.end()) {
+    slot = std::find_if(rank.slots.begin(), rank.slots.end(), [](const Slot& s) { return !s.group.has_value(); });
+  }
+  if (slot == rank.slots.end()) {
+    session->sendError(ipc::WireError::kConflict,
+                       "all " + std::to_string(rank.slots.size()) + " unsharded slots of rank " +
+                           std::to_string(attachment->rank) + " are in use (prefetch depth " +
+                           std::to_string(rank.slots.size() - 1) + "); reshard a group first",
+                       request);
+    return;
+  }
+  if (slot->bytes < layout.file_bytes) {
+    // First use, or a larger group than before: replace the slot's file.
+    auto charged = budget_.charge(job.tenant, layout.file_bytes, "unsharded slot for group '" + group->first + "'");
+    if (!charged) {
+      session->sendError(ipc::WireError::kQuotaExceeded, charged.error().message, request);
+      return;
+    }
+    auto fd = createMemfd("dbuf:" + job.id + ":slot:" + std::to_string(attachment->rank), layout.file_bytes);
+    if (!fd) {
+      budget_.release(job.tenant, layout.file_bytes);
+      session->sendError(ipc::WireError::kInternal, fd.error().message, request);
+      return;
+    }
+    budget_.release(job.tenant, slot->bytes);
+    job.charged += layout.file_bytes - slot->bytes;
+    slot->fd = std::move(*fd);
+    slot->bytes = layout.file_bytes;
+  }
+  slot->group = group_id;
+  ipc::SlotGranted granted;
+  granted.group_id = group_id;
+  granted.slot_index = static_cast<std::uint32_t>(slot - rank.slots.begin());
+  granted.slot_file_bytes = slot->bytes;
+  granted.params = layout.params;
+  granted.grads = layout.grads;
+  session->send(granted, request, {slot->fd.get()});
+}
+
+void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
+  const Attachment* attachment = attachmentOf(*session);
+  Job& job = jobs_.at(attachment->job);
+  RankState& rank = job.ranks[attachment->rank];
+  const auto slot =
+      std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
+  if (slot == rank.slots.end()) {
+    session->sendError(ipc::WireError::kNotFound, "group " + std::to_string(group_id) + " holds no slot", request);
+    return;
+  }
+  if (auto released = releasePages(slot->fd.get(), 0, slot->bytes); !released) {
+    spdlog::warn("job {}: {}", job.id, released.error().message);
+  }
+  slot->group.reset();
+  session->send(ipc::SlotReleased{group_id}, request);
+}
+
+void JobTable::onClosed(const std::shared_ptr<Session>& session) {
+  const auto found = attachments_.find(session->id());
+  if (found == attachments_.end()) return;
+  const Attachment attachment = found->second;
+  attachments_.erase(found);
+  const auto job = jobs_.find(attachment.job);
+  if (job == jobs_.end()) return;
+  spdlog::info("job {} rank {} detached", attachment.job, attachment.rank);
+  releaseRank(job->second, attachment.rank);
+  const bool anyone_left = std::any_of(job->second.ranks.begin(), job->second.ranks.end(),
+                                       [](const RankState& rank) { return rank.session != nullptr; });
+  if (!anyone_left) jobLostAllRanks(job->second);
+}
+
+void JobTable::releaseRank(Job& job, std::uint32_t rank) {
+  RankState& state = job.ranks[rank];
+  state.session.reset();
+  // Unsharded slots hold nothing worth keeping: give their memory back now.
+  for (Slot& slot : state.slots) {
+    budget_.release(job.tenant, slot.bytes);
+    job.charged -= slot.bytes;
+    slot = Slot{};
+  }
+  // A registration this rank was part of can no longer complete.
+  std::vector<std::string> broken;
+  for (const auto& [name, pending] : job.pending) {
+    if (pending.waiters.contains(rank)) broken.push_back(name);
+  }
+  for (const std::string& name : broken) {
+    job.pending.at(name).waiters.erase(rank);
+    failPending(job, name, ipc::WireError::kConflict,
+                "group '" + name + "': rank " + std::to_string(rank) + " disconnected while registering");
+  }
+}
+
+void JobTable::jobLostAllRanks(Job& job) {
+  if (!job.persistent || job.groups.empty()) {
+    freeJob(job.id);
+    return;
+  }
+  spdlog::info("job {}: every rank is gone; keeping its memory for {} s", job.id, config_.persistence_grace.count());
+  job.grace_timer = std::make_unique<asio::steady_timer>(io_, config_.persistence_grace);
+  job.grace_timer->async_wait([this, id = job.id](const asio::error_code& error) {
+    if (!error) freeJob(id);
+  });
+}
+
+void JobTable::freeJob(const std::string& id) {
+  const auto found = jobs_.find(id);
+  if (found == jobs_.end()) return;
+  Job& job = found->second;
+  for (auto& [name, pending] : job.pending) {
+    if (pending.timer) pending.timer->cancel();
+  }
+  if (job.grace_timer) job.grace_timer->cancel();
+  budget_.release(job.tenant, job.charged);
+  spdlog::info("job {} freed ({} bytes)", id, job.charged);
+  jobs_.erase(found);  // closes every memfd of the job
+}
+
+void JobTable::clear() {
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  for (const std::string& id : ids) freeJob(id);
+  attachments_.clear();
+}
+
+ServerStats JobTable::stats() const {
+  ServerStats stats;
+  stats.sessions = attachments_.size();
+  stats.jobs = jobs_.size();
+  stats.bytes_in_use = budget_.total();
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [name, group] : job.groups) stats.memfds += group.shards.size();
+    for (const RankState& rank : job.ranks) {
+      stats.memfds += static_cast<std::size_t>(
+          std::count_if(rank.slots.begin(), rank.slots.end(), [](const Slot& slot) { return slot.fd.valid(); }));
+    }
+  }
+  return stats;
+}
+
+}  // namespace dbuf::daemon

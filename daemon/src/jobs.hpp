@@ -1,0 +1,121 @@
+#pragma once
+// Jobs, ranks, groups and their shared memory: the daemon's state and the
+// handling of every client request. Runs on the server's loop thread only;
+// nothing here blocks.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <asio.hpp>
+
+#include "dbuf/common/unique_fd.hpp"
+#include "dbuf/daemon/config.hpp"
+#include "dbuf/daemon/server.hpp"
+#include "dbuf/ipc/protocol.hpp"
+#include "dbuf/planner/unit_plan.hpp"
+#include "memory_budget.hpp"
+#include "session.hpp"
+
+namespace dbuf::daemon {
+
+/// One rank's memory of a registered group: its shard and sharded gradient.
+struct ShardFile {
+  UniqueFd fd;
+  std::uint64_t bytes = 0;
+};
+
+struct GroupState {
+  std::uint32_t id = 0;
+  ipc::RegisterGroup spec;
+  ipc::GroupReady reply;          // the same for every rank, fd aside
+  std::vector<ShardFile> shards;  // per rank
+};
+
+/// A registration waiting for every rank of the job.
+struct PendingGroup {
+  ipc::RegisterGroup spec;
+  std::uint32_t first_rank = 0;
+  struct Waiter {
+    std::shared_ptr<Session> session;
+    std::uint64_t request_id = 0;
+  };
+  std::map<std::uint32_t, Waiter> waiters;
+  std::unique_ptr<asio::steady_timer> timer;
+};
+
+/// One unsharded slot of a rank: a memfd mapped by the trainer while a group
+/// is unsharded; its pages are given back on release.
+struct Slot {
+  UniqueFd fd;
+  std::uint64_t bytes = 0;
+  std::optional<std::uint32_t> group;
+};
+
+struct RankState {
+  std::shared_ptr<Session> session;  // null while detached
+  std::vector<Slot> slots;           // prefetch_depth + 1
+};
+
+struct Job {
+  std::string id;
+  std::size_t tenant = 0;
+  std::uint32_t world_size = 1;
+  bool persistent = false;
+  std::vector<RankState> ranks;
+  std::map<std::string, GroupState> groups;  // by name
+  std::map<std::string, PendingGroup> pending;
+  std::uint64_t charged = 0;  // bytes charged to the tenant for this job
+  std::uint32_t next_group_id = 1;
+  std::unique_ptr<asio::steady_timer> grace_timer;
+};
+
+class JobTable {
+ public:
+  JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id);
+
+  void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header, ipc::Message message);
+  void onClosed(const std::shared_ptr<Session>& session);
+  /// Frees every job (daemon shutdown).
+  void clear();
+  [[nodiscard]] ServerStats stats() const;
+
+ private:
+  struct Attachment {
+    std::string job;
+    std::uint32_t rank = 0;
+  };
+
+  void handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello);
+  void handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::RegisterGroup& spec);
+  void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
+  void handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
+
+  Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
+  void completeRegistration(Job& job, const std::string& name);
+  Result<GroupState> buildGroup(Job& job, const ipc::RegisterGroup& spec);
+  void failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why);
+  void replyGroup(Job& job, const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
+                  std::uint64_t request);
+  void releaseRank(Job& job, std::uint32_t rank);
+  void jobLostAllRanks(Job& job);
+  void freeJob(const std::string& id);
+
+  [[nodiscard]] std::optional<std::size_t> tenantOf(const ipc::PeerCredentials& peer) const;
+  [[nodiscard]] std::size_t jobsOfTenant(std::size_t tenant) const;
+  Attachment* attachmentOf(const Session& session);
+
+  asio::io_context& io_;
+  const Config& config_;
+  std::uint64_t instance_id_;
+  MemoryBudget budget_;
+  std::map<std::string, Job> jobs_;
+  std::unordered_map<std::uint64_t, Attachment> attachments_;  // by session id
+};
+
+}  // namespace dbuf::daemon

@@ -1,0 +1,114 @@
+// dbufd: the per-node dbuf daemon. Configuration: defaults -> --config FILE
+// -> flags. Everything else lives in the dbuf_daemon library.
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "dbuf/daemon/config.hpp"
+#include "dbuf/daemon/logging.hpp"
+#include "dbuf/daemon/server.hpp"
+#include "dbuf/daemon/systemd_notify.hpp"
+
+namespace {
+
+using dbuf::daemon::Config;
+
+constexpr const char* kUsage =
+    "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
+    "             [--backend host|cuda|auto]\n";
+
+struct Flags {
+  std::optional<std::string> config, socket, log_level, backend;
+};
+
+std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::string& error) {
+  Flags flags;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    std::optional<std::string>* target = flag == "--config"      ? &flags.config
+                                         : flag == "--socket"    ? &flags.socket
+                                         : flag == "--log-level" ? &flags.log_level
+                                         : flag == "--backend"   ? &flags.backend
+                                                                 : nullptr;
+    if (target == nullptr) {
+      error = "unknown argument '" + flag + "'";
+      return std::nullopt;
+    }
+    if (i + 1 == args.size()) {
+      error = flag + " needs a value";
+      return std::nullopt;
+    }
+    *target = args[++i];
+  }
+  return flags;
+}
+
+/// Defaults, then the file, then the flags.
+dbuf::Result<Config> layeredConfig(const Flags& flags) {
+  Config config;
+  if (flags.config) {
+    auto loaded = dbuf::daemon::loadConfig(*flags.config);
+    if (!loaded) return loaded;
+    config = std::move(*loaded);
+  }
+  if (flags.socket) config.socket_path = *flags.socket;
+  if (flags.log_level) {
+    auto level = dbuf::daemon::parseLogLevel(*flags.log_level);
+    if (!level) return std::move(level).error().withContext("--log-level");
+    config.log_level = *level;
+  }
+  if (flags.backend) {
+    auto backend = dbuf::daemon::parseBackend(*flags.backend);
+    if (!backend) return std::move(backend).error().withContext("--backend");
+    config.backend = *backend;
+  }
+  if (config.backend == dbuf::daemon::Backend::kCuda) {
+    return dbuf::makeError(dbuf::ErrorCode::kInvalidArgument, "the cuda backend is not built yet; use host or auto");
+  }
+  return config;
+}
+
+std::optional<std::string> environment(const char* name) {
+  const char* value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read once at start-up
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  std::string error;
+  const auto flags = parseFlags(args, error);
+  if (!flags) {
+    std::cerr << "dbufd: " << error << "\n" << kUsage;
+    return 2;
+  }
+  auto config = layeredConfig(*flags);
+  if (!config) {
+    std::cerr << "dbufd: " << config.error().message << "\n";
+    return 2;
+  }
+  dbuf::daemon::setupLogging(config->log_level);
+  auto server = dbuf::daemon::Server::create(std::move(*config));
+  if (!server) {
+    spdlog::error("{}", server.error().message);
+    return 1;
+  }
+  const dbuf::daemon::SystemdNotifier systemd(environment("NOTIFY_SOCKET").value_or(""), environment("WATCHDOG_USEC"));
+  if (const auto period = systemd.heartbeatPeriod()) {
+    (*server)->setHeartbeat(*period, [&systemd] { systemd.notify("WATCHDOG=1"); });
+  }
+  systemd.notify("READY=1\nSTATUS=serving on " + (*server)->socketPath());
+  (*server)->run(/*handle_signals=*/true);
+  systemd.notify("STOPPING=1");
+  return 0;
+}

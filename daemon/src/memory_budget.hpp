@@ -1,0 +1,54 @@
+#pragma once
+// Bytes of shared memory charged per tenant and for the whole daemon.
+// A charge that would pass either limit fails with how much was asked and how
+// much is left; nothing is charged then.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dbuf/common/result.hpp"
+#include "dbuf/daemon/config.hpp"
+
+namespace dbuf::daemon {
+
+class MemoryBudget {
+ public:
+  MemoryBudget(const std::vector<Tenant>& tenants, std::uint64_t daemon_limit)
+      : tenants_(tenants), used_(tenants.size(), 0), daemon_limit_(daemon_limit) {}
+
+  [[nodiscard]] Result<void> charge(std::size_t tenant, std::uint64_t bytes, const std::string& what) {
+    const std::uint64_t quota = tenants_[tenant].memory_quota_bytes;
+    if (bytes > quota - used_[tenant]) {
+      return makeError(ErrorCode::kInfeasible,
+                       what + " needs " + std::to_string(bytes) + " bytes but tenant '" + tenants_[tenant].name +
+                           "' has " + std::to_string(quota - used_[tenant]) + " of its " + std::to_string(quota) +
+                           "-byte quota left");
+    }
+    if (bytes > daemon_limit_ - total_) {
+      return makeError(ErrorCode::kInfeasible, what + " needs " + std::to_string(bytes) +
+                                                   " bytes but the daemon has " +
+                                                   std::to_string(daemon_limit_ - total_) + " of its " +
+                                                   std::to_string(daemon_limit_) + "-byte memory limit left");
+    }
+    used_[tenant] += bytes;
+    total_ += bytes;
+    return {};
+  }
+
+  void release(std::size_t tenant, std::uint64_t bytes) {
+    used_[tenant] -= bytes;
+    total_ -= bytes;
+  }
+
+  [[nodiscard]] std::uint64_t used(std::size_t tenant) const { return used_[tenant]; }
+  [[nodiscard]] std::uint64_t total() const { return total_; }
+
+ private:
+  const std::vector<Tenant>& tenants_;
+  std::vector<std::uint64_t> used_;
+  std::uint64_t daemon_limit_;
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace dbuf::daemon

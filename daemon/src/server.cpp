@@ -1,0 +1,214 @@
+#include "dbuf/daemon/server.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <random>
+#include <unordered_map>
+
+#include <asio.hpp>
+#include <spdlog/spdlog.h>
+
+#include "dbuf/daemon/lock_file.hpp"
+#include "jobs.hpp"
+#include "session.hpp"
+
+namespace dbuf::daemon {
+
+class Server::Impl final : public SessionHandler {
+ public:
+  Impl(Config config, LockFile lock, std::uint64_t instance_id)
+      : config_(std::move(config)),
+        lock_(std::move(lock)),
+        instance_id_(instance_id),
+        acceptor_(io_),
+        signals_(io_),
+        heartbeat_(io_),
+        shutdown_deadline_(io_),
+        jobs_(io_, config_, instance_id) {}
+
+  Result<void> bind() {
+    asio::error_code error;
+    const asio::local::stream_protocol::endpoint endpoint(config_.socket_path);
+    acceptor_.open(endpoint.protocol(), error);
+    if (!error) acceptor_.bind(endpoint, error);
+    if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
+    if (error) {
+      return makeError(ErrorCode::kIo, "cannot listen on " + config_.socket_path + ": " + error.message());
+    }
+    // Anyone may connect; who may do what is decided per peer (SO_PEERCRED)
+    // against the tenant table.
+    ::chmod(config_.socket_path.c_str(), 0666);
+    return {};
+  }
+
+  void run(bool handle_signals) {
+    if (handle_signals) {
+      signals_.add(SIGTERM);
+      signals_.add(SIGINT);
+      signals_.async_wait([this](const asio::error_code& error, int signal) {
+        if (error) return;
+        spdlog::info("signal {}: shutting down", signal);
+        beginShutdown();
+      });
+    }
+    accept();
+    if (on_heartbeat_) beat();
+    running_ = true;
+    spdlog::info("dbufd {:016x} listening on {}", instance_id_, config_.socket_path);
+    io_.run();
+    running_ = false;
+    finishShutdown();
+  }
+
+  void requestStop() {
+    asio::post(io_, [this] { beginShutdown(); });
+  }
+
+  ServerStats stats() {
+    if (!running_) return jobs_.stats();
+    std::promise<ServerStats> promise;
+    auto future = promise.get_future();
+    asio::post(io_, [this, &promise] { promise.set_value(jobs_.stats()); });
+    return future.get();
+  }
+
+  void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header,
+                 ipc::Message message) override {
+    if (stopping_) {
+      session->sendError(ipc::WireError::kShuttingDown, "dbufd is shutting down", header.request_id);
+      return;
+    }
+    jobs_.onMessage(session, header, std::move(message));
+  }
+
+  void onClosed(const std::shared_ptr<Session>& session) override {
+    sessions_.erase(session->id());
+    if (!stopping_) {
+      jobs_.onClosed(session);
+    } else if (sessions_.empty()) {
+      shutdown_deadline_.cancel();  // every goodbye went out
+    }
+  }
+
+  void setHeartbeat(std::chrono::milliseconds period, std::function<void()> beat) {
+    heartbeat_period_ = period;
+    on_heartbeat_ = std::move(beat);
+  }
+
+  const Config& config() const { return config_; }
+  std::uint64_t instanceId() const { return instance_id_; }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](const asio::error_code& error, asio::local::stream_protocol::socket socket) {
+      if (error) {
+        if (error != asio::error::operation_aborted) spdlog::warn("accept: {}", error.message());
+        if (!stopping_ && error != asio::error::operation_aborted) accept();
+        return;
+      }
+      auto peer = ipc::peerCredentials(socket.native_handle());
+      if (peer) {
+        auto session = std::make_shared<Session>(std::move(socket), *this, next_session_id_++, *peer);
+        sessions_.emplace(session->id(), session);
+        session->start(config_.handshake_timeout);
+      } else {
+        spdlog::warn("dropping a connection: {}", peer.error().message);
+      }
+      if (!stopping_) accept();
+    });
+  }
+
+  void beginShutdown() {
+    if (stopping_) return;
+    stopping_ = true;
+    asio::error_code ignored;
+    acceptor_.close(ignored);
+    signals_.cancel(ignored);
+    // Tell every client, free every job, then let the loop drain the
+    // goodbyes; it returns once nothing is pending.
+    std::vector<std::shared_ptr<Session>> open;
+    for (auto& [id, weak] : sessions_) {
+      if (auto session = weak.lock()) open.push_back(std::move(session));
+    }
+    for (const auto& session : open) {
+      session->send(ipc::Shutdown{"dbufd is shutting down"}, 0);
+      session->closeAfterSending();
+    }
+    jobs_.clear();
+    heartbeat_.cancel();
+    if (sessions_.empty()) return;
+    // A client that does not read its goodbye must not keep the daemon up.
+    shutdown_deadline_.expires_after(std::chrono::seconds(2));
+    shutdown_deadline_.async_wait([this](const asio::error_code& error) {
+      if (error) return;
+      std::vector<std::shared_ptr<Session>> stuck;
+      for (auto& [id, weak] : sessions_) {
+        if (auto session = weak.lock()) stuck.push_back(std::move(session));
+      }
+      for (const auto& session : stuck) session->close();
+    });
+  }
+
+  void beat() {
+    heartbeat_.expires_after(heartbeat_period_);
+    heartbeat_.async_wait([this](const asio::error_code& error) {
+      if (error || stopping_) return;
+      on_heartbeat_();
+      beat();
+    });
+  }
+
+  void finishShutdown() {
+    jobs_.clear();
+    ::unlink(config_.socket_path.c_str());
+    spdlog::info("dbufd stopped");
+  }
+
+  Config config_;
+  LockFile lock_;
+  std::uint64_t instance_id_;
+  asio::io_context io_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  asio::signal_set signals_;
+  asio::steady_timer heartbeat_;
+  asio::steady_timer shutdown_deadline_;
+  std::chrono::milliseconds heartbeat_period_{0};
+  std::function<void()> on_heartbeat_;
+  JobTable jobs_;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
+  std::uint64_t next_session_id_ = 1;
+  bool stopping_ = false;
+  std::atomic<bool> running_ = false;
+};
+
+Result<std::unique_ptr<Server>> Server::create(Config config) {
+  if (config.tenants.empty()) {
+    config.tenants.push_back(Tenant{"default", {static_cast<std::uint32_t>(::getuid())}, {}});
+  }
+  auto lock = LockFile::acquire(config.socket_path);
+  if (!lock) return std::move(lock).error();
+  if (auto stale = removeStaleSocket(config.socket_path); !stale) return std::move(stale).error();
+  std::random_device entropy;
+  const std::uint64_t instance_id = (std::uint64_t{entropy()} << 32) | entropy();
+  auto impl = std::make_unique<Impl>(std::move(config), std::move(*lock), instance_id);
+  if (auto bound = impl->bind(); !bound) return std::move(bound).error();
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+
+void Server::run(bool handle_signals) { impl_->run(handle_signals); }
+void Server::requestStop() { impl_->requestStop(); }
+void Server::setHeartbeat(std::chrono::milliseconds period, std::function<void()> beat) {
+  impl_->setHeartbeat(period, std::move(beat));
+}
+ServerStats Server::stats() { return impl_->stats(); }
+const std::string& Server::socketPath() const noexcept { return impl_->config().socket_path; }
+std::uint64_t Server::instanceId() const noexcept { return impl_->instanceId(); }
+
+}  // namespace dbuf::daemon

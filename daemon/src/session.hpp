@@ -1,0 +1,83 @@
+#pragma once
+// One client connection: reads whole frames, writes replies (with fds)
+// without ever blocking the event loop, and reports messages and its end to
+// a SessionHandler. Lives on the server's loop thread only.
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include <asio.hpp>
+
+#include "dbuf/common/unique_fd.hpp"
+#include "dbuf/ipc/protocol.hpp"
+#include "dbuf/ipc/socket.hpp"
+
+namespace dbuf::daemon {
+
+class Session;
+
+class SessionHandler {
+ public:
+  virtual ~SessionHandler() = default;
+  virtual void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header,
+                         ipc::Message message) = 0;
+  /// The connection is gone (EOF, error, protocol violation or close()).
+  /// Called exactly once per session.
+  virtual void onClosed(const std::shared_ptr<Session>& session) = 0;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(asio::local::stream_protocol::socket socket, SessionHandler& handler, std::uint64_t id,
+          ipc::PeerCredentials peer);
+
+  /// Starts reading; the handshake must complete before `handshake_deadline`.
+  void start(std::chrono::milliseconds handshake_timeout);
+
+  /// Queues a frame; `fds` are dup'ed now and closed once sent.
+  void send(const ipc::Message& message, std::uint64_t request_id, std::vector<int> fds = {});
+  /// Sends an error reply.
+  void sendError(ipc::WireError code, const std::string& message, std::uint64_t request_id);
+  /// Sends what is queued, then closes (the handler's onClosed runs once).
+  void closeAfterSending();
+  /// Closes at once.
+  void close();
+
+  void markAttached() { attached_ = true; }
+  [[nodiscard]] bool attached() const noexcept { return attached_; }
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  [[nodiscard]] const ipc::PeerCredentials& peer() const noexcept { return peer_; }
+  [[nodiscard]] bool open() const noexcept { return !closed_; }
+
+ private:
+  struct Outgoing {
+    std::vector<std::byte> bytes;
+    std::vector<UniqueFd> fds;  // sent with the first chunk
+    std::size_t sent = 0;
+  };
+
+  void readHeader();
+  void readPayload(ipc::FrameHeader header);
+  void flush();
+  void finish();
+
+  asio::local::stream_protocol::socket socket_;
+  SessionHandler& handler_;
+  std::uint64_t id_;
+  ipc::PeerCredentials peer_;
+  asio::steady_timer handshake_timer_;
+  std::array<std::byte, ipc::kHeaderBytes> header_bytes_{};
+  std::vector<std::byte> payload_;
+  std::deque<Outgoing> outgoing_;
+  bool writing_ = false;
+  bool attached_ = false;
+  bool close_when_flushed_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace dbuf::daemon

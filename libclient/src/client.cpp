@@ -1,0 +1,221 @@
+#include "dbuf/client.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+
+#include "connection.hpp"
+#include "dbuf/common/shared_memory.hpp"
+#include "dbuf/ipc/protocol.hpp"
+
+namespace dbuf {
+namespace {
+
+std::string resolveSocketPath(const ClientOptions& options) {
+  if (!options.socket_path.empty()) return options.socket_path;
+  const char* from_env = std::getenv("DBUF_SOCKET");  // NOLINT(concurrency-mt-unsafe): read per connect
+  return from_env != nullptr && *from_env != '\0' ? std::string(from_env) : std::string(kDefaultSocketPath);
+}
+
+ipc::RegisterGroup toWire(const GroupSpec& spec) {
+  ipc::RegisterGroup wire;
+  wire.name = spec.name;
+  wire.sharded_dtype = std::string(toString(spec.sharded_dtype));
+  wire.unsharded_dtype = std::string(toString(spec.unsharded_dtype));
+  wire.granularity = spec.granularity;
+  wire.align_bytes = spec.align_bytes;
+  for (const TensorSpec& tensor : spec.tensors) {
+    wire.tensors.push_back({tensor.name, tensor.shape, tensor.granularity, tensor.tp_dim});
+  }
+  return wire;
+}
+
+/// Checks that the regions the daemon described fit in the file it sent:
+/// never trust sizes from across a process boundary either.
+Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::Region> regions, int fd) {
+  auto actual = fileSize(fd);
+  if (!actual) return std::move(actual).error();
+  if (*actual < file_bytes) return makeError(ErrorCode::kInternal, "dbufd sent a file smaller than announced");
+  for (const ipc::Region& region : regions) {
+    if (region.offset > file_bytes || region.bytes > file_bytes - region.offset) {
+      return makeError(ErrorCode::kInternal, "dbufd described a region outside its file");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------- Group
+
+struct Group::State {
+  std::shared_ptr<Connection> connection;
+  std::string name;
+  GroupPlan plan;
+  DType sharded_dtype = DType::kF32;
+  DType unsharded_dtype = DType::kBF16;
+  std::uint32_t rank = 0;
+  Mapping shard;  // whole shard file
+  ipc::Region sharded;
+  ipc::Region sharded_grad;
+  Mapping slot;   // while unsharded
+  ipc::Region slot_params;
+  ipc::Region slot_grads;
+
+  /// This rank's part of tensor `index` within a region of the shard file.
+  TensorView shardPart(std::size_t index, const ipc::Region& region) const {
+    const PlacedTensor& tensor = plan.tensors.at(index);
+    const std::int64_t rank_begin = static_cast<std::int64_t>(rank) * plan.shard_elems;
+    const std::int64_t first = std::max(tensor.offset, rank_begin);
+    const std::int64_t last = std::min(tensor.offset + tensor.numel, rank_begin + plan.shard_elems);
+    TensorView view{tensor.name, sharded_dtype, tensor.shape, nullptr, 0, 0, 0};
+    if (first >= last) return view;  // nothing of this tensor on this rank
+    const auto element = static_cast<std::size_t>(sizeBytes(sharded_dtype));
+    view.base = shard.data() + region.offset + static_cast<std::size_t>(first - rank_begin) * element;
+    view.begin = first - tensor.offset;
+    view.end = last - tensor.offset;
+    view.local_units = (view.end - 1) / tensor.granularity - view.begin / tensor.granularity + 1;
+    return view;
+  }
+
+  Result<TensorView> slotPart(std::size_t index, const ipc::Region& region) const {
+    if (!slot.valid()) return makeError(ErrorCode::kInvalidArgument, "group '" + name + "' is not unsharded");
+    const PlacedTensor& tensor = plan.tensors.at(index);
+    const auto element = static_cast<std::size_t>(sizeBytes(unsharded_dtype));
+    TensorView view{tensor.name, unsharded_dtype, tensor.shape, nullptr, 0, tensor.numel, 0};
+    view.base = slot.data() + region.offset + static_cast<std::size_t>(tensor.offset) * element;
+    view.local_units = (tensor.numel + tensor.granularity - 1) / tensor.granularity;
+    return view;
+  }
+};
+
+Group::Group(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Group::Group(Group&&) noexcept = default;
+Group& Group::operator=(Group&&) noexcept = default;
+Group::~Group() = default;
+
+const std::string& Group::name() const noexcept { return state_->name; }
+const GroupPlan& Group::plan() const noexcept { return state_->plan; }
+std::uint32_t Group::rank() const noexcept { return state_->rank; }
+std::size_t Group::shardBytes() const noexcept { return state_->shard.size(); }
+bool Group::unsharded() const noexcept { return state_->slot.valid(); }
+
+TensorView Group::shardView(std::size_t index) const { return state_->shardPart(index, state_->sharded); }
+TensorView Group::shardGradView(std::size_t index) const { return state_->shardPart(index, state_->sharded_grad); }
+Result<TensorView> Group::unshardedView(std::size_t index) const {
+  return state_->slotPart(index, state_->slot_params);
+}
+Result<TensorView> Group::unshardedGradView(std::size_t index) const {
+  return state_->slotPart(index, state_->slot_grads);
+}
+
+Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
+  if (state_->slot.valid()) return {};
+  auto reply = state_->connection->call(ipc::AcquireSlot{state_->plan.group_id}, timeout);
+  if (!reply) return std::move(reply).error();
+  const auto* granted = std::get_if<ipc::SlotGranted>(&reply->message);
+  if (granted == nullptr || reply->fds.size() != 1) {
+    return makeError(ErrorCode::kInternal, "dbufd answered AcquireSlot with something else");
+  }
+  const int fd = reply->fds.front().get();
+  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads}, fd); !ok) return ok;
+  auto mapping = Mapping::map(fd, granted->slot_file_bytes);
+  if (!mapping) return std::move(mapping).error();
+  state_->slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
+  state_->slot_params = granted->params;
+  state_->slot_grads = granted->grads;
+  return {};
+}
+
+Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {
+  if (!state_->slot.valid()) return {};
+  state_->slot.reset();  // unmap first: the daemon is about to drop the pages
+  auto reply = state_->connection->call(ipc::ReleaseSlot{state_->plan.group_id}, timeout);
+  if (!reply) return std::move(reply).error();
+  return {};
+}
+
+// ----------------------------------------------------------------- Client
+
+Client::Client(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+Client::~Client() {
+  if (connection_) connection_->close();
+}
+
+Result<Client> Client::connect(const ClientOptions& options) {
+  const std::string path = resolveSocketPath(options);
+  auto socket = ipc::connectUnix(path, ipc::Clock::now() + options.timeout);
+  if (!socket) {
+    return makeError(ErrorCode::kUnavailable, "cannot reach dbufd at " + path + ": " + socket.error().message);
+  }
+  return Client(std::make_shared<Connection>(std::move(*socket), options.timeout));
+}
+
+Result<void> Client::attach(const AttachOptions& options, std::optional<std::chrono::milliseconds> timeout) {
+  if (connection_->attached) return makeError(ErrorCode::kInvalidArgument, "already attached");
+  ipc::Hello hello;
+  hello.job_id = options.job;
+  hello.rank = options.rank;
+  hello.world_size = options.world_size;
+  hello.local_rank = options.local_rank;
+  hello.device = options.device;
+  hello.persistent = options.persistent;
+  hello.prefetch_depth = options.prefetch_depth;
+  hello.nonce = std::random_device{}();
+  auto reply = connection_->call(hello, timeout);
+  if (!reply) return std::move(reply).error();
+  const auto* welcome = std::get_if<ipc::Welcome>(&reply->message);
+  if (welcome == nullptr || welcome->nonce != hello.nonce) {
+    return makeError(ErrorCode::kInternal, "dbufd answered Hello with something else");
+  }
+  connection_->attached = true;
+  connection_->rank = options.rank;
+  connection_->reattached = welcome->reattached;
+  connection_->instance_id = welcome->daemon_instance_id;
+  return {};
+}
+
+bool Client::reattached() const noexcept { return connection_->reattached; }
+std::uint64_t Client::daemonInstanceId() const noexcept { return connection_->instance_id; }
+
+Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::chrono::milliseconds> timeout) {
+  if (!connection_->attached) return makeError(ErrorCode::kInvalidArgument, "attach() first");
+  auto reply = connection_->call(toWire(spec), timeout);
+  if (!reply) return std::move(reply).error();
+  const auto* ready = std::get_if<ipc::GroupReady>(&reply->message);
+  if (ready == nullptr || reply->fds.size() != 1) {
+    return makeError(ErrorCode::kInternal, "dbufd answered RegisterGroup with something else");
+  }
+  const int fd = reply->fds.front().get();
+  if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}, fd); !ok) return ok.error();
+  auto mapping = Mapping::map(fd, ready->shard_file_bytes);
+  if (!mapping) return std::move(mapping).error();
+  auto state = std::make_unique<Group::State>();
+  state->connection = connection_;
+  state->name = spec.name;
+  state->plan.group_id = ready->group_id;
+  state->plan.devices = ready->devices;
+  state->plan.shard_elems = ready->shard_elems;
+  for (const ipc::PlacedTensorWire& tensor : ready->tensors) {
+    state->plan.tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
+  }
+  state->sharded_dtype = spec.sharded_dtype;
+  state->unsharded_dtype = spec.unsharded_dtype;
+  state->rank = connection_->rank;
+  state->shard = std::move(*mapping);
+  state->sharded = ready->sharded;
+  state->sharded_grad = ready->sharded_grad;
+  return Group(std::move(state));
+}
+
+Result<void> Client::detach(std::optional<std::chrono::milliseconds> timeout) {
+  auto reply = connection_->call(ipc::Detach{}, timeout);
+  connection_->close();
+  connection_->attached = false;
+  if (!reply) return std::move(reply).error();
+  return {};
+}
+
+}  // namespace dbuf

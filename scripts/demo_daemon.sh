@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The daemon part of `make demo`: start dbufd on a temp socket with
+# config/dbufd.toml (host backend), run a job of 4 rank processes that attach,
+# register decoder layers of a bundled model and write into their shards,
+# then stop the daemon with SIGTERM.
+set -euo pipefail
+build_dir=${1:-build}
+model=${2:-models/llama3-8b.json}
+ranks=${DEMO_RANKS:-4}
+layers=${DEMO_LAYERS:-4}
+
+workdir=$(mktemp -d)
+socket="$workdir/dbufd.sock"
+daemon_pid=
+cleanup() {
+  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -TERM "$daemon_pid"; wait "$daemon_pid" || true; fi
+  rm -rf "$workdir"
+}
+trap cleanup EXIT
+
+"$build_dir/bin/dbufd" --config config/dbufd.toml --socket "$socket" --log-level info 2>"$workdir/dbufd.log" &
+daemon_pid=$!
+for _ in $(seq 100); do [[ -S "$socket" ]] && break; sleep 0.05; done
+[[ -S "$socket" ]] || { echo "dbufd did not start:"; cat "$workdir/dbufd.log"; exit 1; }
+
+echo "== dbufd on $socket: job 'demo', $ranks ranks, first $layers decoder layers of $(basename "$model" .json), rows:32 =="
+pids=()
+for ((rank = 0; rank < ranks; ++rank)); do
+  "$build_dir/bin/dbuf-demo-rank" --socket "$socket" --job demo --rank "$rank" --world-size "$ranks" \
+    --model "$model" --layers "$layers" --granularity rows:32 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+
+kill -TERM "$daemon_pid"
+wait "$daemon_pid" || status=1
+daemon_pid=
+echo "-- dbufd log --"
+cat "$workdir/dbufd.log"
+exit $status
