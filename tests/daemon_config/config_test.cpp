@@ -1,6 +1,9 @@
 // Config file parsing: the shipped file, the examples, layering, and every
 // error path with its FILE:LINE:COL: key '...' message.
+#include "dbuf/daemon/config.hpp"
+
 #include <gtest/gtest.h>
+#include <toml++/toml.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,9 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <toml++/toml.h>
-
-#include "dbuf/daemon/config.hpp"
 #include "temp_dir.hpp"
 
 namespace dbuf::daemon {
@@ -109,14 +109,15 @@ gids = [0]
   expected.register_timeout = std::chrono::milliseconds{3600000};
   expected.collective_timeout = std::chrono::milliseconds{7};
   expected.persistence_grace = std::chrono::seconds{0};
-  expected.tenants = {Tenant{"a", {1000, 1001}, {}, 1 << 20, 3}, Tenant{"b.c-d_e", {}, {0}, Tenant{}.memory_quota_bytes, 16}};
+  expected.tenants = {Tenant{"a", {1000, 1001}, {}, 1 << 20, 3},
+                      Tenant{"b.c-d_e", {}, {0}, Tenant{}.memory_quota_bytes, 16}};
   EXPECT_EQ(*config, expected);
 }
 
 TEST(Config, DottedKeysAndInlineTablesAreTheSameKeys) {
-  Result<Config> config =
-      parseConfig("daemon.socket = \"/tmp/x.sock\"\nrings = { entries = 64 }\ntenant = [{ name = \"t\", uids = [5] }]\n",
-                  "dotted.toml");
+  Result<Config> config = parseConfig(
+      "daemon.socket = \"/tmp/x.sock\"\nrings = { entries = 64 }\ntenant = [{ name = \"t\", uids = [5] }]\n",
+      "dotted.toml");
   ASSERT_TRUE(config.ok()) << config.error().message;
   EXPECT_EQ(config->socket_path, "/tmp/x.sock");
   EXPECT_EQ(config->ring_entries, 64U);
@@ -132,7 +133,9 @@ struct BadFile {
   const char* fragment;  // part of the explanation
 };
 
-std::ostream& operator<<(std::ostream& out, const BadFile& bad) { return out << bad.name; }
+std::ostream& operator<<(std::ostream& out, const BadFile& bad) {
+  return out << bad.name;
+}
 
 class ConfigErrors : public ::testing::TestWithParam<BadFile> {};
 
@@ -209,7 +212,9 @@ const BadFile kBadFiles[] = {
 // clang-format on
 
 INSTANTIATE_TEST_SUITE_P(BadFiles, ConfigErrors, ::testing::ValuesIn(kBadFiles),
-                         [](const ::testing::TestParamInfo<BadFile>& param_info) { return std::string(param_info.param.name); });
+                         [](const ::testing::TestParamInfo<BadFile>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
 
 TEST(Config, ReportsEveryProblemInFileOrder) {
   Result<Config> config = parseConfig("[timeouts]\nhandshake_ms = 0\ncollective_ms = 0\n[rings]\nentries = 3\n", "f");

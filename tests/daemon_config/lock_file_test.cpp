@@ -1,4 +1,6 @@
 // LockFile and removeStaleSocket: the single-instance guard of dbufd.
+#include "dbuf/daemon/lock_file.hpp"
+
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,7 +13,6 @@
 #include <optional>
 #include <string>
 
-#include "dbuf/daemon/lock_file.hpp"
 #include "temp_dir.hpp"
 
 namespace dbuf::daemon {
@@ -19,7 +20,9 @@ namespace {
 
 using testing::TempDir;
 
-std::string pidText() { return "pid " + std::to_string(::getpid()); }
+std::string pidText() {
+  return "pid " + std::to_string(::getpid());
+}
 
 /// Creates a socket file at `path` the way a daemon that died leaves it:
 /// bound, then closed without unlinking.

@@ -1,6 +1,11 @@
 // Logging: the two line formats, journal detection and the registered logger.
-#include <gtest/gtest.h>
+#include "dbuf/daemon/logging.hpp"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spdlog/logger.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <memory>
@@ -8,12 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include <spdlog/logger.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
-
 #include "dbuf/common/unique_fd.hpp"
-#include "dbuf/daemon/logging.hpp"
 #include "temp_dir.hpp"
 
 namespace dbuf::daemon {
@@ -45,10 +45,9 @@ TEST(Logging, JournalLinesCarryPriorityAndNoTimestamp) {
 
 TEST(Logging, TerminalLinesCarryATimestamp) {
   const std::string lines = logLines(LogLevel::kWarn, LogFormat::kTerminal);
-  const std::regex expected(
-      R"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] \[dbufd\] \[warning\] warn line\n)"
-      R"(\[[-0-9 :.]+\] \[dbufd\] \[error\] error line\n)"
-      R"(\[[-0-9 :.]+\] \[dbufd\] \[critical\] critical line\n)");
+  const std::regex expected(R"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] \[dbufd\] \[warning\] warn line\n)"
+                            R"(\[[-0-9 :.]+\] \[dbufd\] \[error\] error line\n)"
+                            R"(\[[-0-9 :.]+\] \[dbufd\] \[critical\] critical line\n)");
   EXPECT_TRUE(std::regex_match(lines, expected)) << lines;
 }
 
