@@ -13,6 +13,7 @@ namespace {
 constexpr std::uint32_t kMaxWorldSize = 1U << 16;
 constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
+constexpr std::size_t kMaxGroupsPerJob = 4096;
 
 std::string rankList(const std::vector<std::uint32_t>& ranks) {
   std::string text;
@@ -182,6 +183,11 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
       return;
     }
     replyGroup(job, existing->second, rank, session, request);
+    return;
+  }
+  if (job.groups.size() + job.pending.size() >= kMaxGroupsPerJob) {
+    session->sendError(ipc::WireError::kQuotaExceeded,
+                       "job " + job.id + " already has " + std::to_string(kMaxGroupsPerJob) + " groups", request);
     return;
   }
   auto [entry, created] = job.pending.try_emplace(spec.name);

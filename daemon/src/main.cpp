@@ -1,5 +1,7 @@
 // dbufd: the per-node dbuf daemon. Configuration: defaults -> --config FILE
 // -> flags. Everything else lives in the dbuf_daemon library.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -23,7 +25,8 @@ constexpr const char* kUsage =
     "             [--backend host|cuda|auto]\n";
 
 struct Flags {
-  std::optional<std::string> config, socket, log_level, backend;
+  std::optional<std::string> config;
+  dbuf::daemon::ConfigOverrides overrides;
 };
 
 std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::string& error) {
@@ -31,9 +34,9 @@ std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::strin
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     std::optional<std::string>* target = flag == "--config"      ? &flags.config
-                                         : flag == "--socket"    ? &flags.socket
-                                         : flag == "--log-level" ? &flags.log_level
-                                         : flag == "--backend"   ? &flags.backend
+                                         : flag == "--socket"    ? &flags.overrides.socket_path
+                                         : flag == "--log-level" ? &flags.overrides.log_level
+                                         : flag == "--backend"   ? &flags.overrides.backend
                                                                  : nullptr;
     if (target == nullptr) {
       error = "unknown argument '" + flag + "'";
@@ -56,20 +59,11 @@ dbuf::Result<Config> layeredConfig(const Flags& flags) {
     if (!loaded) return loaded;
     config = std::move(*loaded);
   }
-  if (flags.socket) config.socket_path = *flags.socket;
-  if (flags.log_level) {
-    auto level = dbuf::daemon::parseLogLevel(*flags.log_level);
-    if (!level) return std::move(level).error().withContext("--log-level");
-    config.log_level = *level;
-  }
-  if (flags.backend) {
-    auto backend = dbuf::daemon::parseBackend(*flags.backend);
-    if (!backend) return std::move(backend).error().withContext("--backend");
-    config.backend = *backend;
-  }
+  if (auto applied = dbuf::daemon::applyOverrides(config, flags.overrides); !applied) return applied.error();
   if (config.backend == dbuf::daemon::Backend::kCuda) {
     return dbuf::makeError(dbuf::ErrorCode::kInvalidArgument, "the cuda backend is not built yet; use host or auto");
   }
+  config.tenants = dbuf::daemon::effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
   return config;
 }
 

@@ -20,6 +20,8 @@ namespace dbuf::daemon {
 
 class Server::Impl final : public SessionHandler {
  public:
+  static constexpr std::size_t kMaxSessions = 4096;  // connections, attached or not
+
   Impl(Config config, LockFile lock, std::uint64_t instance_id)
       : config_(std::move(config)),
         lock_(std::move(lock)),
@@ -111,7 +113,9 @@ class Server::Impl final : public SessionHandler {
         return;
       }
       auto peer = ipc::peerCredentials(socket.native_handle());
-      if (peer) {
+      if (sessions_.size() >= kMaxSessions) {
+        spdlog::warn("refusing a connection: {} sessions open", sessions_.size());
+      } else if (peer) {
         auto session = std::make_shared<Session>(std::move(socket), *this, next_session_id_++, *peer);
         sessions_.emplace(session->id(), session);
         session->start(config_.handshake_timeout);
@@ -186,9 +190,7 @@ class Server::Impl final : public SessionHandler {
 };
 
 Result<std::unique_ptr<Server>> Server::create(Config config) {
-  if (config.tenants.empty()) {
-    config.tenants.push_back(Tenant{"default", {static_cast<std::uint32_t>(::getuid())}, {}});
-  }
+  config.tenants = effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
   auto lock = LockFile::acquire(config.socket_path);
   if (!lock) return std::move(lock).error();
   if (auto stale = removeStaleSocket(config.socket_path); !stale) return std::move(stale).error();

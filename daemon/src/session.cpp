@@ -50,6 +50,13 @@ void Session::readHeader() {
 }
 
 void Session::readPayload(ipc::FrameHeader header) {
+  // Before the handshake only a Hello may come, and it is small: do not let an
+  // unauthenticated peer make us hold a megabyte per connection.
+  if (!attached_ && header.payload_bytes > kMaxHandshakePayload) {
+    sendError(ipc::WireError::kBadRequest, "frame too large before the handshake", header.request_id);
+    closeAfterSending();
+    return;
+  }
   payload_.resize(header.payload_bytes);  // bounded by kMaxPayloadBytes in decodeHeader
   asio::async_read(socket_, asio::buffer(payload_),
                    [self = shared_from_this(), header](const asio::error_code& error, std::size_t) {

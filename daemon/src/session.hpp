@@ -33,6 +33,8 @@ class SessionHandler {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
+  static constexpr std::uint32_t kMaxHandshakePayload = 4096;
+
   Session(asio::local::stream_protocol::socket socket, SessionHandler& handler, std::uint64_t id,
           ipc::PeerCredentials peer);
 
