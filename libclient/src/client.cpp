@@ -49,7 +49,18 @@ Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::R
 // ----------------------------------------------------------------- Group
 
 struct Group::State {
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    if (connection) std::erase(connection->on_detach, &unmap);
+  }
+
   std::shared_ptr<Connection> connection;
+  std::function<void()> unmap = [this] {
+    shard.reset();
+    slot.reset();
+  };
   std::string name;
   GroupPlan plan;
   DType sharded_dtype = DType::kF32;
@@ -69,7 +80,7 @@ struct Group::State {
     const std::int64_t first = std::max(tensor.offset, rank_begin);
     const std::int64_t last = std::min(tensor.offset + tensor.numel, rank_begin + plan.shard_elems);
     TensorView view{tensor.name, sharded_dtype, tensor.shape, nullptr, 0, 0, 0};
-    if (first >= last) return view;  // nothing of this tensor on this rank
+    if (first >= last || !shard.valid()) return view;  // nothing here, or detached
     const auto element = static_cast<std::size_t>(sizeBytes(sharded_dtype));
     view.base = shard.data() + region.offset + static_cast<std::size_t>(first - rank_begin) * element;
     view.begin = first - tensor.offset;
@@ -207,6 +218,7 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
   state->shard = std::move(*mapping);
   state->sharded = ready->sharded;
   state->sharded_grad = ready->sharded_grad;
+  connection_->on_detach.push_back(&state->unmap);
   return Group(std::move(state));
 }
 
@@ -214,6 +226,7 @@ Result<void> Client::detach(std::optional<std::chrono::milliseconds> timeout) {
   auto reply = connection_->call(ipc::Detach{}, timeout);
   connection_->close();
   connection_->attached = false;
+  for (std::function<void()>* unmap : connection_->on_detach) (*unmap)();
   if (!reply) return std::move(reply).error();
   return {};
 }

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ class Connection {
 
   [[nodiscard]] std::chrono::milliseconds defaultTimeout() const noexcept { return timeout_; }
   void close() noexcept { socket_.reset(); }
+
+  /// Called on detach, after the daemon was told: every group of this
+  /// connection unmaps its memory (registered by the groups themselves).
+  std::vector<std::function<void()>*> on_detach;
 
   // Filled by attach().
   std::uint32_t rank = 0;

@@ -17,9 +17,9 @@
 ///
 /// Thread safety: a Client and its Groups share one connection and must be
 /// used by one thread at a time (or externally synchronised). Memory views
-/// stay valid while their Group is alive and, for unsharded views, until
-/// `reshard()`; mappings are removed when the Group is destroyed or the client
-/// detaches.
+/// stay valid while their Group is alive, the client has not detached and, for
+/// unsharded views, until `reshard()`; mappings are removed when the Group is
+/// destroyed or the client detaches (views taken afterwards are empty).
 
 #include <chrono>
 #include <cstddef>
