@@ -60,7 +60,7 @@ Result<LockFile> LockFile::acquire(const std::string& socket_path) {
     // file may still be empty (or hold the previous owner's pid).
     const pid_t owner = readPid(fd.get());
     const std::string who = owner > 0 ? "pid " + std::to_string(owner) : "pid unknown";
-    return makeError(ErrorCode::kInfeasible, "another dbufd (" + who + ") holds " + path);
+    return makeError(ErrorCode::kConflict, "another dbufd (" + who + ") holds " + path);
   }
 
   const std::string pid_text = std::to_string(::getpid()) + "\n";

@@ -60,7 +60,7 @@ TEST(LockFile, SecondAcquireInTheSameProcessFailsNamingOurPid) {
   ASSERT_TRUE(first.ok()) << first.error().message;
   Result<LockFile> second = LockFile::acquire(socket);
   ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.error().code, ErrorCode::kInfeasible);
+  EXPECT_EQ(second.error().code, ErrorCode::kConflict);
   EXPECT_EQ(second.error().message, "another dbufd (" + pidText() + ") holds " + socket + ".lock");
   // The failed attempt must not have clobbered the holder's pid.
   EXPECT_EQ(readLockOwner(socket + ".lock"), ::getpid());
