@@ -26,7 +26,11 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
   if (!socket_) return makeError(ErrorCode::kUnavailable, "not connected to dbufd");
   const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
   const std::uint64_t id = next_request_++;
-  if (auto sent = ipc::sendMessage(socket_.get(), request, id, {}, deadline); !sent) {
+  // Encode first: a request over a protocol limit (a tp_dim outside the shape,
+  // a name too long...) is the caller's mistake and leaves the connection usable.
+  auto encoded = ipc::encodeFrame(request, id);
+  if (!encoded) return makeError(ErrorCode::kInvalidArgument, encoded.error().message);
+  if (auto sent = ipc::sendAll(socket_.get(), *encoded, {}, deadline); !sent) {
     lost_ = "lost the connection to dbufd: " + sent.error().message;
     return makeError(ErrorCode::kUnavailable, lost_);
   }
