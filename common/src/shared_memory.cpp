@@ -19,7 +19,10 @@ Error systemError(const std::string& what) {
 }  // namespace
 
 Result<UniqueFd> createMemfd(const std::string& name, std::size_t bytes) {
-  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  // The name is only a label (/proc/PID/maps, /proc/PID/fd); the kernel refuses
+  // names over 249 bytes, so cut longer ones instead of failing.
+  constexpr std::size_t kMaxMemfdName = 249;
+  UniqueFd fd(::memfd_create(name.substr(0, kMaxMemfdName).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return systemError("memfd_create '" + name + "'");
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return systemError("ftruncate memfd '" + name + "'");
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {

@@ -16,6 +16,7 @@ namespace dbuf {
 
 /// A new memfd of `bytes` bytes (zero-filled, close-on-exec), sealed against
 /// shrinking so a peer that maps it cannot be made to fault by a truncate.
+/// `name` labels the file in /proc (cut to the kernel's 249-byte limit).
 [[nodiscard]] Result<UniqueFd> createMemfd(const std::string& name, std::size_t bytes);
 
 /// Size in bytes of the file behind `fd`.
