@@ -43,6 +43,10 @@ dbuf_status invalid(dbuf_client* client, const char* why) {
   return fail(client, dbuf::Error{dbuf::ErrorCode::kInvalidArgument, why});
 }
 
+/// Why the calling thread's last dbuf_connect failed (there is no client to
+/// keep it in): dbuf_last_error(NULL).
+thread_local std::string connect_error;  // NOLINT(readability-identifier-naming)
+
 std::chrono::milliseconds ms(int64_t timeout_ms) { return std::chrono::milliseconds(timeout_ms); }
 
 }  // namespace
@@ -56,7 +60,10 @@ dbuf_status dbuf_connect(const char* socket_path, int64_t timeout_ms, dbuf_clien
   if (socket_path != nullptr) options.socket_path = socket_path;
   options.timeout = ms(timeout_ms);
   auto client = dbuf::Client::connect(options);
-  if (!client) return toStatus(client.error().code);
+  if (!client) {
+    connect_error = client.error().message;
+    return toStatus(client.error().code);
+  }
   *out = new (std::nothrow) dbuf_client{std::move(*client), {}};
   return *out == nullptr ? DBUF_INTERNAL : DBUF_OK;
 }
@@ -64,7 +71,8 @@ dbuf_status dbuf_connect(const char* socket_path, int64_t timeout_ms, dbuf_clien
 void dbuf_client_free(dbuf_client* client) { delete client; }
 
 const char* dbuf_last_error(const dbuf_client* client) {
-  return client == nullptr ? "no client" : client->last_error.c_str();
+  if (client != nullptr) return client->last_error.c_str();
+  return connect_error.empty() ? "no client" : connect_error.c_str();
 }
 
 dbuf_status dbuf_attach(dbuf_client* client, const char* job, uint32_t rank, uint32_t world_size, int persistent,

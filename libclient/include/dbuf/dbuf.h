@@ -47,7 +47,10 @@ typedef struct dbuf_tensor_view {
   int64_t local_units;   /* RaggedShard blocks in the view */
 } dbuf_tensor_view;
 
-/* socket_path may be NULL: $DBUF_SOCKET, else /run/dbufd/dbufd.sock. */
+/* socket_path may be NULL: $DBUF_SOCKET, else /run/dbufd/dbufd.sock.
+ * When it fails there is no client: dbuf_last_error(NULL) then gives the
+ * reason of the calling thread's last failed dbuf_connect ("no client" if
+ * none failed). */
 dbuf_status dbuf_connect(const char* socket_path, int64_t timeout_ms, dbuf_client** out);
 void dbuf_client_free(dbuf_client* client);
 const char* dbuf_last_error(const dbuf_client* client);
