@@ -1,0 +1,438 @@
+// Error paths through real clients: each failure has a clear code and message,
+// reaches every rank it concerns, and leaves the daemon serving (a fresh
+// client attaches and registers afterwards).
+
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+
+#include "harness.hpp"
+
+namespace dbuf::integration {
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// A fresh job attaches, registers, unshards and detaches: the daemon serves.
+void expectStillServing(EmbeddedDaemon& daemon, const std::string& job = "afterwards") {
+  auto client = daemon.attach(rankOf(job, 0, 1));
+  ASSERT_TRUE(client.ok()) << "daemon no longer serves: " << messageOf(client);
+  auto group = client->registerGroup(smallGroup("check"));
+  ASSERT_TRUE(group.ok()) << "daemon no longer serves: " << messageOf(group);
+  ASSERT_TRUE(group->unshard().ok());
+  ASSERT_TRUE(client->detach().ok());
+}
+
+TEST(Errors, SpecMismatchNamesBothRanksAndTheFirstDifferingTensorOnEveryRank) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  std::vector<std::optional<Client>> clients(2);
+  std::vector<std::string> messages(2);
+  onRanks(2, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("mismatch", rank, 2));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    GroupSpec spec = smallGroup("layer", 3);
+    if (rank == 1) spec.tensors[1].shape = {16, 9};  // t1 differs; t2 is the same again
+    auto group = client->registerGroup(spec);
+    ASSERT_FALSE(group.ok()) << "rank " << rank << " registered a mismatched group";
+    EXPECT_EQ(group.error().code, ErrorCode::kConflict) << group.error().message;
+    messages[rank] = group.error().message;
+    clients[rank].emplace(std::move(*client));
+  });
+  for (const std::string& message : messages) {
+    EXPECT_TRUE(contains(message, "rank 0")) << message;
+    EXPECT_TRUE(contains(message, "rank 1")) << message;
+    EXPECT_TRUE(contains(message, "'t1'")) << message;
+    EXPECT_FALSE(contains(message, "'t2'")) << message;
+    EXPECT_TRUE(contains(message, "[16, 8]") && contains(message, "[16, 9]")) << message;
+  }
+  EXPECT_EQ(messages[0], messages[1]) << "every rank hears the same story";
+  // The job is intact: the ranks agree on a retry and it works.
+  onRanks(2, [&](std::uint32_t rank) {
+    ASSERT_TRUE(clients[rank]);
+    auto group = clients[rank]->registerGroup(smallGroup("layer", 3));
+    EXPECT_TRUE(group.ok()) << "retry on rank " << rank << ": " << messageOf(group);
+    EXPECT_TRUE(clients[rank]->detach().ok());
+  });
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, SpecMismatchAmongFourRanksFailsEveryWaitingRank) {
+  // Every rank's spec differs from every other's, so however the arrivals
+  // interleave, each registration meets a disagreeing one and fails.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  std::atomic<int> conflicts = 0;
+  onRanks(4, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("mismatch4", rank, 4));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    GroupSpec spec = smallGroup("layer", 2);
+    spec.tensors[1].shape = {16, 8 + static_cast<std::int64_t>(rank)};
+    auto group = client->registerGroup(spec);
+    ASSERT_FALSE(group.ok());
+    EXPECT_EQ(group.error().code, ErrorCode::kConflict) << group.error().message;
+    EXPECT_TRUE(contains(group.error().message, "'t1'")) << group.error().message;
+    EXPECT_TRUE(contains(group.error().message, "rank " + std::to_string(rank))) << group.error().message;
+    ++conflicts;
+  });
+  EXPECT_EQ(conflicts.load(), 4);
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
+  daemon::Config config;
+  daemon::Tenant tenant;
+  tenant.name = "small";
+  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
+  tenant.memory_quota_bytes = 64 * 1024;
+  config.tenants = {tenant};
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+
+  auto first = daemon.attach(rankOf("within-quota", 0, 1));
+  ASSERT_TRUE(first.ok()) << messageOf(first);
+  auto kept = first->registerGroup(smallGroup("kept", 1, 128));  // 1024 fp32: 8 KiB shard file
+  ASSERT_TRUE(kept.ok()) << messageOf(kept);
+  const TensorView view = kept->shardView(0);
+  for (std::int64_t e = 0; e < view.numel(); ++e) view.data<float>()[e] = static_cast<float>(e);
+  const daemon::ServerStats before = daemon.stats();
+  const std::uint64_t left = tenant.memory_quota_bytes - before.bytes_in_use;
+
+  auto greedy = daemon.attach(rankOf("over-quota", 0, 1));
+  ASSERT_TRUE(greedy.ok()) << messageOf(greedy);
+  auto big = greedy->registerGroup(smallGroup("big", 1, 8192));  // 64 Ki fp32: 512 KiB shard file
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().code, ErrorCode::kInfeasible) << big.error().message;
+  const std::string& message = big.error().message;
+  EXPECT_TRUE(contains(message, "needs 524288 bytes")) << message;
+  EXPECT_TRUE(contains(message, "has " + std::to_string(left) + " of its 65536-byte quota left")) << message;
+  EXPECT_TRUE(contains(message, "'small'")) << message;
+  EXPECT_TRUE(contains(message, "'big'")) << message;
+
+  // Nothing else moved: same counters, the first job's group works and kept its data.
+  const daemon::ServerStats after = daemon.stats();
+  EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
+  EXPECT_EQ(after.memfds, before.memfds);
+  EXPECT_EQ(after.sessions, 2U);
+  ASSERT_TRUE(kept->unshard().ok());
+  ASSERT_TRUE(kept->reshard().ok());
+  EXPECT_EQ(view.data<float>()[view.numel() - 1], static_cast<float>(view.numel() - 1));
+  // The refused client may still register something that fits.
+  auto small = greedy->registerGroup(smallGroup("small", 1, 16));
+  EXPECT_TRUE(small.ok()) << messageOf(small);
+  ASSERT_TRUE(greedy->detach().ok());
+  ASSERT_TRUE(first->detach().ok());
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, UnshardOverQuotaFailsCleanly) {
+  daemon::Config config;
+  daemon::Tenant tenant;
+  tenant.name = "tight";
+  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
+  tenant.memory_quota_bytes = 8192;  // exactly the shard file of the group below
+  config.tenants = {tenant};
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("tight", 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(smallGroup("g", 1, 128));
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  auto slot = group->unshard();
+  EXPECT_FAILS_WITH(slot, ErrorCode::kInfeasible);
+  EXPECT_TRUE(contains(slot.error().message, "has 0 of its 8192-byte quota left")) << slot.error().message;
+  EXPECT_FALSE(group->unsharded());
+  EXPECT_EQ(daemon.stats().bytes_in_use, 8192U);
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, DaemonMemoryLimitExceeded) {
+  daemon::Config config;
+  config.memory_limit_bytes = 32 * 1024;
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("over-limit", 0, 2));
+  auto peer = daemon.attach(rankOf("over-limit", 1, 2));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  ASSERT_TRUE(peer.ok()) << messageOf(peer);
+  std::vector<std::string> messages(2);
+  std::vector<Client*> clients{&*client, &*peer};
+  onRanks(2, [&](std::uint32_t rank) {
+    auto big = clients[rank]->registerGroup(smallGroup("big", 1, 1024));  // 2 x 16 KiB + grads
+    ASSERT_FALSE(big.ok());
+    EXPECT_EQ(big.error().code, ErrorCode::kInfeasible) << big.error().message;
+    messages[rank] = big.error().message;
+  });
+  for (const std::string& message : messages) {
+    EXPECT_TRUE(contains(message, "memory limit")) << message;
+    EXPECT_TRUE(contains(message, "needs ")) << message;
+    EXPECT_TRUE(contains(message, "has 32768 of its 32768-byte memory limit left")) << message;
+  }
+  EXPECT_EQ(daemon.stats().bytes_in_use, 0U);
+  ASSERT_TRUE(client->detach().ok());
+  ASSERT_TRUE(peer->detach().ok());
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, TwoClientsClaimingTheSameRank) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto first = daemon.attach(rankOf("claimed", 0, 1));
+  ASSERT_TRUE(first.ok()) << messageOf(first);
+  auto second = daemon.connect();
+  ASSERT_TRUE(second.ok()) << messageOf(second);
+  auto refused = second->attach(rankOf("claimed", 0, 1));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kConflict);
+  EXPECT_TRUE(contains(refused.error().message, "rank 0 of job 'claimed' is already attached"))
+      << refused.error().message;
+  EXPECT_TRUE(contains(refused.error().message, "pid " + std::to_string(::getpid()))) << refused.error().message;
+  // The holder is undisturbed.
+  auto group = first->registerGroup(smallGroup("g"));
+  EXPECT_TRUE(group.ok()) << messageOf(group);
+  EXPECT_EQ(daemon.stats().sessions, 1U);
+  ASSERT_TRUE(first->detach().ok());
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, RankOutsideTheWorldSize) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.connect();
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto refused = client->attach(rankOf("world", 4, 4));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(contains(refused.error().message, "rank 4 of world size 4")) << refused.error().message;
+  auto zero = daemon.connect();
+  ASSERT_TRUE(zero.ok());
+  EXPECT_FAILS_WITH(zero->attach(rankOf("world", 0, 0)), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(daemon.stats().jobs, 0U);
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, WorldSizeDifferingFromTheJobs) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto first = daemon.attach(rankOf("sized", 0, 2));
+  ASSERT_TRUE(first.ok()) << messageOf(first);
+  auto other = daemon.connect();
+  ASSERT_TRUE(other.ok());
+  auto refused = other->attach(rankOf("sized", 1, 4));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kConflict);
+  EXPECT_TRUE(contains(refused.error().message, "job 'sized' has world size 2, not 4")) << refused.error().message;
+  // The right world size still gets in, and the job works.
+  std::optional<Client> second;
+  {
+    auto attached = daemon.attach(rankOf("sized", 1, 2));
+    ASSERT_TRUE(attached.ok()) << messageOf(attached);
+    second.emplace(std::move(*attached));
+  }
+  std::vector<Client*> clients{&*first, &*second};
+  onRanks(2, [&](std::uint32_t rank) {
+    auto group = clients[rank]->registerGroup(smallGroup("g"));
+    EXPECT_TRUE(group.ok()) << messageOf(group);
+    EXPECT_TRUE(clients[rank]->detach().ok());
+  });
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, RegistrationTimeoutListsTheMissingRanks) {
+  daemon::Config config;
+  config.register_timeout = 200ms;
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  std::vector<std::optional<Client>> clients(4);
+  onRanks(4, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("late", rank, 4));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    clients[rank].emplace(std::move(*client));
+  });
+  ASSERT_TRUE(clients[0] && clients[1] && clients[2] && clients[3]);
+  // Ranks 0 and 2 register; 1 and 3 never do.
+  std::vector<std::string> messages(4);
+  std::vector<Clock::duration> waited(4);
+  onRanks(4, [&](std::uint32_t rank) {
+    if (rank % 2 == 1) return;
+    const auto started = Clock::now();
+    auto group = clients[rank]->registerGroup(smallGroup("layer"), 10s);
+    waited[rank] = Clock::now() - started;
+    ASSERT_FALSE(group.ok());
+    EXPECT_EQ(group.error().code, ErrorCode::kTimeout) << group.error().message;
+    messages[rank] = group.error().message;
+  });
+  for (const std::uint32_t rank : {0U, 2U}) {
+    EXPECT_TRUE(contains(messages[rank], "ranks 1, 3 did not register within 200 ms")) << messages[rank];
+    EXPECT_LT(waited[rank], 5s) << "the daemon's timeout, not the client's";
+  }
+  // The ranks are still attached and a complete registration succeeds.
+  onRanks(4, [&](std::uint32_t rank) {
+    auto group = clients[rank]->registerGroup(smallGroup("layer"));
+    EXPECT_TRUE(group.ok()) << "rank " << rank << ": " << messageOf(group);
+    EXPECT_TRUE(clients[rank]->detach().ok());
+  });
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, MoreUnshardedGroupsThanSlots) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("slots", 0, 1, false, /*prefetch_depth=*/1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  std::vector<Group> groups;
+  for (const char* name : {"a", "b", "c"}) {
+    auto group = client->registerGroup(smallGroup(name));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    groups.push_back(std::move(*group));
+  }
+  ASSERT_TRUE(groups[0].unshard().ok());
+  ASSERT_TRUE(groups[1].unshard().ok());
+  auto third = groups[2].unshard();
+  EXPECT_FAILS_WITH(third, ErrorCode::kConflict);
+  EXPECT_TRUE(contains(third.error().message, "all 2 unsharded slots")) << third.error().message;
+  EXPECT_TRUE(contains(third.error().message, "prefetch depth 1")) << third.error().message;
+  EXPECT_FALSE(groups[2].unsharded());
+  // Resharding one frees a slot for the third.
+  ASSERT_TRUE(groups[0].reshard().ok());
+  EXPECT_TRUE(groups[2].unshard().ok());
+  EXPECT_FAILS_WITH(groups[0].unshard(), ErrorCode::kConflict);
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, BadShapesAndRulesAreInvalidArguments) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("bad-shapes", 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  struct Case {
+    const char* what;
+    GroupSpec spec;
+    const char* expected;  // in the message
+  };
+  std::vector<Case> cases;
+  {
+    GroupSpec spec = smallGroup("zero-dim", 2);
+    spec.tensors[1].shape = {0, 8};
+    cases.push_back({"zero dimension", spec, "'t1'"});
+  }
+  {
+    GroupSpec spec = smallGroup("negative-dim", 2);
+    spec.tensors[0].shape = {-4, 8};
+    cases.push_back({"negative dimension", spec, "'t0'"});
+  }
+  {
+    GroupSpec spec = smallGroup("empty-shape", 1);
+    spec.tensors[0].shape = {};
+    cases.push_back({"empty shape", spec, "'t0'"});
+  }
+  {
+    GroupSpec spec = smallGroup("bad-rule", 1);
+    spec.granularity = "rows:banana";
+    cases.push_back({"bad group rule", spec, "rows:banana"});
+  }
+  {
+    GroupSpec spec = smallGroup("bad-tensor-rule", 2);
+    spec.tensors[1].granularity = "diagonal";
+    cases.push_back({"bad tensor rule", spec, "'t1'"});
+  }
+  {
+    GroupSpec spec = smallGroup("count-not-dividing", 1);
+    spec.tensors[0].granularity = "7";  // 128 elements
+    cases.push_back({"count that does not divide numel", spec, "'t0'"});
+  }
+  {
+    GroupSpec spec = smallGroup("tp-dim", 1);
+    spec.tensors[0].tp_dim = 5;
+    cases.push_back({"tp_dim out of range", spec, "tp_dim"});
+  }
+  {
+    GroupSpec spec = smallGroup("no-tensors", 0);
+    cases.push_back({"no tensors", spec, "at least one tensor"});
+  }
+  {
+    GroupSpec spec = smallGroup("", 1);
+    cases.push_back({"no name", spec, "name"});
+  }
+  {
+    GroupSpec spec = smallGroup("alignment", 1);
+    spec.align_bytes = 3;
+    cases.push_back({"alignment", spec, "alignment"});
+  }
+  for (const Case& c : cases) {
+    auto group = client->registerGroup(c.spec);
+    ASSERT_FALSE(group.ok()) << c.what << " was accepted";
+    EXPECT_EQ(group.error().code, ErrorCode::kInvalidArgument) << c.what << ": " << group.error().message;
+    EXPECT_TRUE(contains(group.error().message, c.expected)) << c.what << ": " << group.error().message;
+  }
+  // Still attached, still served.
+  auto good = client->registerGroup(smallGroup("good"));
+  EXPECT_TRUE(good.ok()) << messageOf(good);
+  EXPECT_EQ(daemon.stats().memfds, 1U) << "only the good group holds memory";
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, CallsAfterTheDaemonStoppedFailFast) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("stopping", 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(smallGroup("g"));
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  daemon.stop();
+  const auto started = Clock::now();
+  auto after = group->unshard(30s);
+  EXPECT_FAILS_WITH(after, ErrorCode::kUnavailable);
+  EXPECT_TRUE(contains(after.error().message, "shutting down") || contains(after.error().message, "connection"))
+      << after.error().message;
+  EXPECT_FAILS_WITH(client->registerGroup(smallGroup("h"), 30s), ErrorCode::kUnavailable);
+  EXPECT_FAILS_WITH(client->detach(30s), ErrorCode::kUnavailable);
+  EXPECT_LT(Clock::now() - started, 5s) << "a stopped daemon must not make clients wait for their timeouts";
+  // A new connection finds nobody.
+  auto late = daemon.connect();
+  EXPECT_FAILS_WITH(late, ErrorCode::kUnavailable);
+}
+
+TEST(Errors, RanksWaitingInACollectiveHearOfTheShutdown) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("stopping", 0, 2));  // rank 1 never comes
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  std::optional<Result<Group>> result;
+  Clock::duration waited{};
+  std::thread waiter([&] {
+    const auto started = Clock::now();
+    result.emplace(client->registerGroup(smallGroup("g"), 30s));
+    waited = Clock::now() - started;
+  });
+  daemon.stop();  // whether the request arrived before or after, the answer is "unavailable"
+  waiter.join();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_FAILS_WITH(*result, ErrorCode::kUnavailable);
+  EXPECT_LT(waited, 10s);
+}
+
+TEST(Errors, NoDaemonBehindTheSocketPath) {
+  TempDir dir;
+  ClientOptions options;
+  options.socket_path = dir.path("nobody.sock");
+  options.timeout = 2s;
+  const auto started = Clock::now();
+  auto client = Client::connect(options);
+  EXPECT_FAILS_WITH(client, ErrorCode::kUnavailable);
+  EXPECT_TRUE(contains(client.error().message, "cannot reach dbufd at " + options.socket_path))
+      << client.error().message;
+  EXPECT_LT(Clock::now() - started, 2s) << "a missing socket is not worth waiting for";
+}
+
+}  // namespace
+}  // namespace dbuf::integration

@@ -1,0 +1,382 @@
+// attach / register / map / write / read / detach with 1, 2, 4 and 8 ranks,
+// each rank a real client on its own thread; the embedded daemon's counters
+// before and after. Also: a non-persistent job is freed when its last rank
+// goes (by detach or by dropping the connection), two jobs side by side.
+
+#include <algorithm>
+#include <array>
+#include <barrier>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "harness.hpp"
+
+namespace dbuf::integration {
+namespace {
+
+/// A decoder-layer-like group: 2D weights under the group's rule (rows:2),
+/// one with its own rule, 1D tensors (element granularity), odd sizes.
+GroupSpec layerGroup() {
+  GroupSpec spec;
+  spec.name = "decoder.layers.0";
+  spec.granularity = "rows:2";
+  spec.tensors = {
+      {"embed", {40, 24}, "", -1},     {"attn.qkv", {72, 24}, "", -1}, {"attn.norm", {24}, "", -1},
+      {"attn.out", {24, 24}, "element", -1}, {"mlp.up", {33, 16}, "rows:3", -1}, {"mlp.bias", {13}, "", -1},
+  };
+  return spec;
+}
+
+/// Pattern values: exact in fp32 (all below 2^24) and different per rank,
+/// tensor, element and region.
+float shardValue(std::uint32_t rank, std::size_t tensor, std::int64_t element) {
+  return static_cast<float>(rank * 1'000'000 + tensor * 10'000 + static_cast<std::size_t>(element));
+}
+float gradValue(std::uint32_t rank, std::size_t tensor, std::int64_t element) {
+  return -1.0F - shardValue(rank, tensor, element);
+}
+std::uint16_t slotValue(std::uint32_t rank, std::size_t tensor, std::int64_t element, bool grad) {
+  return static_cast<std::uint16_t>((rank * 4099 + tensor * 257 + static_cast<std::size_t>(element) * 3 + (grad ? 1 : 0)) &
+                                    0xFFFF);
+}
+
+struct ViewRecord {
+  std::uint32_t rank = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+class LifecycleTest : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(LifecycleTest, AttachRegisterMapWriteReadDetach) {
+  const std::uint32_t world = GetParam();
+  const std::size_t fds_before = openFdCount();
+  std::optional<EmbeddedDaemon> holder(std::in_place);
+  EmbeddedDaemon& daemon = *holder;
+  ASSERT_TRUE(daemon.started());
+  const GroupSpec spec = layerGroup();
+  const std::size_t tensors = spec.tensors.size();
+
+  std::vector<std::string> plans(world);
+  std::vector<std::vector<ViewRecord>> views(tensors);  // per tensor, from every rank
+  std::mutex views_mutex;
+  std::vector<std::size_t> shard_bytes(world, 0);
+  std::barrier written(static_cast<std::ptrdiff_t>(world));
+  std::barrier registered(static_cast<std::ptrdiff_t>(world) + 1);
+  std::barrier checked(static_cast<std::ptrdiff_t>(world) + 1);
+  std::barrier unsharded(static_cast<std::ptrdiff_t>(world) + 1);
+  std::barrier counted(static_cast<std::ptrdiff_t>(world) + 1);
+
+  std::thread main_checks([&] {
+    Phases phases({&registered, &checked, &unsharded, &counted});
+    phases.next();
+    // Every rank holds its shard file; no slot yet.
+    const daemon::ServerStats stats = daemon.stats();
+    EXPECT_EQ(stats.sessions, world);
+    EXPECT_EQ(stats.jobs, 1U);
+    EXPECT_EQ(stats.memfds, world);
+    std::uint64_t shards = 0;
+    for (const std::size_t bytes : shard_bytes) shards += bytes;
+    EXPECT_EQ(stats.bytes_in_use, shards);
+    phases.next();
+    phases.next();
+    EXPECT_EQ(daemon.stats().memfds, 2U * world) << "one slot file per rank while unsharded";
+    EXPECT_GT(daemon.stats().bytes_in_use, shards);
+    phases.next();
+  });
+
+  onRanks(world, [&](std::uint32_t rank) {
+    Phases phases({&registered, &written, &checked, &unsharded, &counted});
+    auto client = daemon.attach(rankOf("job-" + std::to_string(world), rank, world));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    EXPECT_FALSE(client->reattached());
+    auto group = client->registerGroup(spec);
+    ASSERT_TRUE(group.ok()) << "rank " << rank << ": " << messageOf(group);
+    const GroupPlan& plan = group->plan();
+    plans[rank] = describe(plan);
+    shard_bytes[rank] = group->shardBytes();
+    EXPECT_EQ(group->rank(), rank);
+    EXPECT_EQ(group->name(), spec.name);
+    EXPECT_EQ(plan.devices, world);
+    EXPECT_EQ(plan.tensors.size(), tensors);
+    EXPECT_FALSE(group->unsharded());
+    phases.next();  // registered
+
+    // Views: consistent with the plan, aligned, cut on block edges; write a
+    // rank-specific pattern into both sharded regions.
+    const std::int64_t rank_begin = static_cast<std::int64_t>(rank) * plan.shard_elems;
+    std::optional<std::ptrdiff_t> grad_distance;
+    const std::byte* first_base = nullptr;
+    std::int64_t first_position = 0;
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const PlacedTensor& placed = plan.tensors[t];
+      EXPECT_EQ(placed.name, spec.tensors[t].name);
+      EXPECT_EQ(placed.shape, spec.tensors[t].shape);
+      const TensorView view = group->shardView(t);
+      const TensorView grad = group->shardGradView(t);
+      EXPECT_EQ(view.name, placed.name);
+      EXPECT_EQ(view.shape, placed.shape);
+      EXPECT_EQ(view.dtype, DType::kF32);
+      EXPECT_EQ(grad.dtype, DType::kF32);
+      EXPECT_EQ(grad.begin, view.begin);
+      EXPECT_EQ(grad.end, view.end);
+      {
+        const std::lock_guard lock(views_mutex);
+        views[t].push_back({rank, view.begin, view.end});
+      }
+      if (view.numel() == 0) {
+        EXPECT_EQ(view.local_units, 0);
+        continue;
+      }
+      ASSERT_NE(view.base, nullptr);
+      ASSERT_NE(grad.base, nullptr);
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(view.base) % 16, 0U) << placed.name;
+      const std::int64_t position = placed.offset + view.begin;  // in the global buffer
+      EXPECT_GE(position, rank_begin);
+      EXPECT_LE(placed.offset + view.end, rank_begin + plan.shard_elems);
+      if (first_base == nullptr) {
+        first_base = view.base;
+        first_position = position;
+      } else {
+        EXPECT_EQ(view.base - first_base, (position - first_position) * 4) << placed.name;
+      }
+      const std::ptrdiff_t distance = grad.base - view.base;
+      if (!grad_distance) grad_distance = distance;
+      EXPECT_EQ(distance, *grad_distance) << "the gradient region is one block";
+      EXPECT_GE(distance, plan.shard_elems * 4) << "gradient region overlaps the shard";
+      // A cut inside a tensor falls on a block edge (RaggedShard).
+      if (view.begin > 0) {
+        EXPECT_EQ(view.begin % placed.granularity, 0) << placed.name;
+      }
+      if (view.end < placed.numel) {
+        EXPECT_EQ(view.end % placed.granularity, 0) << placed.name;
+      }
+      const std::int64_t units = (view.end - 1) / placed.granularity - view.begin / placed.granularity + 1;
+      EXPECT_EQ(view.local_units, units) << placed.name;
+      for (std::int64_t e = view.begin; e < view.end; ++e) {
+        view.data<float>()[e - view.begin] = shardValue(rank, t, e);
+        grad.data<float>()[e - view.begin] = gradValue(rank, t, e);
+      }
+    }
+    phases.next();  // written
+    // Read back after every rank wrote: nothing overlapped, nothing was shared.
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const TensorView view = group->shardView(t);
+      const TensorView grad = group->shardGradView(t);
+      std::int64_t wrong = 0;
+      for (std::int64_t e = view.begin; e < view.end; ++e) {
+        wrong += view.data<float>()[e - view.begin] != shardValue(rank, t, e) ? 1 : 0;
+        wrong += grad.data<float>()[e - view.begin] != gradValue(rank, t, e) ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0) << "rank " << rank << " tensor " << spec.tensors[t].name;
+    }
+    phases.next();  // checked
+
+    // unshard: a slot whose views cover whole tensors, in the unsharded dtype.
+    EXPECT_FAILS_WITH(group->unshardedView(0), ErrorCode::kInvalidArgument);
+    auto mapped = group->unshard();
+    ASSERT_TRUE(mapped.ok()) << messageOf(mapped);
+    EXPECT_TRUE(group->unsharded());
+    EXPECT_TRUE(group->unshard().ok()) << "a second unshard of the same group is a no-op";
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const PlacedTensor& placed = plan.tensors[t];
+      auto full = group->unshardedView(t);
+      auto full_grad = group->unshardedGradView(t);
+      ASSERT_TRUE(full.ok()) << messageOf(full);
+      ASSERT_TRUE(full_grad.ok()) << messageOf(full_grad);
+      EXPECT_EQ(full->dtype, DType::kBF16);
+      EXPECT_EQ(full->begin, 0);
+      EXPECT_EQ(full->end, placed.numel);
+      EXPECT_EQ(full->local_units, (placed.numel + placed.granularity - 1) / placed.granularity);
+      ASSERT_NE(full->base, nullptr);
+      EXPECT_GE(full_grad->base - full->base, static_cast<std::ptrdiff_t>(plan.devices) * plan.shard_elems * 2);
+      auto first = group->unshardedView(0);
+      EXPECT_EQ(full->base - first->base, (placed.offset - plan.tensors[0].offset) * 2);
+      for (std::int64_t e = 0; e < placed.numel; ++e) {
+        full->data<std::uint16_t>()[e] = slotValue(rank, t, e, false);
+        full_grad->data<std::uint16_t>()[e] = slotValue(rank, t, e, true);
+      }
+    }
+    for (std::size_t t = 0; t < tensors; ++t) {
+      auto full = group->unshardedView(t);
+      auto full_grad = group->unshardedGradView(t);
+      std::int64_t wrong = 0;
+      for (std::int64_t e = 0; e < plan.tensors[t].numel; ++e) {
+        wrong += full->data<std::uint16_t>()[e] != slotValue(rank, t, e, false) ? 1 : 0;
+        wrong += full_grad->data<std::uint16_t>()[e] != slotValue(rank, t, e, true) ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0) << "rank " << rank << " unsharded tensor " << spec.tensors[t].name;
+    }
+    phases.next();  // unsharded
+    phases.next();  // counted: the daemon's counters were read while every slot was mapped
+    auto released = group->reshard();
+    EXPECT_TRUE(released.ok()) << messageOf(released);
+    EXPECT_FALSE(group->unsharded());
+    EXPECT_FAILS_WITH(group->unshardedView(0), ErrorCode::kInvalidArgument);
+    EXPECT_TRUE(group->reshard().ok()) << "a second reshard is a no-op";
+    // The shard survived the round trip.
+    const TensorView first = group->shardView(0);
+    if (first.numel() > 0) {
+      EXPECT_EQ(first.data<float>()[0], shardValue(rank, 0, first.begin));
+    }
+
+    auto detached = client->detach();
+    EXPECT_TRUE(detached.ok()) << messageOf(detached);
+  });
+  main_checks.join();
+
+  // One plan for everyone.
+  for (std::uint32_t rank = 1; rank < world; ++rank) EXPECT_EQ(plans[rank], plans[0]) << "rank " << rank;
+  // Every element of every tensor is held by exactly one rank.
+  for (std::size_t t = 0; t < tensors; ++t) {
+    std::vector<ViewRecord> held;
+    std::copy_if(views[t].begin(), views[t].end(), std::back_inserter(held),
+                 [](const ViewRecord& view) { return view.end > view.begin; });
+    std::sort(held.begin(), held.end(), [](const ViewRecord& a, const ViewRecord& b) { return a.begin < b.begin; });
+    std::int64_t next = 0;
+    for (const ViewRecord& view : held) {
+      EXPECT_EQ(view.begin, next) << spec.tensors[t].name << ": rank " << view.rank << " starts at " << view.begin;
+      next = std::max(next, view.end);
+    }
+    std::int64_t numel = 1;
+    for (const std::int64_t dim : spec.tensors[t].shape) numel *= dim;
+    EXPECT_EQ(next, numel) << spec.tensors[t].name << " is not covered to its end";
+    EXPECT_EQ(views[t].size(), world);
+  }
+
+  // Detached: nothing of the job is left in the daemon, nothing mapped here.
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+  EXPECT_EQ(dbufMappings(), 0U);
+  holder.reset();
+  EXPECT_EQ(openFdCount(), fds_before) << "an fd leaked (daemon and clients share this process)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LifecycleTest, ::testing::Values(1U, 2U, 4U, 8U),
+                         [](const ::testing::TestParamInfo<std::uint32_t>& param) {
+                           return std::to_string(param.param) + "ranks";
+                         });
+
+TEST(Lifecycle, MemoryIsUnmappedOnDetachAndOnDestruction) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  {
+    auto client = daemon.attach(rankOf("unmap-detach", 0, 1));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto group = client->registerGroup(smallGroup("g"));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    ASSERT_TRUE(group->unshard().ok());
+    EXPECT_EQ(dbufMappings("unmap-detach"), 2U) << "shard file and slot";
+    ASSERT_TRUE(client->detach().ok());
+    // The Group object lives on, but its memory is gone with the session.
+    EXPECT_EQ(dbufMappings("unmap-detach"), 0U) << "detach leaves the group's memory mapped";
+    EXPECT_FALSE(group->unsharded());
+    EXPECT_EQ(group->shardView(0).base, nullptr);
+    EXPECT_EQ(group->shardView(0).numel(), 0);
+    EXPECT_FALSE(group->unshardedView(0).ok());
+    EXPECT_FAILS_WITH(group->unshard(), ErrorCode::kUnavailable);
+  }
+  {
+    auto client = daemon.attach(rankOf("unmap-destroy", 0, 1));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    {
+      auto group = client->registerGroup(smallGroup("g"));
+      ASSERT_TRUE(group.ok()) << messageOf(group);
+      ASSERT_TRUE(group->unshard().ok());
+      EXPECT_EQ(dbufMappings("unmap-destroy"), 2U);
+    }
+    EXPECT_EQ(dbufMappings("unmap-destroy"), 0U) << "a destroyed group leaves its memory mapped";
+    ASSERT_TRUE(client->detach().ok());
+  }
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, NonPersistentJobIsFreedWhenItsLastRankDetaches) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  std::vector<std::optional<Client>> clients(2);
+  std::vector<std::optional<Group>> groups(2);
+  onRanks(2, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("short-lived", rank, 2));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto group = client->registerGroup(smallGroup("g", 2));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    clients[rank].emplace(std::move(*client));
+    groups[rank].emplace(std::move(*group));
+  });
+  ASSERT_TRUE(clients[0] && clients[1]);
+  ASSERT_TRUE(groups[0]->unshard().ok());
+  const daemon::ServerStats full = daemon.stats();
+  EXPECT_EQ(full.sessions, 2U);
+  EXPECT_EQ(full.memfds, 3U);  // two shard files, one slot
+
+  // Detach replies only after the daemon let the rank go: no waiting needed.
+  ASSERT_TRUE(clients[0]->detach().ok());
+  daemon::ServerStats one_left = daemon.stats();
+  EXPECT_EQ(one_left.sessions, 1U);
+  EXPECT_EQ(one_left.jobs, 1U);
+  EXPECT_EQ(one_left.memfds, 2U) << "rank 0's slot is given back at once";
+  EXPECT_EQ(one_left.bytes_in_use, 2 * groups[1]->shardBytes());
+
+  ASSERT_TRUE(clients[1]->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, DroppingTheConnectionReclaimsTheSessionAndTheJob) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  {
+    auto client = daemon.attach(rankOf("dropped", 0, 1));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto group = client->registerGroup(smallGroup("g"));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    ASSERT_TRUE(group->unshard().ok());
+    EXPECT_EQ(daemon.stats().sessions, 1U);
+  }  // no detach: the connection just closes
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 0 && daemon.stats().jobs == 0; }));
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, TwoJobsSideBySideKeepTheirOwnMemory) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto a = daemon.attach(rankOf("job-a", 0, 1));
+  auto b = daemon.attach(rankOf("job-b", 0, 1));
+  ASSERT_TRUE(a.ok()) << messageOf(a);
+  ASSERT_TRUE(b.ok()) << messageOf(b);
+  auto group_a = a->registerGroup(smallGroup("same-name"));
+  auto group_b = b->registerGroup(smallGroup("same-name"));
+  ASSERT_TRUE(group_a.ok()) << messageOf(group_a);
+  ASSERT_TRUE(group_b.ok()) << messageOf(group_b);
+  const TensorView view_a = group_a->shardView(0);
+  const TensorView view_b = group_b->shardView(0);
+  ASSERT_EQ(view_a.numel(), view_b.numel());
+  std::fill_n(view_a.data<float>(), view_a.numel(), 1.0F);
+  std::fill_n(view_b.data<float>(), view_b.numel(), 2.0F);
+  EXPECT_EQ(view_a.data<float>()[0], 1.0F);
+  EXPECT_EQ(view_a.data<float>()[view_a.numel() - 1], 1.0F);
+  EXPECT_EQ(daemon.stats().jobs, 2U);
+  ASSERT_TRUE(a->detach().ok());
+  EXPECT_EQ(daemon.stats().jobs, 1U);
+  EXPECT_EQ(view_b.data<float>()[0], 2.0F) << "job b's memory survives job a";
+  ASSERT_TRUE(b->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, LongestJobAndGroupNamesWork) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  const std::string job(128, 'j');   // the longest job id the protocol allows
+  const std::string name(128, 'g');  // the longest group name the daemon allows
+  auto client = daemon.attach(rankOf(job, 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(smallGroup(name));
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  ASSERT_TRUE(group->unshard().ok());
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+}  // namespace
+}  // namespace dbuf::integration

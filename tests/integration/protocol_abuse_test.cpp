@@ -1,0 +1,304 @@
+// Raw protocol abuse over a plain socket: bad magic, wrong version, oversize
+// length, truncated payload, a request before Hello, garbage, silence past the
+// handshake deadline. Each time the daemon answers what it can, closes that
+// connection, leaks no session, and keeps serving a real client.
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <span>
+
+#include "dbuf/ipc/protocol.hpp"
+#include "dbuf/ipc/socket.hpp"
+#include "harness.hpp"
+
+namespace dbuf::integration {
+namespace {
+
+void writeAll(int fd, std::span<const std::byte> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    ASSERT_GT(wrote, 0) << std::strerror(errno);
+    done += static_cast<std::size_t>(wrote);
+  }
+}
+
+std::vector<std::byte> frameOf(const ipc::Message& message, std::uint64_t request_id = 1) {
+  auto frame = ipc::encodeFrame(message, request_id);
+  EXPECT_TRUE(frame.ok()) << messageOf(frame);
+  return frame.ok() ? *frame : std::vector<std::byte>{};
+}
+
+std::vector<std::byte> headerOf(const ipc::FrameHeader& header) {
+  const auto bytes = ipc::encodeHeader(header);
+  return {bytes.begin(), bytes.end()};
+}
+
+ipc::Hello helloFor(const std::string& job, std::uint32_t rank = 0, std::uint32_t world_size = 1) {
+  ipc::Hello hello;
+  hello.job_id = job;
+  hello.rank = rank;
+  hello.world_size = world_size;
+  hello.nonce = 7;
+  return hello;
+}
+
+/// Reads until the daemon closes the connection (or the deadline passes):
+/// true on EOF (or a reset, which also means closed).
+bool closedByDaemon(int fd, Clock::duration timeout = 5s) {
+  const auto deadline = Clock::now() + timeout;
+  std::array<std::byte, 4096> sink{};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd waiting{fd, POLLIN, 0};
+    const int ready = ::poll(&waiting, 1, static_cast<int>(left.count()) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    const ssize_t got = ::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT);
+    if (got == 0) return true;
+    if (got < 0 && errno == ECONNRESET) return true;
+    if (got < 0 && errno != EAGAIN && errno != EINTR) return false;
+  }
+}
+
+/// The next frame must be an ErrorReply of `code`; returns its message.
+std::string expectErrorReply(int fd, ipc::WireError code) {
+  auto frame = ipc::receiveMessage(fd, ipc::Clock::now() + 5s);
+  if (!frame.ok()) {
+    ADD_FAILURE() << "no reply: " << frame.error().message;
+    return {};
+  }
+  const auto* error = std::get_if<ipc::ErrorReply>(&frame->message);
+  if (error == nullptr) {
+    ADD_FAILURE() << "reply of type " << static_cast<int>(frame->header.type) << " instead of an error";
+    return {};
+  }
+  EXPECT_EQ(error->code, code) << error->message;
+  EXPECT_FALSE(error->message.empty());
+  return error->message;
+}
+
+/// A real client attaches, registers, unshards and detaches; then nothing of
+/// it (or of the abuse before it) is left in the daemon.
+void expectServingAndClean(EmbeddedDaemon& daemon) {
+  auto client = daemon.attach(rankOf("honest", 0, 1));
+  ASSERT_TRUE(client.ok()) << "daemon stopped serving: " << messageOf(client);
+  auto group = client->registerGroup(smallGroup("g"));
+  ASSERT_TRUE(group.ok()) << "daemon stopped serving: " << messageOf(group);
+  ASSERT_TRUE(group->unshard().ok());
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+class ProtocolAbuse : public ::testing::Test {
+ protected:
+  ProtocolAbuse() : daemon_(config()) {}
+  static daemon::Config config() {
+    daemon::Config config;
+    config.handshake_timeout = 200ms;
+    return config;
+  }
+  void SetUp() override { ASSERT_TRUE(daemon_.started()); }
+  EmbeddedDaemon daemon_;
+};
+
+TEST_F(ProtocolAbuse, BadMagic) {
+  const UniqueFd fd = daemon_.rawConnect();
+  ipc::FrameHeader header;
+  header.magic = 0xDEADBEEF;
+  header.type = ipc::MessageType::kHello;
+  writeAll(fd.get(), headerOf(header));
+  const std::string message = expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  EXPECT_NE(message.find("magic"), std::string::npos) << message;
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, WrongProtocolVersionInTheHeader) {
+  const UniqueFd fd = daemon_.rawConnect();
+  auto frame = frameOf(helloFor("versioned"));
+  ipc::FrameHeader header;
+  header.version = ipc::kProtocolVersion + 1;
+  header.type = ipc::MessageType::kHello;
+  header.payload_bytes = static_cast<std::uint32_t>(frame.size() - ipc::kHeaderBytes);
+  const auto bytes = headerOf(header);
+  std::copy(bytes.begin(), bytes.end(), frame.begin());
+  writeAll(fd.get(), frame);
+  const std::string message = expectErrorReply(fd.get(), ipc::WireError::kVersionMismatch);
+  EXPECT_NE(message.find("protocol version"), std::string::npos) << message;
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, WrongProtocolVersionInTheHello) {
+  const UniqueFd fd = daemon_.rawConnect();
+  ipc::Hello hello = helloFor("versioned");
+  hello.protocol_version = 9;
+  writeAll(fd.get(), frameOf(hello));
+  const std::string message = expectErrorReply(fd.get(), ipc::WireError::kVersionMismatch);
+  EXPECT_NE(message.find("protocol version 9"), std::string::npos) << message;
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, OversizeLength) {
+  const UniqueFd fd = daemon_.rawConnect();
+  ipc::FrameHeader header;
+  header.type = ipc::MessageType::kRegisterGroup;
+  header.payload_bytes = ipc::kMaxPayloadBytes + 1;
+  writeAll(fd.get(), headerOf(header));
+  expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, UnknownMessageType) {
+  const UniqueFd fd = daemon_.rawConnect();
+  ipc::FrameHeader header;
+  header.type = static_cast<ipc::MessageType>(999);
+  writeAll(fd.get(), headerOf(header));
+  expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, TruncatedPayloadThenClose) {
+  {
+    const UniqueFd fd = daemon_.rawConnect();
+    const auto frame = frameOf(helloFor("truncated"));
+    writeAll(fd.get(), std::span(frame).first(frame.size() - 5));
+    ASSERT_EQ(::shutdown(fd.get(), SHUT_WR), 0);
+    EXPECT_TRUE(closedByDaemon(fd.get())) << "the daemon keeps a half-sent frame open";
+  }
+  {
+    // Same after attaching: the session goes, with its job.
+    const UniqueFd fd = daemon_.rawConnect();
+    writeAll(fd.get(), frameOf(helloFor("truncated")));
+    auto welcome = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+    ASSERT_TRUE(welcome.ok()) << welcome.error().message;
+    ASSERT_TRUE(std::holds_alternative<ipc::Welcome>(welcome->message));
+    EXPECT_EQ(daemon_.stats().sessions, 1U);
+    ipc::RegisterGroup spec;
+    spec.name = "g";
+    spec.tensors = {{"t", {8, 8}, "", -1}};
+    const auto frame = frameOf(spec);
+    writeAll(fd.get(), std::span(frame).first(frame.size() - 3));
+  }  // closed mid-frame
+  EXPECT_TRUE(waitUntil([&] { return daemon_.stats().sessions == 0 && daemon_.stats().jobs == 0; }));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, RequestBeforeHello) {
+  const UniqueFd fd = daemon_.rawConnect();
+  ipc::RegisterGroup spec;
+  spec.name = "g";
+  spec.tensors = {{"t", {8, 8}, "", -1}};
+  writeAll(fd.get(), frameOf(spec));
+  const std::string message = expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  EXPECT_NE(message.find("Hello"), std::string::npos) << message;
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, DaemonMessagesFromAClient) {
+  // Before Hello: refused and closed.
+  {
+    const UniqueFd fd = daemon_.rawConnect();
+    writeAll(fd.get(), frameOf(ipc::Welcome{}));
+    expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+    EXPECT_TRUE(closedByDaemon(fd.get()));
+  }
+  // After Hello: refused, the session goes on.
+  const UniqueFd fd = daemon_.rawConnect();
+  writeAll(fd.get(), frameOf(helloFor("confused")));
+  auto welcome = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+  ASSERT_TRUE(welcome.ok()) << welcome.error().message;
+  writeAll(fd.get(), frameOf(ipc::GroupReady{}, 2));
+  expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  writeAll(fd.get(), frameOf(helloFor("confused"), 3));
+  expectErrorReply(fd.get(), ipc::WireError::kBadRequest);  // a second Hello: refused and closed
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  EXPECT_TRUE(waitUntil([&] { return daemon_.stats().sessions == 0; }));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, UnknownGroupIdsAreRefused) {
+  const UniqueFd fd = daemon_.rawConnect();
+  writeAll(fd.get(), frameOf(helloFor("ids")));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  writeAll(fd.get(), frameOf(ipc::AcquireSlot{12345}, 2));
+  expectErrorReply(fd.get(), ipc::WireError::kNotFound);
+  writeAll(fd.get(), frameOf(ipc::ReleaseSlot{12345}, 3));
+  expectErrorReply(fd.get(), ipc::WireError::kNotFound);
+  writeAll(fd.get(), frameOf(ipc::Detach{}, 4));
+  auto detached = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+  ASSERT_TRUE(detached.ok()) << detached.error().message;
+  EXPECT_TRUE(std::holds_alternative<ipc::Detached>(detached->message));
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, GarbageBytes) {
+  std::mt19937_64 rng(12345);
+  for (int round = 0; round < 8; ++round) {
+    const UniqueFd fd = daemon_.rawConnect();
+    std::vector<std::byte> garbage(64 + static_cast<std::size_t>(round) * 97);
+    for (std::byte& b : garbage) b = static_cast<std::byte>(rng());
+    writeAll(fd.get(), garbage);
+    EXPECT_TRUE(closedByDaemon(fd.get())) << "round " << round;
+  }
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, GarbageAfterAttachingReclaimsTheSession) {
+  const UniqueFd fd = daemon_.rawConnect();
+  writeAll(fd.get(), frameOf(helloFor("garbled")));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  EXPECT_EQ(daemon_.stats().sessions, 1U);
+  const std::vector<std::byte> garbage(100, std::byte{0xAB});
+  writeAll(fd.get(), garbage);
+  expectErrorReply(fd.get(), ipc::WireError::kBadRequest);
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  EXPECT_TRUE(waitUntil([&] { return daemon_.stats().sessions == 0 && daemon_.stats().jobs == 0; }));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, SilentConnectionIsClosedAfterTheHandshakeDeadline) {
+  const auto started = Clock::now();
+  const UniqueFd fd = daemon_.rawConnect();
+  const std::string message = expectErrorReply(fd.get(), ipc::WireError::kTimeout);
+  EXPECT_NE(message.find("handshake"), std::string::npos) << message;
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  const auto waited = Clock::now() - started;
+  EXPECT_GE(waited, 150ms) << "closed before the deadline";
+  EXPECT_LT(waited, 4s) << "closed long after the deadline";
+  EXPECT_EQ(daemon_.stats().sessions, 0U);
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, HalfAHeaderIsClosedAfterTheHandshakeDeadline) {
+  const UniqueFd fd = daemon_.rawConnect();
+  const auto header = frameOf(helloFor("slow"));
+  writeAll(fd.get(), std::span(header).first(10));
+  expectErrorReply(fd.get(), ipc::WireError::kTimeout);
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, ManySilentConnectionsAtOnceAreAllClosed) {
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < 32; ++i) fds.push_back(daemon_.rawConnect());
+  // Meanwhile a real client is served.
+  expectServingAndClean(daemon_);
+  for (const UniqueFd& fd : fds) EXPECT_TRUE(closedByDaemon(fd.get()));
+  EXPECT_TRUE(daemonIsEmpty(daemon_.stats()));
+}
+
+}  // namespace
+}  // namespace dbuf::integration
