@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <barrier>
 #include <mutex>
 #include <optional>
 
+#include "dbuf/ipc/socket.hpp"
 #include "harness.hpp"
+#include "raw.hpp"
 
 namespace dbuf::integration {
 namespace {
@@ -66,7 +69,9 @@ TEST(Errors, SpecMismatchAmongFourRanksFailsEveryWaitingRank) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
   std::atomic<int> conflicts = 0;
+  std::barrier answered(4);  // every rank stays attached until all have their answer
   onRanks(4, [&](std::uint32_t rank) {
+    Phases phases({&answered});
     auto client = daemon.attach(rankOf("mismatch4", rank, 4));
     ASSERT_TRUE(client.ok()) << messageOf(client);
     GroupSpec spec = smallGroup("layer", 2);
@@ -77,6 +82,7 @@ TEST(Errors, SpecMismatchAmongFourRanksFailsEveryWaitingRank) {
     EXPECT_TRUE(contains(group.error().message, "'t1'")) << group.error().message;
     EXPECT_TRUE(contains(group.error().message, "rank " + std::to_string(rank))) << group.error().message;
     ++conflicts;
+    phases.next();
   });
   EXPECT_EQ(conflicts.load(), 4);
   expectStillServing(daemon);
@@ -202,6 +208,63 @@ TEST(Errors, TwoClientsClaimingTheSameRank) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Errors, TenantJobLimit) {
+  daemon::Config config;
+  daemon::Tenant tenant;
+  tenant.name = "one-job";
+  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
+  tenant.max_jobs = 1;
+  config.tenants = {tenant};
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  auto first = daemon.attach(rankOf("first", 0, 1));
+  ASSERT_TRUE(first.ok()) << messageOf(first);
+  auto second = daemon.connect();
+  ASSERT_TRUE(second.ok());
+  auto refused = second->attach(rankOf("second", 0, 1));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kInfeasible);
+  EXPECT_TRUE(contains(refused.error().message, "tenant 'one-job' already runs 1 jobs")) << refused.error().message;
+  ASSERT_TRUE(first->detach().ok());
+  expectStillServing(daemon, "second");  // the slot is free again
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, UserOfNoTenantIsRefused) {
+  daemon::Config config;
+  daemon::Tenant tenant;
+  tenant.name = "somebody-else";
+  tenant.uids = {static_cast<std::uint32_t>(::getuid()) + 1};
+  tenant.gids = {static_cast<std::uint32_t>(::getgid()) + 1};
+  config.tenants = {tenant};
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.connect();
+  ASSERT_TRUE(client.ok());
+  auto refused = client->attach(rankOf("intruder", 0, 1));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kPermissionDenied);
+  EXPECT_TRUE(contains(refused.error().message, "uid " + std::to_string(::getuid()))) << refused.error().message;
+  EXPECT_TRUE(contains(refused.error().message, "no tenant")) << refused.error().message;
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, ClientTimeoutEndsTheCallAndTheConnection) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("impatient", 0, 2));  // rank 1 never comes
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  const auto started = Clock::now();
+  auto group = client->registerGroup(smallGroup("g"), 100ms);
+  EXPECT_FAILS_WITH(group, ErrorCode::kTimeout);
+  EXPECT_GE(Clock::now() - started, 90ms);
+  EXPECT_LT(Clock::now() - started, 5s);
+  // A late reply would desynchronise the stream: the client is done.
+  EXPECT_FAILS_WITH(client->registerGroup(smallGroup("g")), ErrorCode::kUnavailable);
+  // The daemon saw the connection close and let the rank and its job go.
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 0 && daemon.stats().jobs == 0; }));
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Errors, RankOutsideTheWorldSize) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
@@ -282,6 +345,47 @@ TEST(Errors, RegistrationTimeoutListsTheMissingRanks) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+/// Sends RegisterGroup (request 2), then a request that must fail
+/// (AcquireSlot of an unknown group, request 3): its reply proves the daemon
+/// took the registration (frames of a connection are handled in order), which
+/// itself stays unanswered while the collective waits.
+void registerAndConfirm(int fd, const std::string& group) {
+  ipc::RegisterGroup spec;
+  spec.name = group;
+  spec.tensors = {{"t", {8, 8}, "", -1}};
+  writeAll(fd, frameOf(spec, 2));
+  writeAll(fd, frameOf(ipc::AcquireSlot{999}, 3));
+  expectErrorReply(fd, ipc::WireError::kNotFound, 3);
+}
+
+TEST(Errors, RankLeavingMidRegistrationFailsTheWaitingRanksAtOnce) {
+  EmbeddedDaemon daemon;  // register_timeout: 30 s, far beyond this test
+  ASSERT_TRUE(daemon.started());
+  UniqueFd rank0 = daemon.rawConnect();
+  const UniqueFd rank1 = daemon.rawConnect();
+  ASSERT_TRUE(rawAttach(rank0.get(), "leaver", 0, 3));
+  ASSERT_TRUE(rawAttach(rank1.get(), "leaver", 1, 3));
+  registerAndConfirm(rank0.get(), "layer");
+  registerAndConfirm(rank1.get(), "layer");
+  // Registering the same group twice from one rank is refused; the first stays.
+  {
+    ipc::RegisterGroup again;
+    again.name = "layer";
+    again.tensors = {{"t", {8, 8}, "", -1}};
+    writeAll(rank1.get(), frameOf(again, 4));
+    const std::string twice = expectErrorReply(rank1.get(), ipc::WireError::kConflict, 4);
+    EXPECT_TRUE(contains(twice, "rank 1 is already registering 'layer'")) << twice;
+  }
+  const auto started = Clock::now();
+  rank0.reset();  // rank 0 dies while registering
+  const std::string message = expectErrorReply(rank1.get(), ipc::WireError::kConflict, 2);
+  EXPECT_TRUE(contains(message, "rank 0 disconnected")) << message;
+  EXPECT_LT(Clock::now() - started, 5s);
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 1; }));
+  EXPECT_EQ(daemon.stats().memfds, 0U);
+  expectStillServing(daemon);
+}
+
 TEST(Errors, MoreUnshardedGroupsThanSlots) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
@@ -305,6 +409,28 @@ TEST(Errors, MoreUnshardedGroupsThanSlots) {
   EXPECT_TRUE(groups[2].unshard().ok());
   EXPECT_FAILS_WITH(groups[0].unshard(), ErrorCode::kConflict);
   ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Errors, PrefetchDepthZeroMeansOneSlot) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("no-prefetch", 0, 1, false, /*prefetch_depth=*/0));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto a = client->registerGroup(smallGroup("a"));
+  auto b = client->registerGroup(smallGroup("b"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->unshard().ok());
+  EXPECT_FAILS_WITH(b->unshard(), ErrorCode::kConflict);
+  ASSERT_TRUE(a->reshard().ok());
+  EXPECT_TRUE(b->unshard().ok());
+  ASSERT_TRUE(client->detach().ok());
+  // And a depth beyond the daemon's cap is refused at attach.
+  auto greedy = daemon.connect();
+  ASSERT_TRUE(greedy.ok());
+  auto refused = greedy->attach(rankOf("deep", 0, 1, false, 1000));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(contains(refused.error().message, "prefetch depth 1000")) << refused.error().message;
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
