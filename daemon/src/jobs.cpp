@@ -162,6 +162,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.grace_timer->cancel();
     job.grace_timer.reset();
   }
+  job.gone.erase(hello.rank);
   return &job;
 }
 
@@ -188,6 +189,15 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
   if (job.groups.size() + job.pending.size() >= kMaxGroupsPerJob) {
     session->sendError(ipc::WireError::kQuotaExceeded,
                        "job " + job.id + " already has " + std::to_string(kMaxGroupsPerJob) + " groups", request);
+    return;
+  }
+  if (!job.gone.empty()) {
+    std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
+    session->sendError(ipc::WireError::kConflict,
+                       "group '" + spec.name + "' cannot be registered: rank" + (gone.size() > 1 ? "s " : " ") +
+                           rankList(gone) + " of job " + job.id + " disconnected and " +
+                           (gone.size() > 1 ? "have" : "has") + " not attached again",
+                       request);
     return;
   }
   auto [entry, created] = job.pending.try_emplace(spec.name);
@@ -377,19 +387,22 @@ void JobTable::releaseRank(Job& job, std::uint32_t rank) {
     job.charged -= slot.bytes;
     slot = Slot{};
   }
-  // A registration this rank was part of can no longer complete.
+  // No registration of the job can complete without this rank, whether it
+  // had joined it yet or not: fail them all now, naming it, rather than let
+  // the others wait for register_ms.
   std::vector<std::string> broken;
-  for (const auto& [name, pending] : job.pending) {
-    if (pending.waiters.contains(rank)) broken.push_back(name);
-  }
+  for (const auto& [name, pending] : job.pending) broken.push_back(name);
   for (const std::string& name : broken) {
-    job.pending.at(name).waiters.erase(rank);
+    const bool joined = job.pending.at(name).waiters.erase(rank) > 0;
     failPending(job, name, ipc::WireError::kConflict,
-                "group '" + name + "': rank " + std::to_string(rank) + " disconnected while registering");
+                "group '" + name + "': rank " + std::to_string(rank) + " disconnected" +
+                    (joined ? " while registering" : " before registering"));
   }
+  job.gone.insert(rank);  // cleared by jobLostAllRanks when nobody is left
 }
 
 void JobTable::jobLostAllRanks(Job& job) {
+  job.gone.clear();  // a restart of the whole job attaches in any order
   if (!job.persistent || job.groups.empty()) {
     freeJob(job.id);
     return;

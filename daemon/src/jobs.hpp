@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -73,6 +74,12 @@ struct Job {
   std::uint64_t charged = 0;  // bytes charged to the tenant for this job
   std::uint32_t next_group_id = 1;
   std::unique_ptr<asio::steady_timer> grace_timer;
+  /// Ranks whose connection ended while others of the job stayed attached,
+  /// and that have not attached again. A registration (a collective) cannot
+  /// complete without them, so it fails at once, naming them, instead of
+  /// waiting for register_ms. Cleared when every rank is gone (a restart of the
+  /// whole job then attaches in any order).
+  std::set<std::uint32_t> gone;
 };
 
 class JobTable {
