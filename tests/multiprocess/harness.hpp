@@ -1,0 +1,189 @@
+#pragma once
+/// \file
+/// Multi-process test harness: a real `dbufd` started with posix_spawn on a
+/// socket in a fresh mkdtemp directory, real trainer processes
+/// (`dbuf-mp-rank`) driven line by line over pipes, and counters read from
+/// `/proc/<dbufd pid>` (memfds, sockets, mappings).
+///
+/// Nothing here sleeps to synchronise: a rank answers every command on its
+/// stdout pipe and then blocks reading its stdin, so the test knows which
+/// stage a process is in when it kills it. The only waits are polls with a
+/// deadline for things that are asynchronous to the test by nature (a socket
+/// starting to accept, the daemon reclaiming after an EOF).
+///
+/// Every child is killed (SIGKILL, by pid) and reaped by its destructor if the
+/// test did not do it; every temp directory is removed.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dbuf::mp {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+inline constexpr milliseconds kReplyTimeout{10000};
+
+[[nodiscard]] bool startsWith(const std::string& text, const std::string& prefix);
+[[nodiscard]] bool contains(const std::string& text, const std::string& part);
+
+/// A fresh mkdtemp directory (mode 0711: other users may reach a socket in it,
+/// not list it); removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// One child process. stdin and stdout are pipes to the test when asked;
+/// stderr goes to `stderr_path` (appended) or is inherited.
+class Child {
+ public:
+  struct Options {
+    bool pipe_stdin = true;
+    bool pipe_stdout = true;
+    std::string stderr_path;  ///< empty: inherit
+  };
+  Child(const std::string& executable, const std::vector<std::string>& args, const Options& options);
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] bool running() const noexcept { return !reaped_; }
+
+  /// Writes `line` and a newline to the child's stdin.
+  void send(const std::string& line);
+  /// The next line of the child's stdout, or nullopt on EOF or timeout.
+  [[nodiscard]] std::optional<std::string> readLine(milliseconds timeout);
+
+  void signal(int signal);
+  /// Waits (pidfd + poll) until the child ends; its wait status, or nullopt on timeout.
+  [[nodiscard]] std::optional<int> waitExit(milliseconds timeout);
+  /// SIGKILL, then reap. Returns true if the child died of the SIGKILL.
+  bool killAndReap();
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffer_;
+  bool reaped_ = false;
+};
+
+/// A trainer process (dbuf-mp-rank), see mp_rank.cpp for its commands.
+class Rank {
+ public:
+  /// `uid`: the process drops to this uid (and gid) before doing anything.
+  explicit Rank(std::string name, std::optional<uid_t> uid = std::nullopt, std::optional<gid_t> gid = std::nullopt);
+
+  /// Sends `command` and returns its "ok ..." / "err ..." line (skipping
+  /// "begin" lines); "<timeout>" or "<eof>" if none came.
+  std::string call(const std::string& command, milliseconds timeout = kReplyTimeout);
+  /// Sends a command that blocks on other ranks and waits for its "begin" line.
+  void begin(const std::string& command);
+  /// The "ok" / "err" line of a command started with begin().
+  std::string result(milliseconds timeout = kReplyTimeout);
+
+  /// connect + attach; expects both to succeed; returns the attach line.
+  std::string attach(const std::string& socket, const std::string& job, std::uint32_t rank, std::uint32_t world_size,
+                     bool persistent = false);
+
+  /// The first line of the process ("ok ids ..." / "err ids ...") when started with a uid.
+  std::string ids();
+
+  /// kill -9 and reap; expects the process to die of it.
+  void kill9();
+  /// "exit", then waits for a clean exit.
+  void exit();
+
+  [[nodiscard]] pid_t pid() const noexcept { return child_.pid(); }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::string name_;
+  Child child_;
+};
+
+/// Counters of a running daemon, from /proc/<pid>.
+struct DaemonCounts {
+  int memfds = 0;      ///< open fds that are dbuf memfds ("/memfd:dbuf:...")
+  int sockets = 0;     ///< open socket fds (the listener + one per connection)
+  int maps_lines = 0;  ///< lines of /proc/<pid>/maps
+  int memfd_maps = 0;  ///< of which map a dbuf memfd
+  [[nodiscard]] std::string text() const;
+};
+
+/// A real dbufd on `<dir>/dbufd.sock`, config written to `<dir>/dbufd.toml`,
+/// its stderr (the log) in `<dir>/dbufd.log`.
+class Daemon {
+ public:
+  struct Settings {
+    int handshake_ms = 20000;
+    int register_ms = 30000;
+    int grace_period_s = 1;
+    bool tenants_by_uid = true;  ///< tenant "a" = uid 0, tenant "b" = uid 65534; else none (the default tenant)
+  };
+  Daemon(const std::filesystem::path& dir, const Settings& settings);
+  explicit Daemon(const std::filesystem::path& dir) : Daemon(dir, Settings{}) {}
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  /// Spawns dbufd and waits (retrying connect until a deadline) until it accepts.
+  void start();
+  /// Spawns another dbufd with the same config and socket; runs it to its end
+  /// (stderr captured). Returns {wait status, stderr}.
+  std::pair<int, std::string> startSecond();
+
+  [[nodiscard]] pid_t pid() const;
+  [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
+  [[nodiscard]] const std::string& configPath() const noexcept { return config_; }
+  [[nodiscard]] std::string log() const;
+  [[nodiscard]] Child& process() { return *process_; }
+
+  [[nodiscard]] DaemonCounts counts() const;
+  /// Memfds of one job (names "dbuf:<job>:..."); `part` narrows it further
+  /// (e.g. "slot:1").
+  [[nodiscard]] int memfdsOf(const std::string& job, const std::string& part = "") const;
+  /// fd numbers (in the daemon) of the memfds of `job`.
+  [[nodiscard]] std::vector<int> memfdNumbers(const std::string& job) const;
+  /// A listing of the daemon's fds (for failure messages).
+  [[nodiscard]] std::string fdListing() const;
+
+  /// Runs a complete one-rank job (attach, register, write, unshard, reshard,
+  /// detach) so every lazily created daemon structure exists, waits until the
+  /// daemon is back to just its listener, and records the counts as baseline.
+  void warmUpAndTakeBaseline();
+  [[nodiscard]] const DaemonCounts& baseline() const noexcept { return baseline_; }
+
+  /// SIGTERM and wait for the exit; returns the wait status (or -1 on timeout).
+  int terminate(milliseconds timeout = milliseconds(10000));
+  void kill9();
+
+ private:
+  std::filesystem::path dir_;
+  std::string socket_;
+  std::string config_;
+  std::string log_;
+  std::optional<Child> process_;
+  DaemonCounts baseline_;
+};
+
+/// Polls `done` until it is true or `timeout` passes (a deadline for work the
+/// daemon does asynchronously to the test, never a synchronisation sleep).
+bool eventually(const std::function<bool()>& done, milliseconds timeout = milliseconds(5000));
+
+}  // namespace dbuf::mp
