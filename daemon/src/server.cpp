@@ -3,9 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <random>
 #include <unordered_map>
 
@@ -59,10 +59,20 @@ class Server::Impl final : public SessionHandler {
     }
     accept();
     if (on_heartbeat_) beat();
-    running_ = true;
+    {
+      const std::lock_guard lock(stats_mutex_);
+      running_ = true;
+    }
     spdlog::info("dbufd {:016x} listening on {}", instance_id_, config_.socket_path);
     io_.run();
-    running_ = false;
+    {
+      const std::lock_guard lock(stats_mutex_);
+      running_ = false;  // later stats() calls read the state directly
+    }
+    // Answer the stats() requests posted while run() was returning.
+    io_.restart();
+    io_.poll();
+    const std::lock_guard lock(stats_mutex_);
     finishShutdown();
   }
 
@@ -71,10 +81,17 @@ class Server::Impl final : public SessionHandler {
   }
 
   ServerStats stats() {
-    if (!running_) return jobs_.stats();
     std::promise<ServerStats> promise;
     auto future = promise.get_future();
-    asio::post(io_, [this, &promise] { promise.set_value(jobs_.stats()); });
+    {
+      // Not serving (before run() or after its loop ended): nothing else
+      // touches the state but run()'s epilogue, which holds the mutex.
+      // Serving: ask the loop; run() answers whatever was posted before its
+      // loop ended, so a request posted under the mutex is never lost.
+      const std::lock_guard lock(stats_mutex_);
+      if (!running_) return jobs_.stats();
+      asio::post(io_, [this, &promise] { promise.set_value(jobs_.stats()); });
+    }
     return future.get();
   }
 
@@ -186,7 +203,8 @@ class Server::Impl final : public SessionHandler {
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::uint64_t next_session_id_ = 1;
   bool stopping_ = false;
-  std::atomic<bool> running_ = false;
+  std::mutex stats_mutex_;  // guards running_ against stats() from other threads
+  bool running_ = false;
 };
 
 Result<std::unique_ptr<Server>> Server::create(Config config) {

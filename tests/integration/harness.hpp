@@ -43,7 +43,7 @@ class TempDir {
 
 /// dbufd on a thread. The config's socket path is replaced by one in a fresh
 /// temp dir. stop() (also run by the destructor) asks the loop to stop and
-/// joins it; stats() must not be called while stop() runs.
+/// joins it. stats() may be called from any thread at any time.
 class EmbeddedDaemon {
  public:
   explicit EmbeddedDaemon(daemon::Config config = {});
