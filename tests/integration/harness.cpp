@@ -1,6 +1,7 @@
 #include "harness.hpp"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -139,6 +140,20 @@ std::size_t dbufMappings(const std::string& job) {
     if (line.find(needle) != std::string::npos) ++count;
   }
   return count;
+}
+
+std::uint64_t dbufMemfdAllocatedBytes(const std::string& prefix) {
+  const std::string needle = "/memfd:dbuf:" + prefix;
+  std::uint64_t bytes = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    std::error_code ignored;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ignored).string();
+    if (target.rfind(needle, 0) != 0) continue;
+    struct stat info {};
+    if (::stat(entry.path().c_str(), &info) == 0) bytes += static_cast<std::uint64_t>(info.st_blocks) * 512;
+  }
+  return bytes;
 }
 
 std::size_t openFdCount() {

@@ -106,6 +106,11 @@ bool waitUntil(const std::function<bool()>& predicate, Clock::duration timeout =
 /// the clients share it). `job` narrows to one job's files.
 [[nodiscard]] std::size_t dbufMappings(const std::string& job = "");
 
+/// Bytes of memory actually allocated (st_blocks) to the dbuf memfds this
+/// process holds open whose name starts with "dbuf:" + `prefix` (the daemon's
+/// files: it runs in this process).
+[[nodiscard]] std::uint64_t dbufMemfdAllocatedBytes(const std::string& prefix);
+
 /// Open fds of this process.
 [[nodiscard]] std::size_t openFdCount();
 

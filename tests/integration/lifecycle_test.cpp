@@ -292,6 +292,101 @@ TEST(Lifecycle, MemoryIsUnmappedOnDetachAndOnDestruction) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Lifecycle, ReshardGivesTheSlotPagesBack) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("pages", 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(smallGroup("g", 4, 256));  // 8 Ki elements
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(group->unshard().ok());
+    for (std::size_t t = 0; t < 4; ++t) {
+      auto full = group->unshardedView(t);
+      auto grad = group->unshardedGradView(t);
+      ASSERT_TRUE(full.ok() && grad.ok());
+      for (std::int64_t e = 0; e < full->numel(); ++e) {
+        EXPECT_EQ(full->data<std::uint16_t>()[e], 0) << "a fresh slot reads as zeros (round " << round << ")";
+        full->data<std::uint16_t>()[e] = 0xFFFF;
+        grad->data<std::uint16_t>()[e] = 0xFFFF;
+      }
+    }
+    EXPECT_GE(dbufMemfdAllocatedBytes("pages:slot"), std::uint64_t{2} * 8192 * 2) << "params and grads written";
+    ASSERT_TRUE(group->reshard().ok());
+    EXPECT_EQ(dbufMemfdAllocatedBytes("pages:slot"), 0U) << "reshard left the slot's pages allocated";
+  }
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, PrefetchLoopKeepsUnshardedMemoryBounded) {
+  // A forward pass over groups of different sizes with prefetch depth 1:
+  // unshard the next group, then reshard the previous. Two slots per rank at
+  // most, and the memory they hold is bounded by the two largest groups.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 2;
+  const std::vector<std::int64_t> rows{64, 8, 200, 32, 128, 16};
+  std::vector<std::uint64_t> slot_allocated_max(kWorld, 0);
+  std::vector<std::uint64_t> slot_bound(kWorld, 0);
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("prefetch", rank, kWorld, false, 1));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    std::vector<Group> groups;
+    std::vector<std::int64_t> slot_params;  // bf16 bytes of devices * S per group
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto group = client->registerGroup(smallGroup("layer" + std::to_string(i), 2, rows[i]));
+      ASSERT_TRUE(group.ok()) << messageOf(group);
+      slot_params.push_back(group->plan().devices * group->plan().shard_elems * 2);
+      groups.push_back(std::move(*group));
+    }
+    // Two slots, each params + grads of the largest group it served, page-rounded.
+    std::int64_t largest = 0;
+    for (const std::int64_t bytes : slot_params) largest = std::max(largest, bytes);
+    slot_bound[rank] = static_cast<std::uint64_t>(2 * (2 * largest + 2 * 4096));
+    const std::string slot_prefix = "prefetch:slot:" + std::to_string(rank);
+    for (int pass = 0; pass < 2; ++pass) {
+      ASSERT_TRUE(groups[0].unshard().ok());
+      for (std::size_t i = 1; i < groups.size(); ++i) {
+        auto next = groups[i].unshard();
+        ASSERT_TRUE(next.ok()) << "layer " << i << ": " << messageOf(next);
+        // Touch every byte of the gathered copy, as a forward pass would.
+        for (std::size_t t = 0; t < 2; ++t) {
+          auto full = groups[i].unshardedView(t);
+          ASSERT_TRUE(full.ok());
+          std::fill_n(full->data<std::uint16_t>(), full->numel(), std::uint16_t{0x3F80});
+        }
+        slot_allocated_max[rank] = std::max(slot_allocated_max[rank], dbufMemfdAllocatedBytes(slot_prefix));
+        ASSERT_TRUE(groups[i - 1].reshard().ok());
+      }
+      ASSERT_TRUE(groups.back().reshard().ok());
+      EXPECT_EQ(dbufMemfdAllocatedBytes(slot_prefix), 0U);
+    }
+    ASSERT_TRUE(client->detach().ok());
+  });
+  for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
+    EXPECT_GT(slot_allocated_max[rank], 0U);
+    EXPECT_LE(slot_allocated_max[rank], slot_bound[rank]) << "rank " << rank;
+  }
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, CallsOutOfOrderAreRefusedWithoutHarm) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.connect();
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  EXPECT_FAILS_WITH(client->registerGroup(smallGroup("early")), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(client->attach(rankOf("ordered", 0, 1)).ok());
+  EXPECT_FAILS_WITH(client->attach(rankOf("ordered", 0, 1)), ErrorCode::kInvalidArgument);
+  auto group = client->registerGroup(smallGroup("g"));
+  EXPECT_TRUE(group.ok()) << messageOf(group);
+  ASSERT_TRUE(client->detach().ok());
+  EXPECT_FALSE(client->detach().ok()) << "a second detach has no connection to use";
+  EXPECT_FAILS_WITH(client->registerGroup(smallGroup("late")), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Lifecycle, NonPersistentJobIsFreedWhenItsLastRankDetaches) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
