@@ -2,12 +2,11 @@
 // attach, register, views, unshard, reshard, detach) on two ranks, and the
 // error text of failures through dbuf_last_error.
 
-#include "dbuf/dbuf.h"
-
 #include <cstring>
 #include <string>
 #include <thread>
 
+#include "dbuf/dbuf.h"
 #include "harness.hpp"
 
 namespace dbuf::integration {
@@ -31,9 +30,9 @@ TEST(CApi, FullCycleOnTwoRanks) {
     const uint32_t ranks[] = {2, 1};
     const int64_t shapes[] = {30, 16, 7};
     dbuf_group* group = nullptr;
-    ASSERT_EQ(dbuf_register_group(client, "layer", 2, names, ranks, shapes, "rows:2", "fp32", "bf16", kTimeoutMs,
-                                  &group),
-              DBUF_OK)
+    ASSERT_EQ(
+        dbuf_register_group(client, "layer", 2, names, ranks, shapes, "rows:2", "fp32", "bf16", kTimeoutMs, &group),
+        DBUF_OK)
         << dbuf_last_error(client);
     ASSERT_NE(group, nullptr);
     EXPECT_EQ(dbuf_group_tensor_count(group), 2U);
@@ -50,9 +49,10 @@ TEST(CApi, FullCycleOnTwoRanks) {
       if (view.end > view.begin) {
         ASSERT_NE(view.data, nullptr);
         auto* data = static_cast<float*>(view.data);
-        for (int64_t e = view.begin; e < view.end; ++e) data[e - view.begin] = static_cast<float>(rank * 1000 + e);
+        for (int64_t e = view.begin; e < view.end; ++e)
+          data[e - view.begin] = static_cast<float>(int64_t{rank} * 1000 + e);
         for (int64_t e = view.begin; e < view.end; ++e) {
-          EXPECT_EQ(data[e - view.begin], static_cast<float>(rank * 1000 + e));
+          EXPECT_EQ(data[e - view.begin], static_cast<float>(int64_t{rank} * 1000 + e));
         }
       }
       dbuf_tensor_view grad{};
@@ -64,8 +64,7 @@ TEST(CApi, FullCycleOnTwoRanks) {
     // Unsharded views need a slot first; the failure says why.
     dbuf_tensor_view full{};
     EXPECT_EQ(dbuf_group_view(client, group, 0, DBUF_REGION_UNSHARDED, &full), DBUF_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(dbuf_last_error(client)).find("not unsharded"), std::string::npos)
-        << dbuf_last_error(client);
+    EXPECT_NE(std::string(dbuf_last_error(client)).find("not unsharded"), std::string::npos) << dbuf_last_error(client);
     ASSERT_EQ(dbuf_group_unshard(client, group, kTimeoutMs), DBUF_OK) << dbuf_last_error(client);
     ASSERT_EQ(dbuf_group_view(client, group, 0, DBUF_REGION_UNSHARDED, &full), DBUF_OK);
     EXPECT_STREQ(full.dtype, "bf16");
@@ -113,17 +112,16 @@ TEST(CApi, FailuresCarryTheDaemonsMessage) {
   const uint32_t ranks[] = {2};
   const int64_t shapes[] = {8, 8};
   dbuf_group* group = nullptr;
-  EXPECT_EQ(dbuf_register_group(client, "bad", 1, names, ranks, shapes, "rows:zero", "fp32", "bf16", kTimeoutMs,
-                                &group),
-            DBUF_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      dbuf_register_group(client, "bad", 1, names, ranks, shapes, "rows:zero", "fp32", "bf16", kTimeoutMs, &group),
+      DBUF_INVALID_ARGUMENT);
   EXPECT_EQ(group, nullptr);
   EXPECT_NE(std::string(dbuf_last_error(client)).find("rows:zero"), std::string::npos) << dbuf_last_error(client);
   EXPECT_EQ(dbuf_register_group(client, "bad", 1, names, ranks, shapes, "element", "fp33", "bf16", kTimeoutMs, &group),
             DBUF_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dbuf_last_error(client)).find("dtype"), std::string::npos) << dbuf_last_error(client);
   // The same client goes on after errors.
-  ASSERT_EQ(dbuf_register_group(client, "good", 1, names, ranks, shapes, "element", "fp32", "bf16", kTimeoutMs,
-                                &group),
+  ASSERT_EQ(dbuf_register_group(client, "good", 1, names, ranks, shapes, "element", "fp32", "bf16", kTimeoutMs, &group),
             DBUF_OK)
       << dbuf_last_error(client);
   dbuf_group_free(group);

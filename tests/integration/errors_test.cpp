@@ -16,7 +16,9 @@
 namespace dbuf::integration {
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 /// A fresh job attaches, registers, unshards and detaches: the daemon serves.
 void expectStillServing(EmbeddedDaemon& daemon, const std::string& job = "afterwards") {
@@ -94,7 +96,7 @@ TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
   daemon::Tenant tenant;
   tenant.name = "small";
   tenant.uids = {static_cast<std::uint32_t>(::getuid())};
-  tenant.memory_quota_bytes = 64 * 1024;
+  tenant.memory_quota_bytes = std::uint64_t{64} << 10;
   config.tenants = {tenant};
   EmbeddedDaemon daemon(config);
   ASSERT_TRUE(daemon.started());
@@ -160,7 +162,7 @@ TEST(Errors, UnshardOverQuotaFailsCleanly) {
 
 TEST(Errors, DaemonMemoryLimitExceeded) {
   daemon::Config config;
-  config.memory_limit_bytes = 32 * 1024;
+  config.memory_limit_bytes = std::uint64_t{32} << 10;
   EmbeddedDaemon daemon(config);
   ASSERT_TRUE(daemon.started());
   auto client = daemon.attach(rankOf("over-limit", 0, 2));

@@ -43,7 +43,9 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-std::string TempDir::path(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+std::string TempDir::path(const std::string& name) const {
+  return (std::filesystem::path(path_) / name).string();
+}
 
 EmbeddedDaemon::EmbeddedDaemon(daemon::Config config) {
   setUpLoggingOnce();
@@ -58,7 +60,9 @@ EmbeddedDaemon::EmbeddedDaemon(daemon::Config config) {
   thread_ = std::thread([server = server_.get()] { server->run(); });
 }
 
-EmbeddedDaemon::~EmbeddedDaemon() { stop(); }
+EmbeddedDaemon::~EmbeddedDaemon() {
+  stop();
+}
 
 void EmbeddedDaemon::stop() {
   if (server_ == nullptr) return;

@@ -127,11 +127,11 @@ template <typename T>
 }
 
 /// Expects `result` to have failed with `code`; prints the message either way.
-#define EXPECT_FAILS_WITH(result, expected_code)                                          \
-  do {                                                                                    \
-    const auto& dbuf_result_ = (result);                                                  \
-    ASSERT_FALSE(dbuf_result_.ok()) << "expected " << ::dbuf::toString(expected_code);    \
-    EXPECT_EQ(dbuf_result_.error().code, (expected_code))                                 \
+#define EXPECT_FAILS_WITH(result, expected_code)                                                \
+  do {                                                                                          \
+    const auto& dbuf_result_ = (result);                                                        \
+    ASSERT_FALSE(dbuf_result_.ok()) << "expected " << ::dbuf::toString(expected_code);          \
+    EXPECT_EQ(dbuf_result_.error().code, (expected_code))                                       \
         << ::dbuf::toString(dbuf_result_.error().code) << ": " << dbuf_result_.error().message; \
   } while (false)
 

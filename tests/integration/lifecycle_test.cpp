@@ -23,7 +23,7 @@ GroupSpec layerGroup() {
   spec.name = "decoder.layers.0";
   spec.granularity = "rows:2";
   spec.tensors = {
-      {"embed", {40, 24}, "", -1},     {"attn.qkv", {72, 24}, "", -1}, {"attn.norm", {24}, "", -1},
+      {"embed", {40, 24}, "", -1},           {"attn.qkv", {72, 24}, "", -1},     {"attn.norm", {24}, "", -1},
       {"attn.out", {24, 24}, "element", -1}, {"mlp.up", {33, 16}, "rows:3", -1}, {"mlp.bias", {13}, "", -1},
   };
   return spec;
@@ -32,14 +32,14 @@ GroupSpec layerGroup() {
 /// Pattern values: exact in fp32 (all below 2^24) and different per rank,
 /// tensor, element and region.
 float shardValue(std::uint32_t rank, std::size_t tensor, std::int64_t element) {
-  return static_cast<float>(rank * 1'000'000 + tensor * 10'000 + static_cast<std::size_t>(element));
+  return static_cast<float>(std::size_t{rank} * 1'000'000 + tensor * 10'000 + static_cast<std::size_t>(element));
 }
 float gradValue(std::uint32_t rank, std::size_t tensor, std::int64_t element) {
   return -1.0F - shardValue(rank, tensor, element);
 }
 std::uint16_t slotValue(std::uint32_t rank, std::size_t tensor, std::int64_t element, bool grad) {
-  return static_cast<std::uint16_t>((rank * 4099 + tensor * 257 + static_cast<std::size_t>(element) * 3 + (grad ? 1 : 0)) &
-                                    0xFFFF);
+  return static_cast<std::uint16_t>(
+      (std::size_t{rank} * 4099 + tensor * 257 + static_cast<std::size_t>(element) * 3 + (grad ? 1 : 0)) & 0xFFFF);
 }
 
 struct ViewRecord {
@@ -343,7 +343,7 @@ TEST(Lifecycle, PrefetchLoopKeepsUnshardedMemoryBounded) {
     // Two slots, each params + grads of the largest group it served, page-rounded.
     std::int64_t largest = 0;
     for (const std::int64_t bytes : slot_params) largest = std::max(largest, bytes);
-    slot_bound[rank] = static_cast<std::uint64_t>(2 * (2 * largest + 2 * 4096));
+    slot_bound[rank] = static_cast<std::uint64_t>(2 * (2 * largest + std::int64_t{2} * 4096));
     const std::string slot_prefix = "prefetch:slot:" + std::to_string(rank);
     for (int pass = 0; pass < 2; ++pass) {
       ASSERT_TRUE(groups[0].unshard().ok());
@@ -384,6 +384,62 @@ TEST(Lifecycle, CallsOutOfOrderAreRefusedWithoutHarm) {
   ASSERT_TRUE(client->detach().ok());
   EXPECT_FALSE(client->detach().ok()) << "a second detach has no connection to use";
   EXPECT_FAILS_WITH(client->registerGroup(smallGroup("late")), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, OtherDtypesGiveViewsOfTheirOwnElementSize) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 2;
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("dtypes", rank, kWorld));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    GroupSpec spec = smallGroup("half-master", 3, 10);
+    spec.sharded_dtype = DType::kF16;
+    spec.unsharded_dtype = DType::kF32;
+    auto group = client->registerGroup(spec);
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    const GroupPlan& plan = group->plan();
+    EXPECT_GE(group->shardBytes(), static_cast<std::size_t>(plan.shard_elems) * 2 * 2);
+    std::vector<std::pair<const std::byte*, const std::byte*>> spans;  // 2-byte elements: no overlap
+    for (std::size_t t = 0; t < 3; ++t) {
+      const TensorView view = group->shardView(t);
+      EXPECT_EQ(view.dtype, DType::kF16);
+      if (view.numel() == 0) continue;
+      spans.emplace_back(view.base, view.base + view.numel() * 2);
+      std::fill_n(view.data<std::uint16_t>(), view.numel(), static_cast<std::uint16_t>(rank + 1));
+    }
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
+    ASSERT_TRUE(group->unshard().ok());
+    auto full = group->unshardedView(2);
+    ASSERT_TRUE(full.ok());
+    EXPECT_EQ(full->dtype, DType::kF32);
+    auto first = group->unshardedView(0);
+    EXPECT_EQ(full->base - first->base, (plan.tensors[2].offset - plan.tensors[0].offset) * 4);
+    std::fill_n(full->data<float>(), full->numel(), 1.5F);
+    ASSERT_TRUE(group->reshard().ok());
+    ASSERT_TRUE(client->detach().ok());
+  });
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
+TEST(Lifecycle, AJobIdTheProtocolRefusesLeavesTheClientUsable) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.connect();
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto refused = client->attach(rankOf("not a valid id!", 0, 1));
+  EXPECT_FAILS_WITH(refused, ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message.find("job"), std::string::npos) << refused.error().message;
+  auto attached = client->attach(rankOf("a-valid.id_1", 0, 1));
+  ASSERT_TRUE(attached.ok()) << "the refused attach broke the client: " << messageOf(attached);
+  GroupSpec spec = smallGroup("g");
+  spec.tensors[0].name = std::string(600, 'n');  // over the protocol's string limit
+  EXPECT_FAILS_WITH(client->registerGroup(spec), ErrorCode::kInvalidArgument);
+  auto group = client->registerGroup(smallGroup("g"));
+  EXPECT_TRUE(group.ok()) << messageOf(group);
+  ASSERT_TRUE(client->detach().ok());
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 

@@ -10,7 +10,7 @@ namespace dbuf::integration {
 namespace {
 
 float pattern(std::uint32_t rank, std::size_t tensor, std::int64_t element) {
-  return static_cast<float>(rank * 100'000 + tensor * 1'000 + static_cast<std::size_t>(element)) + 0.5F;
+  return static_cast<float>(std::size_t{rank} * 100'000 + tensor * 1'000 + static_cast<std::size_t>(element)) + 0.5F;
 }
 
 GroupSpec persistentGroup() {
@@ -59,7 +59,7 @@ TEST(Persistence, ReattachedRankFindsItsShardsIntact) {
     plans[rank] = describe(group->plan());
     shard_bytes[rank] = group->shardBytes();
     if (rank == 0) writePattern(*group, rank);  // rank 1 leaves its shard untouched
-    ASSERT_TRUE(group->unshard().ok());        // a slot, to see it freed
+    ASSERT_TRUE(group->unshard().ok());         // a slot, to see it freed
     ASSERT_TRUE(client->detach().ok());
   });
   // Every rank is gone; the job stays with its shard files, not its slots.

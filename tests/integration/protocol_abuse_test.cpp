@@ -225,6 +225,7 @@ TEST_F(ProtocolAbuse, HalfAHeaderIsClosedAfterTheHandshakeDeadline) {
 
 TEST_F(ProtocolAbuse, ManySilentConnectionsAtOnceAreAllClosed) {
   std::vector<UniqueFd> fds;
+  fds.reserve(32);
   for (int i = 0; i < 32; ++i) fds.push_back(daemon_.rawConnect());
   // Meanwhile a real client is served.
   expectServingAndClean(daemon_);
