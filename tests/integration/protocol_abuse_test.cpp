@@ -36,8 +36,18 @@ class ProtocolAbuse : public ::testing::Test {
     config.handshake_timeout = 200ms;
     return config;
   }
-  void SetUp() override { ASSERT_TRUE(daemon_.started()); }
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.started());
+    fds_before_ = openFdCount();
+  }
+  // stats() counts attached sessions only. The daemon runs in this process, so
+  // a connection it failed to close, attached or not, shows up as an open fd.
+  void TearDown() override {
+    EXPECT_TRUE(waitUntil([&] { return openFdCount() == fds_before_; }))
+        << openFdCount() - fds_before_ << " fds more than before the test: the daemon kept a connection open";
+  }
   EmbeddedDaemon daemon_;
+  std::size_t fds_before_ = 0;
 };
 
 TEST_F(ProtocolAbuse, BadMagic) {
