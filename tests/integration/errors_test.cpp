@@ -351,10 +351,10 @@ TEST(Errors, RegistrationTimeoutListsTheMissingRanks) {
 /// (AcquireSlot of an unknown group, request 3): its reply proves the daemon
 /// took the registration (frames of a connection are handled in order), which
 /// itself stays unanswered while the collective waits.
-void registerAndConfirm(int fd, const std::string& group) {
+void registerAndConfirm(int fd, const std::string& group, std::vector<std::int64_t> shape = {8, 8}) {
   ipc::RegisterGroup spec;
   spec.name = group;
-  spec.tensors = {{"t", {8, 8}, "", -1}};
+  spec.tensors = {{"t", std::move(shape), "", -1}};
   writeAll(fd, frameOf(spec, 2));
   writeAll(fd, frameOf(ipc::AcquireSlot{999}, 3));
   expectErrorReply(fd, ipc::WireError::kNotFound, 3);
@@ -386,6 +386,42 @@ TEST(Errors, RankLeavingMidRegistrationFailsTheWaitingRanksAtOnce) {
   EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 1; }));
   EXPECT_EQ(daemon.stats().memfds, 0U);
   expectStillServing(daemon);
+}
+
+// DISABLED: a daemon limitation, reported. On a spec mismatch the daemon
+// fails the ranks waiting at that moment and forgets the registration, so a
+// rank that registers the same group afterwards (here ranks 1 and 2, after
+// rank 3's spec met rank 0's) starts a new registration and, after
+// register_timeout (30 s by default), gets kTimeout saying "ranks 0, 3 did not
+// register" although they did: the mismatch never reaches it. Every rank of
+// the collective should hear the mismatch (e.g. judge once all ranks arrived,
+// or keep the failure until every rank was told). Order made deterministic
+// with raw connections and registerAndConfirm().
+TEST(Errors, DISABLED_RanksArrivingAfterASpecMismatchHearOfIt) {
+  daemon::Config config;
+  config.register_timeout = 300ms;  // keeps the failing case short
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  std::vector<UniqueFd> ranks;
+  for (std::uint32_t rank = 0; rank < 4; ++rank) {
+    ranks.push_back(daemon.rawConnect());
+    ASSERT_TRUE(rawAttach(ranks.back().get(), "late-mismatch", rank, 4));
+  }
+  registerAndConfirm(ranks[3].get(), "layer", {8, 9});  // the odd one, first
+  ipc::RegisterGroup spec;
+  spec.name = "layer";
+  spec.tensors = {{"t", {8, 8}, "", -1}};
+  writeAll(ranks[0].get(), frameOf(spec, 2));
+  for (const std::uint32_t rank : {3U, 0U}) {
+    const std::string message = expectErrorReply(ranks[rank].get(), ipc::WireError::kConflict, 2);
+    EXPECT_TRUE(contains(message, "'t'")) << message;
+  }
+  for (const std::uint32_t rank : {1U, 2U}) {
+    writeAll(ranks[rank].get(), frameOf(spec, 2));
+    const std::string message = expectErrorReply(ranks[rank].get(), ipc::WireError::kConflict, 2);
+    EXPECT_TRUE(contains(message, "rank 0") && contains(message, "rank 3") && contains(message, "'t'"))
+        << "rank " << rank << ": " << message;
+  }
 }
 
 TEST(Errors, MoreUnshardedGroupsThanSlots) {
