@@ -32,6 +32,13 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
   if (!encoded) return makeError(ErrorCode::kInvalidArgument, encoded.error().message);
   if (auto sent = ipc::sendAll(socket_.get(), *encoded, {}, deadline); !sent) {
     lost_ = "lost the connection to dbufd: " + sent.error().message;
+    // A daemon that stopped said goodbye before closing: pass on its reason.
+    if (auto goodbye = ipc::receiveMessage(socket_.get(), ipc::Clock::now()); goodbye) {
+      if (const auto* shutdown = std::get_if<ipc::Shutdown>(&goodbye->message)) {
+        lost_ = "dbufd is shutting down: " + shutdown->reason;
+      }
+    }
+    socket_.reset();
     return makeError(ErrorCode::kUnavailable, lost_);
   }
   for (;;) {
