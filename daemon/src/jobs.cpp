@@ -137,6 +137,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.tenant = tenant;
     job.world_size = hello.world_size;
     job.persistent = hello.persistent;
+    job.prefetch_depth = hello.prefetch_depth;
     job.ranks.resize(hello.world_size);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
     return &jobs_.emplace(job.id, std::move(job)).first->second;
@@ -146,6 +147,13 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     // kNotFound marks "permission denied": do not reveal more about another tenant's job.
     return makeError(ErrorCode::kNotFound, "job '" + hello.job_id + "' belongs to another tenant (uid " +
                                                std::to_string(peer.uid) + " is not allowed)");
+  }
+  if (job.persistent != hello.persistent || job.prefetch_depth != hello.prefetch_depth) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "job '" + job.id + "' was attached with persistent=" + (job.persistent ? "true" : "false") +
+                         " and prefetch depth " + std::to_string(job.prefetch_depth) + ", not persistent=" +
+                         (hello.persistent ? "true" : "false") + " and prefetch depth " +
+                         std::to_string(hello.prefetch_depth));
   }
   if (job.world_size != hello.world_size) {
     return makeError(ErrorCode::kInvalidArgument, "job '" + job.id + "' has world size " +
@@ -191,6 +199,7 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
                        "job " + job.id + " already has " + std::to_string(kMaxGroupsPerJob) + " groups", request);
     return;
   }
+  if (reportEarlierMismatch(job, rank, spec.name, session, request)) return;
   if (!job.gone.empty()) {
     std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     session->sendError(ipc::WireError::kConflict,
@@ -227,13 +236,30 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
     return;
   } else if (const auto difference = specDifference(pending.spec, spec)) {
     pending.waiters[rank] = {session, request};
-    failPending(job, spec.name, ipc::WireError::kConflict,
-                "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
-                    std::to_string(pending.first_rank) + " disagree: " + *difference);
+    const std::string why = "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
+                            std::to_string(pending.first_rank) + " disagree: " + *difference;
+    auto& failure = job.failed[spec.name];
+    failure.why = why;
+    for (const auto& [waiting, waiter] : pending.waiters) failure.told.insert(waiting);
+    failPending(job, spec.name, ipc::WireError::kConflict, why);
     return;
   }
   pending.waiters[rank] = {session, request};
   if (pending.waiters.size() == job.world_size) completeRegistration(job, spec.name);
+}
+
+bool JobTable::reportEarlierMismatch(Job& job, std::uint32_t rank, const std::string& name,
+                                     const std::shared_ptr<Session>& session, std::uint64_t request) {
+  const auto failure = job.failed.find(name);
+  if (failure == job.failed.end()) return false;
+  if (failure->second.told.contains(rank)) {
+    job.failed.erase(failure);  // this rank heard it and tries again: a new registration
+    return false;
+  }
+  session->sendError(ipc::WireError::kConflict, failure->second.why, request);
+  failure->second.told.insert(rank);
+  if (failure->second.told.size() == job.world_size) job.failed.erase(failure);
+  return true;
 }
 
 void JobTable::failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why) {

@@ -80,6 +80,15 @@ struct Job {
   /// waiting for register_ms. Cleared when every rank is gone (a restart of the
   /// whole job then attaches in any order).
   std::set<std::uint32_t> gone;
+  /// Registrations that failed on a spec mismatch, kept until every rank has
+  /// heard why: a rank that arrives later gets the same error at once instead
+  /// of starting a registration the others already abandoned.
+  struct FailedRegistration {
+    std::string why;
+    std::set<std::uint32_t> told;
+  };
+  std::map<std::string, FailedRegistration> failed;
+  std::uint32_t prefetch_depth = 1;
 };
 
 class JobTable {
@@ -106,6 +115,10 @@ class JobTable {
   Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
   void completeRegistration(Job& job, const std::string& name);
   Result<GroupState> buildGroup(Job& job, const ipc::RegisterGroup& spec);
+  /// True (and the rank is told) if `name` failed on a spec mismatch this
+  /// rank has not heard about yet.
+  bool reportEarlierMismatch(Job& job, std::uint32_t rank, const std::string& name,
+                             const std::shared_ptr<Session>& session, std::uint64_t request);
   void failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why);
   void replyGroup(Job& job, const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
                   std::uint64_t request);
