@@ -35,7 +35,8 @@ std::optional<std::string> specDifference(const ipc::RegisterGroup& a, const ipc
     const std::string which = "tensor #" + std::to_string(i) + " '" + x.name + "'";
     if (x.name != y.name) return "tensor #" + std::to_string(i) + " name '" + x.name + "' vs '" + y.name + "'";
     if (x.shape != y.shape) return which + " shape " + shapeText(x.shape) + " vs " + shapeText(y.shape);
-    if (x.granularity != y.granularity) return which + " granularity '" + x.granularity + "' vs '" + y.granularity + "'";
+    if (x.granularity != y.granularity)
+      return which + " granularity '" + x.granularity + "' vs '" + y.granularity + "'";
     if (x.tp_dim != y.tp_dim) return which + " tp_dim " + std::to_string(x.tp_dim) + " vs " + std::to_string(y.tp_dim);
   }
   if (a.tensors.size() != b.tensors.size()) {
@@ -74,8 +75,7 @@ Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_
   return planner::planUnit(unit, options);
 }
 
-ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::UnitPlan& plan,
-                              std::uint32_t group_id) {
+ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::UnitPlan& plan, std::uint32_t group_id) {
   ipc::GroupReady ready;
   ready.group_id = group_id;
   ready.devices = static_cast<std::uint32_t>(plan.devices);

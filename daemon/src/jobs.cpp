@@ -1,8 +1,8 @@
 #include "jobs.hpp"
 
-#include <algorithm>
-
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 #include "dbuf/common/shared_memory.hpp"
 #include "group_layout.hpp"
@@ -151,8 +151,8 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   if (job.persistent != hello.persistent || job.prefetch_depth != hello.prefetch_depth) {
     return makeError(ErrorCode::kInvalidArgument,
                      "job '" + job.id + "' was attached with persistent=" + (job.persistent ? "true" : "false") +
-                         " and prefetch depth " + std::to_string(job.prefetch_depth) + ", not persistent=" +
-                         (hello.persistent ? "true" : "false") + " and prefetch depth " +
+                         " and prefetch depth " + std::to_string(job.prefetch_depth) +
+                         ", not persistent=" + (hello.persistent ? "true" : "false") + " and prefetch depth " +
                          std::to_string(hello.prefetch_depth));
   }
   if (job.world_size != hello.world_size) {
@@ -191,7 +191,7 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
                          "group '" + spec.name + "' is registered with a different spec: " + *difference, request);
       return;
     }
-    replyGroup(job, existing->second, rank, session, request);
+    replyGroup(existing->second, rank, session, request);
     return;
   }
   if (job.groups.size() + job.pending.size() >= kMaxGroupsPerJob) {
@@ -230,9 +230,8 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
                       std::to_string(config_.register_timeout.count()) + " ms");
     });
   } else if (pending.waiters.contains(rank)) {
-    session->sendError(ipc::WireError::kConflict, "rank " + std::to_string(rank) + " is already registering '" +
-                                                      spec.name + "'",
-                       request);
+    session->sendError(ipc::WireError::kConflict,
+                       "rank " + std::to_string(rank) + " is already registering '" + spec.name + "'", request);
     return;
   } else if (const auto difference = specDifference(pending.spec, spec)) {
     pending.waiters[rank] = {session, request};
@@ -285,8 +284,8 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   }
   job.charged += bytes;
   for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
-    auto fd = createMemfd("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
-                          group.reply.shard_file_bytes);
+    auto fd =
+        createMemfd("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank), group.reply.shard_file_bytes);
     if (!fd) {
       budget_.release(job.tenant, bytes);
       job.charged -= bytes;
@@ -311,12 +310,11 @@ void JobTable::completeRegistration(Job& job, const std::string& name) {
   const GroupState& stored = job.groups.emplace(name, std::move(*group)).first->second;
   spdlog::info("job {}: group '{}' planned: {} tensors, S = {} elements, {} bytes per rank", job.id, name,
                stored.reply.tensors.size(), stored.reply.shard_elems, stored.reply.shard_file_bytes);
-  for (auto& [rank, waiter] : waiters) replyGroup(job, stored, rank, waiter.session, waiter.request_id);
+  for (auto& [rank, waiter] : waiters) replyGroup(stored, rank, waiter.session, waiter.request_id);
 }
 
-void JobTable::replyGroup(Job& job, const GroupState& group, std::uint32_t rank,
-                          const std::shared_ptr<Session>& session, std::uint64_t request) {
-  (void)job;
+void JobTable::replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
+                          std::uint64_t request) {
   session->send(group.reply, request, {group.shards[rank].fd.get()});
 }
 
@@ -345,23 +343,11 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
                        request);
     return;
   }
-  if (slot->bytes < layout.file_bytes) {
-    // First use, or a larger group than before: replace the slot's file.
-    auto charged = budget_.charge(job.tenant, layout.file_bytes, "unsharded slot for group '" + group->first + "'");
-    if (!charged) {
-      session->sendError(ipc::WireError::kQuotaExceeded, charged.error().message, request);
-      return;
-    }
-    auto fd = createMemfd("dbuf:" + job.id + ":slot:" + std::to_string(attachment->rank), layout.file_bytes);
-    if (!fd) {
-      budget_.release(job.tenant, layout.file_bytes);
-      session->sendError(ipc::WireError::kInternal, fd.error().message, request);
-      return;
-    }
-    budget_.release(job.tenant, slot->bytes);
-    job.charged += layout.file_bytes - slot->bytes;
-    slot->fd = std::move(*fd);
-    slot->bytes = layout.file_bytes;
+  if (auto sized = growSlot(job, *slot, layout.file_bytes, attachment->rank, group->first); !sized) {
+    const bool quota = sized.error().code == ErrorCode::kInfeasible;
+    session->sendError(quota ? ipc::WireError::kQuotaExceeded : ipc::WireError::kInternal, sized.error().message,
+                       request);
+    return;
   }
   slot->group = group_id;
   ipc::SlotGranted granted;
@@ -371,6 +357,26 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   granted.params = layout.params;
   granted.grads = layout.grads;
   session->send(granted, request, {slot->fd.get()});
+}
+
+Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank,
+                                const std::string& group) {
+  if (slot.bytes >= bytes) return {};
+  // First use, or a larger group than before: replace the slot's file. A slot
+  // file is sealed against resizing, so it cannot grow in place.
+  if (auto charged = budget_.charge(job.tenant, bytes, "unsharded slot for group '" + group + "'"); !charged) {
+    return charged;
+  }
+  auto fd = createMemfd("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
+  if (!fd) {
+    budget_.release(job.tenant, bytes);
+    return std::move(fd).error();
+  }
+  budget_.release(job.tenant, slot.bytes);
+  job.charged += bytes - slot.bytes;
+  slot.fd = std::move(*fd);
+  slot.bytes = bytes;
+  return {};
 }
 
 void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {

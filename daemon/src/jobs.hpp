@@ -3,6 +3,7 @@
 // handling of every client request. Runs on the server's loop thread only;
 // nothing here blocks.
 
+#include <asio.hpp>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -12,8 +13,6 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <asio.hpp>
 
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
@@ -110,6 +109,9 @@ class JobTable {
   void handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello);
   void handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::RegisterGroup& spec);
   void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
+  /// Makes `slot` at least `bytes` long (charging the tenant); errors are
+  /// kInfeasible when over quota.
+  Result<void> growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank, const std::string& group);
   void handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
 
   Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
@@ -120,8 +122,8 @@ class JobTable {
   bool reportEarlierMismatch(Job& job, std::uint32_t rank, const std::string& name,
                              const std::shared_ptr<Session>& session, std::uint64_t request);
   void failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why);
-  void replyGroup(Job& job, const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
-                  std::uint64_t request);
+  static void replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
+                         std::uint64_t request);
   void releaseRank(Job& job, std::uint32_t rank);
   void jobLostAllRanks(Job& job);
   void freeJob(const std::string& id);

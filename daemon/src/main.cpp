@@ -1,5 +1,6 @@
 // dbufd: the per-node dbuf daemon. Configuration: defaults -> --config FILE
 // -> flags. Everything else lives in the dbuf_daemon library.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,8 +9,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/daemon/logging.hpp"

@@ -1,16 +1,15 @@
 #include "dbuf/daemon/server.hpp"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <asio.hpp>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <random>
 #include <unordered_map>
-
-#include <asio.hpp>
-#include <spdlog/spdlog.h>
 
 #include "dbuf/daemon/lock_file.hpp"
 #include "jobs.hpp"
@@ -222,13 +221,23 @@ Result<std::unique_ptr<Server>> Server::create(Config config) {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
-void Server::run(bool handle_signals) { impl_->run(handle_signals); }
-void Server::requestStop() { impl_->requestStop(); }
+void Server::run(bool handle_signals) {
+  impl_->run(handle_signals);
+}
+void Server::requestStop() {
+  impl_->requestStop();
+}
 void Server::setHeartbeat(std::chrono::milliseconds period, std::function<void()> beat) {
   impl_->setHeartbeat(period, std::move(beat));
 }
-ServerStats Server::stats() { return impl_->stats(); }
-const std::string& Server::socketPath() const noexcept { return impl_->config().socket_path; }
-std::uint64_t Server::instanceId() const noexcept { return impl_->instanceId(); }
+ServerStats Server::stats() {
+  return impl_->stats();
+}
+const std::string& Server::socketPath() const noexcept {
+  return impl_->config().socket_path;
+}
+std::uint64_t Server::instanceId() const noexcept {
+  return impl_->instanceId();
+}
 
 }  // namespace dbuf::daemon

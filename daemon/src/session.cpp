@@ -10,11 +10,7 @@ namespace dbuf::daemon {
 
 Session::Session(asio::local::stream_protocol::socket socket, SessionHandler& handler, std::uint64_t id,
                  ipc::PeerCredentials peer)
-    : socket_(std::move(socket)),
-      handler_(handler),
-      id_(id),
-      peer_(peer),
-      handshake_timer_(socket_.get_executor()) {}
+    : socket_(std::move(socket)), handler_(handler), id_(id), peer_(peer), handshake_timer_(socket_.get_executor()) {}
 
 void Session::start(std::chrono::milliseconds handshake_timeout) {
   socket_.non_blocking(true);

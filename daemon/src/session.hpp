@@ -6,12 +6,11 @@
 #include <sys/types.h>
 
 #include <array>
+#include <asio.hpp>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
-
-#include <asio.hpp>
 
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/ipc/protocol.hpp"

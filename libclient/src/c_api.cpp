@@ -1,12 +1,11 @@
 // The C API: dbuf::Client behind opaque handles; errors become a status and a
 // message kept in the client handle.
-#include "dbuf/dbuf.h"
-
 #include <chrono>
 #include <new>
 #include <string>
 
 #include "dbuf/client.hpp"
+#include "dbuf/dbuf.h"
 
 struct dbuf_client {
   dbuf::Client client;
@@ -21,15 +20,24 @@ namespace {
 
 dbuf_status toStatus(dbuf::ErrorCode code) {
   switch (code) {
-    case dbuf::ErrorCode::kInvalidArgument: return DBUF_INVALID_ARGUMENT;
-    case dbuf::ErrorCode::kNotFound: return DBUF_NOT_FOUND;
-    case dbuf::ErrorCode::kIo: return DBUF_IO;
-    case dbuf::ErrorCode::kInfeasible: return DBUF_INFEASIBLE;
-    case dbuf::ErrorCode::kInternal: return DBUF_INTERNAL;
-    case dbuf::ErrorCode::kPermissionDenied: return DBUF_PERMISSION_DENIED;
-    case dbuf::ErrorCode::kConflict: return DBUF_CONFLICT;
-    case dbuf::ErrorCode::kTimeout: return DBUF_TIMEOUT;
-    case dbuf::ErrorCode::kUnavailable: return DBUF_UNAVAILABLE;
+    case dbuf::ErrorCode::kInvalidArgument:
+      return DBUF_INVALID_ARGUMENT;
+    case dbuf::ErrorCode::kNotFound:
+      return DBUF_NOT_FOUND;
+    case dbuf::ErrorCode::kIo:
+      return DBUF_IO;
+    case dbuf::ErrorCode::kInfeasible:
+      return DBUF_INFEASIBLE;
+    case dbuf::ErrorCode::kInternal:
+      return DBUF_INTERNAL;
+    case dbuf::ErrorCode::kPermissionDenied:
+      return DBUF_PERMISSION_DENIED;
+    case dbuf::ErrorCode::kConflict:
+      return DBUF_CONFLICT;
+    case dbuf::ErrorCode::kTimeout:
+      return DBUF_TIMEOUT;
+    case dbuf::ErrorCode::kUnavailable:
+      return DBUF_UNAVAILABLE;
   }
   return DBUF_INTERNAL;
 }
@@ -47,7 +55,9 @@ dbuf_status invalid(dbuf_client* client, const char* why) {
 /// keep it in): dbuf_last_error(NULL).
 thread_local std::string connect_error;  // NOLINT(readability-identifier-naming)
 
-std::chrono::milliseconds ms(int64_t timeout_ms) { return std::chrono::milliseconds(timeout_ms); }
+std::chrono::milliseconds ms(int64_t timeout_ms) {
+  return std::chrono::milliseconds(timeout_ms);
+}
 
 }  // namespace
 
@@ -68,7 +78,9 @@ dbuf_status dbuf_connect(const char* socket_path, int64_t timeout_ms, dbuf_clien
   return *out == nullptr ? DBUF_INTERNAL : DBUF_OK;
 }
 
-void dbuf_client_free(dbuf_client* client) { delete client; }
+void dbuf_client_free(dbuf_client* client) {
+  delete client;
+}
 
 const char* dbuf_last_error(const dbuf_client* client) {
   if (client != nullptr) return client->last_error.c_str();
@@ -117,7 +129,9 @@ dbuf_status dbuf_register_group(dbuf_client* client, const char* name, size_t te
   return *out == nullptr ? DBUF_INTERNAL : DBUF_OK;
 }
 
-void dbuf_group_free(dbuf_group* group) { delete group; }
+void dbuf_group_free(dbuf_group* group) {
+  delete group;
+}
 
 int64_t dbuf_group_shard_elems(const dbuf_group* group) {
   return group == nullptr ? -1 : group->group.plan().shard_elems;
@@ -139,17 +153,22 @@ dbuf_status dbuf_group_view(dbuf_client* client, const dbuf_group* group, size_t
   }
   dbuf::TensorView view;
   switch (region) {
-    case DBUF_REGION_SHARD: view = group->group.shardView(index); break;
-    case DBUF_REGION_SHARD_GRAD: view = group->group.shardGradView(index); break;
+    case DBUF_REGION_SHARD:
+      view = group->group.shardView(index);
+      break;
+    case DBUF_REGION_SHARD_GRAD:
+      view = group->group.shardGradView(index);
+      break;
     case DBUF_REGION_UNSHARDED:
     case DBUF_REGION_UNSHARDED_GRAD: {
-      auto full = region == DBUF_REGION_UNSHARDED ? group->group.unshardedView(index)
-                                                  : group->group.unshardedGradView(index);
+      auto full =
+          region == DBUF_REGION_UNSHARDED ? group->group.unshardedView(index) : group->group.unshardedGradView(index);
       if (!full) return fail(client, full.error());
       view = *full;
       break;
     }
-    default: return invalid(client, "unknown region");
+    default:
+      return invalid(client, "unknown region");
   }
   *out = dbuf_tensor_view{view.base, dbuf::toString(view.dtype).data(), view.begin, view.end, view.local_units};
   return DBUF_OK;

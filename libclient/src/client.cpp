@@ -69,7 +69,7 @@ struct Group::State {
   Mapping shard;  // whole shard file
   ipc::Region sharded;
   ipc::Region sharded_grad;
-  Mapping slot;   // while unsharded
+  Mapping slot;  // while unsharded
   ipc::Region slot_params;
   ipc::Region slot_grads;
 
@@ -105,14 +105,28 @@ Group::Group(Group&&) noexcept = default;
 Group& Group::operator=(Group&&) noexcept = default;
 Group::~Group() = default;
 
-const std::string& Group::name() const noexcept { return state_->name; }
-const GroupPlan& Group::plan() const noexcept { return state_->plan; }
-std::uint32_t Group::rank() const noexcept { return state_->rank; }
-std::size_t Group::shardBytes() const noexcept { return state_->shard.size(); }
-bool Group::unsharded() const noexcept { return state_->slot.valid(); }
+const std::string& Group::name() const noexcept {
+  return state_->name;
+}
+const GroupPlan& Group::plan() const noexcept {
+  return state_->plan;
+}
+std::uint32_t Group::rank() const noexcept {
+  return state_->rank;
+}
+std::size_t Group::shardBytes() const noexcept {
+  return state_->shard.size();
+}
+bool Group::unsharded() const noexcept {
+  return state_->slot.valid();
+}
 
-TensorView Group::shardView(std::size_t index) const { return state_->shardPart(index, state_->sharded); }
-TensorView Group::shardGradView(std::size_t index) const { return state_->shardPart(index, state_->sharded_grad); }
+TensorView Group::shardView(std::size_t index) const {
+  return state_->shardPart(index, state_->sharded);
+}
+TensorView Group::shardGradView(std::size_t index) const {
+  return state_->shardPart(index, state_->sharded_grad);
+}
 Result<TensorView> Group::unshardedView(std::size_t index) const {
   return state_->slotPart(index, state_->slot_params);
 }
@@ -188,8 +202,12 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   return {};
 }
 
-bool Client::reattached() const noexcept { return connection_->reattached; }
-std::uint64_t Client::daemonInstanceId() const noexcept { return connection_->instance_id; }
+bool Client::reattached() const noexcept {
+  return connection_->reattached;
+}
+std::uint64_t Client::daemonInstanceId() const noexcept {
+  return connection_->instance_id;
+}
 
 Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::chrono::milliseconds> timeout) {
   if (!connection_->attached) return makeError(ErrorCode::kInvalidArgument, "attach() first");
@@ -200,7 +218,8 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
     return makeError(ErrorCode::kInternal, "dbufd answered RegisterGroup with something else");
   }
   const int fd = reply->fds.front().get();
-  if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}, fd); !ok) return ok.error();
+  if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}, fd); !ok)
+    return ok.error();
   auto mapping = Mapping::map(fd, ready->shard_file_bytes);
   if (!mapping) return std::move(mapping).error();
   auto state = std::make_unique<Group::State>();

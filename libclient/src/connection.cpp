@@ -6,14 +6,22 @@ namespace {
 ErrorCode fromWire(ipc::WireError code) {
   switch (code) {
     case ipc::WireError::kBadRequest:
-    case ipc::WireError::kVersionMismatch: return ErrorCode::kInvalidArgument;
-    case ipc::WireError::kPermissionDenied: return ErrorCode::kPermissionDenied;
-    case ipc::WireError::kConflict: return ErrorCode::kConflict;
-    case ipc::WireError::kQuotaExceeded: return ErrorCode::kInfeasible;
-    case ipc::WireError::kTimeout: return ErrorCode::kTimeout;
-    case ipc::WireError::kNotFound: return ErrorCode::kNotFound;
-    case ipc::WireError::kShuttingDown: return ErrorCode::kUnavailable;
-    case ipc::WireError::kInternal: return ErrorCode::kInternal;
+    case ipc::WireError::kVersionMismatch:
+      return ErrorCode::kInvalidArgument;
+    case ipc::WireError::kPermissionDenied:
+      return ErrorCode::kPermissionDenied;
+    case ipc::WireError::kConflict:
+      return ErrorCode::kConflict;
+    case ipc::WireError::kQuotaExceeded:
+      return ErrorCode::kInfeasible;
+    case ipc::WireError::kTimeout:
+      return ErrorCode::kTimeout;
+    case ipc::WireError::kNotFound:
+      return ErrorCode::kNotFound;
+    case ipc::WireError::kShuttingDown:
+      return ErrorCode::kUnavailable;
+    case ipc::WireError::kInternal:
+      return ErrorCode::kInternal;
   }
   return ErrorCode::kInternal;
 }

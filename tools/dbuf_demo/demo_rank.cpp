@@ -61,16 +61,16 @@ int fail(const Args& args, const char* what, const dbuf::Error& error) {
 int main(int argc, char** argv) {
   Args args;
   if (!parse(argc, argv, args)) {
-    std::fprintf(stderr, "usage: dbuf-demo-rank --socket PATH --model FILE [--job ID] [--rank R] [--world-size W] "
-                         "[--layers N] [--granularity RULE]\n");
+    std::fprintf(stderr,
+                 "usage: dbuf-demo-rank --socket PATH --model FILE [--job ID] [--rank R] [--world-size W] "
+                 "[--layers N] [--granularity RULE]\n");
     return 2;
   }
   auto model = dbuf::plan_io::loadModelFile(args.model);
   if (!model) return fail(args, "model", model.error());
   auto client = dbuf::Client::connect({args.socket, std::chrono::seconds(30)});
   if (!client) return fail(args, "connect", client.error());
-  if (auto attached = client->attach({.job = args.job, .rank = args.rank, .world_size = args.world_size});
-      !attached) {
+  if (auto attached = client->attach({.job = args.job, .rank = args.rank, .world_size = args.world_size}); !attached) {
     return fail(args, "attach", attached.error());
   }
   std::vector<dbuf::Group> groups;
@@ -104,12 +104,12 @@ int main(int argc, char** argv) {
   const auto& plan = groups.front().plan();
   std::size_t held = 0;
   for (std::size_t t = 0; t < plan.tensors.size(); ++t) held += groups.front().shardView(t).numel() > 0;
-  std::printf("rank %u/%u: %zu groups, S = %lld elements per group (%s), holds parts of %zu of %zu tensors of %s; "
-              "shards %.1f MiB (fp32 master + grad), one unsharded slot %.1f MiB (bf16), max RSS %.1f MiB\n",
-              args.rank, args.world_size, groups.size(), static_cast<long long>(plan.shard_elems),
-              args.granularity.c_str(), held, plan.tensors.size(), groups.front().name().c_str(),
-              static_cast<double>(shard_bytes) / (1 << 20), 2.0 * static_cast<double>(slot_elems) * 2 / (1 << 20),
-              static_cast<double>(residentKiB()) / 1024);
+  std::printf(
+      "rank %u/%u: %zu groups, S = %lld elements per group (%s), holds parts of %zu of %zu tensors of %s; "
+      "shards %.1f MiB (fp32 master + grad), one unsharded slot %.1f MiB (bf16), max RSS %.1f MiB\n",
+      args.rank, args.world_size, groups.size(), static_cast<long long>(plan.shard_elems), args.granularity.c_str(),
+      held, plan.tensors.size(), groups.front().name().c_str(), static_cast<double>(shard_bytes) / (1 << 20),
+      2.0 * static_cast<double>(slot_elems) * 2 / (1 << 20), static_cast<double>(residentKiB()) / 1024);
   if (auto detached = client->detach(); !detached) return fail(args, "detach", detached.error());
   return 0;
 }

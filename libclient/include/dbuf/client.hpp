@@ -47,9 +47,9 @@ struct AttachOptions {
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
   std::uint32_t local_rank = 0;
-  std::int32_t device = -1;           ///< -1: host memory
-  bool persistent = false;            ///< keep shards for the daemon's grace period if every rank dies
-  std::uint32_t prefetch_depth = 1;   ///< unsharded slots = prefetch_depth + 1
+  std::int32_t device = -1;          ///< -1: host memory
+  bool persistent = false;           ///< keep shards for the daemon's grace period if every rank dies
+  std::uint32_t prefetch_depth = 1;  ///< unsharded slots = prefetch_depth + 1
 };
 
 struct TensorSpec {
@@ -62,9 +62,9 @@ struct TensorSpec {
 struct GroupSpec {
   std::string name;
   std::vector<TensorSpec> tensors;
-  std::string granularity = "element";  ///< default rule for 2D+ tensors
-  DType sharded_dtype = DType::kF32;    ///< persistent shard (master weights) and sharded gradient
-  DType unsharded_dtype = DType::kBF16; ///< gathered parameters and their gradients
+  std::string granularity = "element";   ///< default rule for 2D+ tensors
+  DType sharded_dtype = DType::kF32;     ///< persistent shard (master weights) and sharded gradient
+  DType unsharded_dtype = DType::kBF16;  ///< gathered parameters and their gradients
   std::uint32_t align_bytes = 16;
 };
 

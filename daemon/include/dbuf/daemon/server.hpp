@@ -21,9 +21,9 @@ namespace dbuf::daemon {
 /// Counters for tests and `dbufctl status` (read on the loop thread, or after
 /// run() returned).
 struct ServerStats {
-  std::size_t sessions = 0;     ///< attached connections
-  std::size_t jobs = 0;         ///< live or persisting jobs
-  std::size_t memfds = 0;       ///< shared-memory files the daemon holds open
+  std::size_t sessions = 0;        ///< attached connections
+  std::size_t jobs = 0;            ///< live or persisting jobs
+  std::size_t memfds = 0;          ///< shared-memory files the daemon holds open
   std::uint64_t bytes_in_use = 0;  ///< charged against the memory limit
 };
 
