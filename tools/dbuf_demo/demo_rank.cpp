@@ -7,6 +7,7 @@
 //                  --model FILE.json [--layers N] [--granularity RULE]
 #include <sys/resource.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -23,6 +24,14 @@ struct Args {
   std::uint32_t rank = 0, world_size = 1, layers = 4;
 };
 
+bool parseCount(const std::map<std::string, std::string>& values, const std::string& flag, std::uint32_t& out) {
+  const auto found = values.find(flag);
+  if (found == values.end()) return true;  // keep the default
+  const std::string& text = found->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
 bool parse(int argc, char** argv, Args& args) {
   std::map<std::string, std::string> values;
   for (int i = 1; i + 1 < argc; i += 2) values[argv[i]] = argv[i + 1];
@@ -31,10 +40,8 @@ bool parse(int argc, char** argv, Args& args) {
   args.model = values["--model"];
   if (values.contains("--job")) args.job = values["--job"];
   if (values.contains("--granularity")) args.granularity = values["--granularity"];
-  args.rank = static_cast<std::uint32_t>(std::stoul(values.count("--rank") ? values["--rank"] : "0"));
-  args.world_size = static_cast<std::uint32_t>(std::stoul(values.count("--world-size") ? values["--world-size"] : "1"));
-  args.layers = static_cast<std::uint32_t>(std::stoul(values.count("--layers") ? values["--layers"] : "4"));
-  return true;
+  return parseCount(values, "--rank", args.rank) && parseCount(values, "--world-size", args.world_size) &&
+         parseCount(values, "--layers", args.layers);
 }
 
 dbuf::GroupSpec groupOf(const dbuf::planner::UnitSpec& unit, const std::string& granularity) {
