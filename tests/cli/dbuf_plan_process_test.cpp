@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "child_process.hpp"
 #include "dbuf/plan_io/report.hpp"
+#include "support/child_process.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 namespace dbuf::testing {
 namespace {
