@@ -6,26 +6,20 @@
 #include <toml++/toml.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 namespace dbuf::daemon {
 namespace {
 
-using testing::TempDir;
+using dbuf::testing::TempDir;
 
 const std::string kConfigDir = DBUF_CONFIG_DIR;
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using dbuf::testing::readFile;
 
 TEST(Config, ShippedFileParsesToTheStructDefaults) {
   Result<Config> config = loadConfig(kConfigDir + "/dbufd.toml");

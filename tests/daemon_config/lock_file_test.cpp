@@ -13,12 +13,12 @@
 #include <optional>
 #include <string>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 namespace dbuf::daemon {
 namespace {
 
-using testing::TempDir;
+using dbuf::testing::TempDir;
 
 std::string pidText() {
   return "pid " + std::to_string(::getpid());

@@ -14,12 +14,12 @@
 #include <string>
 
 #include "dbuf/common/unique_fd.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 namespace dbuf::daemon {
 namespace {
 
-using testing::TempDir;
+using dbuf::testing::TempDir;
 
 std::string logLines(LogLevel level, LogFormat format) {
   std::ostringstream out;

@@ -12,13 +12,12 @@
 #include "dbuf/ipc/socket.hpp"
 #include "harness.hpp"
 #include "raw.hpp"
+#include "support/text.hpp"
 
 namespace dbuf::integration {
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using dbuf::testing::contains;
 
 /// A fresh job attaches, registers, unshards and detaches: the daemon serves.
 void expectStillServing(EmbeddedDaemon& daemon, const std::string& job = "afterwards") {

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <stdexcept>
 
 #include "dbuf/daemon/logging.hpp"
 #include "dbuf/ipc/socket.hpp"
@@ -31,21 +30,6 @@ void setUpLoggingOnce() {
 }
 
 }  // namespace
-
-TempDir::TempDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "dbuf-int-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = pattern;
-}
-
-TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
-}
-
-std::string TempDir::path(const std::string& name) const {
-  return (std::filesystem::path(path_) / name).string();
-}
 
 EmbeddedDaemon::EmbeddedDaemon(daemon::Config config) {
   setUpLoggingOnce();

@@ -22,6 +22,7 @@
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/daemon/server.hpp"
+#include "support/temp_dir.hpp"
 
 namespace dbuf::integration {
 
@@ -29,17 +30,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 /// A unique directory under $TMPDIR (or /tmp), removed with its contents.
-class TempDir {
- public:
-  TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir();
-  [[nodiscard]] std::string path(const std::string& name) const;
-
- private:
-  std::string path_;
-};
+using dbuf::testing::TempDir;
 
 /// dbufd on a thread. The config's socket path is replaced by one in a fresh
 /// temp dir. stop() (also run by the destructor) asks the loop to stop and

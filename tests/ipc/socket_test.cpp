@@ -21,11 +21,13 @@
 
 #include "dbuf/common/shared_memory.hpp"
 #include "samples.hpp"
+#include "support/temp_dir.hpp"
 
 namespace dbuf::ipc {
 namespace {
 
 using namespace std::chrono_literals;
+using dbuf::testing::TempDir;
 
 struct Pair {
   UniqueFd a;
@@ -333,34 +335,9 @@ TEST(Socket, PeerCredentialsAreOurs) {
   EXPECT_EQ(bad.error().code, ErrorCode::kIo);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "dbuf-ipc-XXXXXX";
-    if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    if (path_.empty()) return;
-    for (const auto& file : files_) ::unlink(file.c_str());
-    ::rmdir(path_.c_str());
-  }
-  [[nodiscard]] const std::string& path() const { return path_; }
-  std::string file(const std::string& name) {
-    files_.push_back(path_ + "/" + name);
-    return files_.back();
-  }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
 TEST(Socket, ConnectToANonexistentPathFailsClearly) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
-  const std::string path = dir.path() + "/nobody-here.sock";
+  const TempDir dir;
+  const std::string path = dir.path("nobody-here.sock");
   auto fd = connectUnix(path, in(1s));
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.error().code, ErrorCode::kNotFound);
@@ -378,9 +355,8 @@ TEST(Socket, ConnectRejectsPathsTheKernelCannotTake) {
 }
 
 TEST(Socket, ConnectToAListeningSocketAndTalk) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
-  const std::string path = dir.file("dbufd.sock");
+  const TempDir dir;
+  const std::string path = dir.path("dbufd.sock");
   UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(listener.valid());
   sockaddr_un address{};

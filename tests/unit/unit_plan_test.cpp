@@ -13,6 +13,7 @@
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/planner/bounds.hpp"
 #include "support/oracle.hpp"
+#include "support/text.hpp"
 
 namespace dbuf::planner {
 namespace {
@@ -46,7 +47,7 @@ PlanOptions optionsFor(std::int64_t devices, const std::string& rule = "element"
   return options;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using dbuf::testing::contains;
 
 // ---------------------------------------------------------------- buildProblem
 
