@@ -1,13 +1,8 @@
 #include "harness.hpp"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,30 +38,16 @@ std::vector<std::string> childEnvironment() {
   return environment;
 }
 
-/// A child that died must not take the test with it when we write to its stdin.
-const bool kSigpipeIgnored = [] {
-  ::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): cannot fail for a valid signal
-  return true;
-}();
-
-std::vector<char*> pointers(std::vector<std::string>& strings) {
-  std::vector<char*> result;
-  result.reserve(strings.size() + 1);
-  for (std::string& text : strings) result.push_back(text.data());
-  result.push_back(nullptr);
-  return result;
-}
-
-std::string readText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-int millisecondsLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(left);
+/// Options for a child of the tests: stdin and stdout piped to the test or
+/// not, stderr appended to `stderr_path` (empty: inherited), environment
+/// without the variables above.
+Child::Options childOptions(bool pipes, const std::string& stderr_path = "") {
+  Child::Options options;
+  options.pipe_stdin = pipes;
+  options.pipe_stdout = pipes;
+  options.stderr_path = stderr_path;
+  options.environment = childEnvironment();
+  return options;
 }
 
 /// readlink of every fd of `pid` (fds that close meanwhile are skipped).
@@ -92,13 +73,6 @@ std::vector<std::pair<int, std::string>> fdTargets(pid_t pid) {
 
 }  // namespace
 
-bool startsWith(const std::string& text, const std::string& prefix) {
-  return text.rfind(prefix, 0) == 0;
-}
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 bool eventually(const std::function<bool()>& done, milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
@@ -106,160 +80,6 @@ bool eventually(const std::function<bool()>& done, milliseconds timeout) {
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(milliseconds(5));
   }
-}
-
-// ----------------------------------------------------------------- TempDir
-
-TempDir::TempDir() {
-  std::filesystem::path base = std::filesystem::temp_directory_path();
-  // A Unix socket path holds at most 107 bytes; keep room for "/dbufd.sock".
-  if (base.string().size() > 64) base = "/tmp";
-  std::string pattern = (base / "dbuf-mp-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) fatal("mkdtemp " + pattern);
-  path_ = pattern;
-  if (::chmod(path_.c_str(), 0711) != 0) fatal("chmod " + path_.string());
-}
-
-TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
-}
-
-// ----------------------------------------------------------------- Child
-
-Child::Child(const std::string& executable, const std::vector<std::string>& args, const Options& options) {
-  int in_pipe[2] = {-1, -1};
-  int out_pipe[2] = {-1, -1};
-  // O_CLOEXEC: no other child may inherit our ends (a leaked stdin write end
-  // would keep a rank from ever seeing EOF).
-  if (options.pipe_stdin && ::pipe2(in_pipe, O_CLOEXEC) != 0) fatal("pipe2");
-  if (options.pipe_stdout && ::pipe2(out_pipe, O_CLOEXEC) != 0) fatal("pipe2");
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (options.pipe_stdin) {
-    posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  }
-  if (options.pipe_stdout) posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  if (!options.stderr_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  }
-  std::vector<std::string> argv_storage{executable};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<std::string> env_storage = childEnvironment();
-  auto argv = pointers(argv_storage);
-  auto envp = pointers(env_storage);
-  const int spawned = ::posix_spawn(&pid_, executable.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (options.pipe_stdin) ::close(in_pipe[0]);
-  if (options.pipe_stdout) ::close(out_pipe[1]);
-  if (spawned != 0) {
-    if (options.pipe_stdin) ::close(in_pipe[1]);
-    if (options.pipe_stdout) ::close(out_pipe[0]);
-    fatal("posix_spawn " + executable, spawned);
-  }
-  stdin_fd_ = in_pipe[1];
-  stdout_fd_ = out_pipe[0];
-}
-
-Child::~Child() {
-  if (!reaped_) killAndReap();
-  if (stdin_fd_ >= 0) ::close(stdin_fd_);
-  if (stdout_fd_ >= 0) ::close(stdout_fd_);
-}
-
-void Child::send(const std::string& line) {
-  if (reaped_) return;  // its answer will be "<eof>"
-  const std::string text = line + "\n";
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(stdin_fd_, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ADD_FAILURE() << "cannot write '" << line << "' to pid " << pid_ << ": " << std::strerror(errno);
-      return;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-std::optional<std::string> Child::readLine(milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    if (const auto end = buffer_.find('\n'); end != std::string::npos) {
-      std::string line = buffer_.substr(0, end);
-      buffer_.erase(0, end + 1);
-      return line;
-    }
-    if (stdout_fd_ < 0) return std::nullopt;
-    pollfd entry{stdout_fd_, POLLIN, 0};
-    const int ready = ::poll(&entry, 1, millisecondsLeft(deadline));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) fatal("poll");
-    if (ready == 0) return std::nullopt;
-    char chunk[4096];
-    const ssize_t n = ::read(stdout_fd_, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(stdout_fd_);
-      stdout_fd_ = -1;
-      continue;
-    }
-    buffer_.append(chunk, static_cast<std::size_t>(n));
-  }
-}
-
-void Child::signal(int signal) {
-  if (!reaped_) ::kill(pid_, signal);
-}
-
-std::optional<int> Child::waitExit(milliseconds timeout) {
-  if (reaped_) return std::nullopt;
-  // A pidfd becomes readable when the process ends: no polling of waitpid.
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  if (pidfd >= 0) {
-    pollfd entry{pidfd, POLLIN, 0};
-    const auto deadline = Clock::now() + timeout;
-    int ready = 0;
-    do {
-      ready = ::poll(&entry, 1, millisecondsLeft(deadline));
-    } while (ready < 0 && errno == EINTR);
-    ::close(pidfd);
-    if (ready == 0) return std::nullopt;
-  }
-  int status = 0;
-  pid_t waited = 0;
-  if (pidfd >= 0) {
-    do {
-      waited = ::waitpid(pid_, &status, 0);
-    } while (waited < 0 && errno == EINTR);
-  } else {
-    // No pidfd (old kernel): poll waitpid until the deadline.
-    const bool ended = eventually(
-        [&] {
-          waited = ::waitpid(pid_, &status, WNOHANG);
-          return waited != 0;
-        },
-        timeout);
-    if (!ended) return std::nullopt;
-  }
-  if (waited != pid_) fatal("waitpid " + std::to_string(pid_));
-  reaped_ = true;
-  return status;
-}
-
-bool Child::killAndReap() {
-  if (reaped_) return false;
-  ::kill(pid_, SIGKILL);
-  int status = 0;
-  pid_t waited = 0;
-  do {
-    waited = ::waitpid(pid_, &status, 0);
-  } while (waited < 0 && errno == EINTR);
-  reaped_ = true;
-  return waited == pid_ && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
 // ----------------------------------------------------------------- Rank
@@ -278,7 +98,7 @@ std::vector<std::string> rankArgs(std::optional<uid_t> uid, std::optional<gid_t>
 }  // namespace
 
 Rank::Rank(std::string name, std::optional<uid_t> uid, std::optional<gid_t> gid)
-    : name_(std::move(name)), child_(DBUF_MP_RANK_EXE, rankArgs(uid, gid), Child::Options{}) {}
+    : name_(std::move(name)), child_(DBUF_MP_RANK_EXE, rankArgs(uid, gid), childOptions(true)) {}
 
 std::string Rank::call(const std::string& command, milliseconds timeout) {
   child_.send(command);
@@ -372,7 +192,7 @@ Daemon::~Daemon() {
 void Daemon::start() {
   process_.reset();
   process_.emplace(DBUFD_EXE, std::vector<std::string>{"--config", config_, "--socket", socket_, "--log-level", "info"},
-                   Child::Options{false, false, log_});
+                   childOptions(false, log_));
   // Ready when a connect succeeds: retry until a deadline (the socket does not
   // exist, or nobody listens yet), and stop early if the daemon died.
   sockaddr_un address{};
@@ -394,16 +214,16 @@ void Daemon::start() {
 std::pair<int, std::string> Daemon::startSecond() {
   const std::string second_log = (dir_ / "second.log").string();
   Child second(DBUFD_EXE, {"--config", config_, "--socket", socket_, "--log-level", "info"},
-               Child::Options{false, false, second_log});
+               childOptions(false, second_log));
   const auto status = second.waitExit(milliseconds(10000));
-  return {status.value_or(-1), readText(second_log)};
+  return {status.value_or(-1), dbuf::testing::readFile(second_log)};
 }
 
 pid_t Daemon::pid() const {
   return process_ ? process_->pid() : -1;
 }
 std::string Daemon::log() const {
-  return readText(log_);
+  return dbuf::testing::readFile(log_);
 }
 
 DaemonCounts Daemon::counts() const {
@@ -412,7 +232,7 @@ DaemonCounts Daemon::counts() const {
     if (startsWith(target, "/memfd:dbuf:")) ++counts.memfds;
     if (startsWith(target, "socket:")) ++counts.sockets;
   }
-  std::istringstream maps(readText("/proc/" + std::to_string(pid()) + "/maps"));
+  std::istringstream maps(dbuf::testing::readFile("/proc/" + std::to_string(pid()) + "/maps"));
   for (std::string line; std::getline(maps, line);) {
     ++counts.maps_lines;
     if (contains(line, "/memfd:dbuf:")) ++counts.memfd_maps;

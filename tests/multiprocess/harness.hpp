@@ -12,7 +12,8 @@
 /// starting to accept, the daemon reclaiming after an EOF).
 ///
 /// Every child is killed (SIGKILL, by pid) and reaped by its destructor if the
-/// test did not do it; every temp directory is removed.
+/// test did not do it (dbuf::testing::Child); every temp directory is removed
+/// (dbuf::testing::TempDir, support/temp_dir.hpp).
 
 #include <sys/types.h>
 
@@ -23,6 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "support/child_process.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
+
 namespace dbuf::mp {
 
 using Clock = std::chrono::steady_clock;
@@ -30,58 +35,10 @@ using std::chrono::milliseconds;
 
 inline constexpr milliseconds kReplyTimeout{10000};
 
-[[nodiscard]] bool startsWith(const std::string& text, const std::string& prefix);
-[[nodiscard]] bool contains(const std::string& text, const std::string& part);
-
-/// A fresh mkdtemp directory (mode 0711: other users may reach a socket in it,
-/// not list it); removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-/// One child process. stdin and stdout are pipes to the test when asked;
-/// stderr goes to `stderr_path` (appended) or is inherited.
-class Child {
- public:
-  struct Options {
-    bool pipe_stdin = true;
-    bool pipe_stdout = true;
-    std::string stderr_path;  ///< empty: inherit
-  };
-  Child(const std::string& executable, const std::vector<std::string>& args, const Options& options);
-  ~Child();
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
-  [[nodiscard]] bool running() const noexcept { return !reaped_; }
-
-  /// Writes `line` and a newline to the child's stdin.
-  void send(const std::string& line);
-  /// The next line of the child's stdout, or nullopt on EOF or timeout.
-  [[nodiscard]] std::optional<std::string> readLine(milliseconds timeout);
-
-  void signal(int signal);
-  /// Waits (pidfd + poll) until the child ends; its wait status, or nullopt on timeout.
-  [[nodiscard]] std::optional<int> waitExit(milliseconds timeout);
-  /// SIGKILL, then reap. Returns true if the child died of the SIGKILL.
-  bool killAndReap();
-
- private:
-  pid_t pid_ = -1;
-  int stdin_fd_ = -1;
-  int stdout_fd_ = -1;
-  std::string buffer_;
-  bool reaped_ = false;
-};
+using dbuf::testing::Child;
+using dbuf::testing::contains;
+using dbuf::testing::startsWith;
+using dbuf::testing::TempDir;
 
 /// A trainer process (dbuf-mp-rank), see mp_rank.cpp for its commands.
 class Rank {

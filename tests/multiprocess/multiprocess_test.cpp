@@ -125,7 +125,9 @@ class MultiProcess : public ::testing::Test {
     EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(socket()))) << socket();
   }
 
-  TempDir dir_;
+  /// Mode 0711: other users (ranks running as uid 65534) may reach a socket in
+  /// it, not list it.
+  TempDir dir_{"dbuf-mp", 0711};
   std::unique_ptr<Daemon> daemon_;
 };
 
