@@ -1,0 +1,188 @@
+// Fused multi-tensor CPU kernels: each op over a group of ~1000 tensors in one
+// call, as bandwidth (bytes read + written per second) relative to memcpy of
+// the same bytes on the same cores, measured side by side in one run.
+// Figures go to docs/kernels.md.
+//
+//   bench_kernels [MODEL_JSON] [--elements N] [--threads T]
+//
+// Tensor sizes: the model's tensors (default models/llama3-8b.json) repeated
+// in order until there are 1000, each scaled by one common factor so the
+// group holds about N elements (default 32 Mi: 128 MiB of fp32), as one
+// rank's shards of the model at a large world size.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dbuf/kernels/convert.hpp"
+#include "dbuf/kernels/ops.hpp"
+#include "dbuf/plan_io/model_file.hpp"
+
+namespace {
+
+using dbuf::DType;
+using namespace dbuf::kernels;  // NOLINT(google-build-using-namespace)
+
+double seconds(const std::function<void()>& fn, int reps) {
+  fn();  // warm up: page faults, caches
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return best;
+}
+
+/// One memcpy of `bytes` split across `threads` threads (one spawn per call,
+/// like the kernels).
+void parallelMemcpy(unsigned char* dst, const unsigned char* src, std::size_t bytes, int threads) {
+  const std::size_t per = (bytes + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  std::vector<std::jthread> pool;
+  for (int t = 1; t < threads; ++t) {
+    const std::size_t b = std::min(bytes, per * static_cast<std::size_t>(t));
+    const std::size_t e = std::min(bytes, b + per);
+    pool.emplace_back([=] { std::memcpy(dst + b, src + b, e - b); });
+  }
+  std::memcpy(dst, src, std::min(bytes, per));
+}
+
+void must(const dbuf::Result<void>& r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "bench_kernels: %s\n", r.error().message.c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "models/llama3-8b.json";
+  std::int64_t target = std::int64_t{32} << 20;
+  int threads = defaultThreads();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--elements" && i + 1 < argc) {
+      target = std::atoll(argv[++i]);
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      model = a;
+    }
+  }
+  auto file = dbuf::plan_io::loadModelFile(model);
+  if (!file.ok()) {
+    std::fprintf(stderr, "bench_kernels: %s\n", file.error().message.c_str());
+    return 1;
+  }
+  std::vector<std::int64_t> numels;
+  for (const auto& u : file->units) {
+    for (const auto& t : u.tensors) numels.push_back(t.numel());
+  }
+  if (numels.empty()) return 1;
+  std::vector<std::int64_t> sizes;
+  double model_total = 0;
+  for (std::size_t i = 0; sizes.size() < 1000; ++i) {
+    sizes.push_back(numels[i % numels.size()]);
+    model_total += static_cast<double>(sizes.back());
+  }
+  const double factor = static_cast<double>(target) / model_total;
+  std::vector<Segment> segs;
+  std::vector<Segment> quant_segs;
+  std::int64_t total = 0;
+  std::int64_t scales_total = 0;
+  const std::int64_t block = 128;
+  for (const auto n : sizes) {
+    const auto count = std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(n) * factor));
+    segs.push_back({total, total, count, 0, 0});
+    quant_segs.push_back({total, total, count, block, scales_total});
+    total += count;
+    scales_total += (count + block - 1) / block;
+  }
+  std::printf("group: %zu tensors from %s (sizes x %.3g), %lld elements, block %lld for fp8\n", segs.size(),
+              file->model.c_str(), factor, static_cast<long long>(total), static_cast<long long>(block));
+
+  const auto n = static_cast<std::size_t>(total);
+  std::vector<float> f32_a(n);
+  std::vector<float> f32_b(n);
+  std::vector<std::uint16_t> b16(n);
+  std::vector<std::uint8_t> q(n);
+  std::vector<float> scales(static_cast<std::size_t>(scales_total));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0F, 1.0F);
+  for (auto& x : f32_a) x = dist(rng);
+  for (std::size_t i = 0; i < n; ++i) b16[i] = floatToBf16(f32_a[i]);
+  std::memset(f32_b.data(), 0, n * 4);
+  std::memset(q.data(), 0, n);
+
+  const DType f32 = DType::kF32;
+  const ConstBuffer in32{f32_a.data(), f32, total};
+  const MutBuffer out32{f32_b.data(), f32, total};
+  const ConstBuffer in16{b16.data(), DType::kBF16, total};
+  const MutBuffer out16{b16.data(), DType::kBF16, total};
+  const MutBuffer outq{q.data(), DType::kF8E4M3, total};
+  const ConstBuffer inq{q.data(), DType::kF8E4M3, total};
+  const MutBuffer outs{scales.data(), f32, scales_total};
+  const ConstBuffer ins{scales.data(), f32, scales_total};
+
+  struct Op {
+    const char* name;
+    double bytes_per_element;  // read + written
+    std::function<void(const Options&)> run;
+  };
+  const std::vector<Op> ops{
+      {"copy fp32", 8, [&](const Options& o) { must(copy(in32, out32, segs, o)); }},
+      {"copy fp32, one call per tensor", 8,
+       [&](const Options& o) {
+         for (const Segment& s : segs) must(copy(in32, out32, std::span<const Segment>(&s, 1), o));
+       }},
+      {"cast fp32->bf16", 6, [&](const Options& o) { must(cast(in32, out16, segs, o)); }},
+      {"cast bf16->fp32", 6, [&](const Options& o) { must(cast(in16, out32, segs, o)); }},
+      {"scale fp32 (in place)", 8, [&](const Options& o) { must(scale(out32, 0.5F, segs, o)); }},
+      {"zero fp32", 4, [&](const Options& o) { must(zero(out32, segs, o)); }},
+      {"accumulate fp32 += bf16*a", 10, [&](const Options& o) { must(accumulate(in16, out32, 0.25F, segs, o)); }},
+      {"quantize fp32->e4m3 /128", 5 + 4.0 / 128,
+       [&](const Options& o) { must(quantizeE4m3(in32, outq, outs, quant_segs, o)); }},
+      {"dequantize e4m3->fp32 /128", 5 + 4.0 / 128,
+       [&](const Options& o) { must(dequantizeE4m3(inq, ins, out32, quant_segs, o)); }},
+      {"dequantize e4m3->bf16 /128", 3 + 4.0 / 128,
+       [&](const Options& o) { must(dequantizeE4m3(inq, ins, out16, quant_segs, o)); }},
+  };
+
+  std::vector<int> thread_counts{1};
+  if (threads > 1) thread_counts.push_back(threads);
+  const int reps = 5;
+  std::vector<double> memcpy_bw;
+  std::printf("%-32s", "op");
+  for (const int t : thread_counts) std::printf("  %2d thr: GB/s  vs memcpy", t);
+  std::printf("\n%-32s", "memcpy (same bytes, same cores)");
+  for (const int t : thread_counts) {
+    const double s = seconds(
+        [&] {
+          parallelMemcpy(reinterpret_cast<unsigned char*>(f32_b.data()),
+                         reinterpret_cast<const unsigned char*>(f32_a.data()), n * 4, t);
+        },
+        reps);
+    memcpy_bw.push_back(8.0 * static_cast<double>(total) / s / 1e9);
+    std::printf("  %12.2f  %9.2f", memcpy_bw.back(), 1.0);
+  }
+  std::printf("\n");
+  for (const Op& op : ops) {
+    std::printf("%-32s", op.name);
+    for (std::size_t k = 0; k < thread_counts.size(); ++k) {
+      const Options o{thread_counts[k]};
+      const double s = seconds([&] { op.run(o); }, reps);
+      const double bw = op.bytes_per_element * static_cast<double>(total) / s / 1e9;
+      std::printf("  %12.2f  %9.2f", bw, bw / memcpy_bw[k]);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}

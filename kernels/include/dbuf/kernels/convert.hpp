@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// Scalar element conversions on bit patterns: fp32 <-> bf16, fp32 <-> fp16,
+/// fp32 <-> fp8 e4m3 (OCP / NVIDIA E4M3FN: bias 7, no infinities, max 448,
+/// NaN = S.1111.111). Plain constexpr functions on uint16_t / uint8_t so the
+/// CUDA kernels can share them (DBUF_HD marks them __host__ __device__ under
+/// nvcc) and produce bit-identical results to the CPU kernels.
+/// Thread safety: pure functions.
+///
+/// Rounding: every narrowing conversion is round-to-nearest-even.
+///  - floatToBf16 / floatToHalf: overflow goes to +-inf, NaN stays NaN (made
+///    quiet, sign and top payload bits kept).
+///  - floatToE4m3: saturating (like CUDA's __nv_cvt_float_to_fp8 with
+///    __NV_SATFINITE): |x| >= 448 and +-inf give +-448 (0x7e), NaN gives
+///    S.1111.111 (sign kept), values at or below 2^-10 give a signed zero.
+///  - bf16ToFloat / halfToFloat / e4m3ToFloat are exact.
+
+#include <bit>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DBUF_HD __host__ __device__
+#else
+#define DBUF_HD
+#endif
+
+namespace dbuf::kernels {
+
+DBUF_HD constexpr std::uint32_t floatBits(float f) noexcept {
+  return std::bit_cast<std::uint32_t>(f);
+}
+DBUF_HD constexpr float bitsFloat(std::uint32_t u) noexcept {
+  return std::bit_cast<float>(u);
+}
+
+// ---- bf16 -------------------------------------------------------------------
+
+DBUF_HD constexpr float bf16ToFloat(std::uint16_t h) noexcept {
+  return bitsFloat(static_cast<std::uint32_t>(h) << 16);
+}
+
+DBUF_HD constexpr std::uint16_t floatToBf16(float f) noexcept {
+  // Both results computed, one selected: keeps loops over it vectorisable.
+  const std::uint32_t u = floatBits(f);
+  const std::uint32_t rounded = (u + 0x7fffU + ((u >> 16) & 1U)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x0040U;  // quiet NaN, sign and top payload kept
+  return static_cast<std::uint16_t>((u & 0x7fffffffU) > 0x7f800000U ? nan : rounded);
+}
+
+// ---- fp16 -------------------------------------------------------------------
+
+/// Exact; branch-free apart from selects, so loops over it vectorise.
+DBUF_HD constexpr float halfToFloat(std::uint16_t h) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000U) << 16;
+  const std::uint32_t exp = static_cast<std::uint32_t>(h) & 0x7c00U;
+  const std::uint32_t mant = static_cast<std::uint32_t>(h) & 0x03ffU;
+  const std::uint32_t normal = (((exp >> 10) + 112U) << 23) | (mant << 13);
+  const std::uint32_t special = 0x7f800000U | (mant << 13);  // inf / NaN, payload kept
+  // Subnormal or zero: mant * 2^-24, exact in fp32 (mant < 2^10).
+  const std::uint32_t sub = floatBits(static_cast<float>(mant) * 5.9604644775390625e-8F);
+  std::uint32_t out = exp == 0 ? sub : normal;
+  out = exp == 0x7c00U ? special : out;
+  return bitsFloat(out | sign);
+}
+
+DBUF_HD constexpr std::uint16_t floatToHalf(float f) noexcept {
+  // Branch-free (selects only) so loops over it vectorise.
+  const std::uint32_t u = floatBits(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000U;
+  const std::uint32_t a = u & 0x7fffffffU;
+  // Normal range: round the fp32 bits at bit 13 (ties to even; a carry moves
+  // into the exponent, past 65504 to inf), then rebias 127 -> 15.
+  std::uint32_t normal = ((a + 0x0fffU + ((a >> 13) & 1U)) >> 13) - (112U << 10);
+  normal = normal < 0x7c00U ? normal : 0x7c00U;
+  // Below 2^-14: adding 0.5 (ulp 2^-24, the fp16 subnormal step) makes the
+  // fp32 adder round to a multiple of 2^-24, ties to even; the low bits count
+  // the steps (2^-14 itself comes out as the smallest normal, 0x0400).
+  const std::uint32_t sub = floatBits(bitsFloat(a) + 0.5F) - 0x3f000000U;
+  std::uint32_t r = a < 0x38800000U ? sub : normal;
+  r = a > 0x7f800000U ? (0x7e00U | ((a >> 13) & 0x03ffU)) : r;  // quiet NaN, payload kept
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+// ---- fp8 e4m3 (E4M3FN) ------------------------------------------------------
+
+inline constexpr float kE4m3Max = 448.0F;
+
+DBUF_HD constexpr float e4m3ToFloat(std::uint8_t q) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(q) & 0x80U) << 24;
+  const std::uint32_t exp = (static_cast<std::uint32_t>(q) >> 3) & 0x0fU;
+  const std::uint32_t mant = static_cast<std::uint32_t>(q) & 0x07U;
+  const std::uint32_t normal = ((exp + 120U) << 23) | (mant << 20);
+  const std::uint32_t sub = floatBits(static_cast<float>(mant) * 0.001953125F);  // mant * 2^-9, exact
+  std::uint32_t out = exp != 0 ? normal : sub;
+  out = (static_cast<std::uint32_t>(q) & 0x7fU) == 0x7fU ? 0x7fc00000U : out;  // NaN
+  return bitsFloat(out | sign);
+}
+
+DBUF_HD constexpr std::uint8_t floatToE4m3(float f) noexcept {
+  // Branch-free (selects only) so loops over it vectorise.
+  const std::uint32_t u = floatBits(f);
+  const std::uint32_t sign = (u >> 24) & 0x80U;
+  const std::uint32_t a = u & 0x7fffffffU;
+  // Normal range [2^-6, 448): round the fp32 bits at bit 20 (ties to even),
+  // rebias 127 -> 7. Below 448 the result never passes 0x7e.
+  const std::uint32_t normal = ((a + 0x7ffffU + ((a >> 20) & 1U)) >> 20) - (120U << 3);
+  // Below 2^-6: adding 2^14 (ulp 2^-9, the e4m3 subnormal step) makes the
+  // fp32 adder round to a multiple of 2^-9, ties to even; the low bits count
+  // the steps (2^-6 itself comes out as the smallest normal, 0x08).
+  const std::uint32_t sub = floatBits(bitsFloat(a) + 16384.0F) - 0x46800000U;
+  std::uint32_t r = a < 0x3c800000U ? sub : normal;
+  r = a >= 0x43e00000U ? 0x7eU : r;  // >= 448 and inf saturate
+  r = a > 0x7f800000U ? 0x7fU : r;   // NaN
+  return static_cast<std::uint8_t>(sign | r);
+}
+
+}  // namespace dbuf::kernels
