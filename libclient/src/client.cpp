@@ -76,16 +76,16 @@ struct Group::State {
   /// This rank's part of tensor `index` within a region of the shard file.
   TensorView shardPart(std::size_t index, const ipc::Region& region) const {
     const PlacedTensor& tensor = plan.tensors.at(index);
-    const std::int64_t rank_begin = static_cast<std::int64_t>(rank) * plan.shard_elems;
-    const std::int64_t first = std::max(tensor.offset, rank_begin);
-    const std::int64_t last = std::min(tensor.offset + tensor.numel, rank_begin + plan.shard_elems);
     TensorView view{tensor.name, sharded_dtype, tensor.shape, nullptr, 0, 0, 0};
-    if (first >= last || !shard.valid()) return view;  // nothing here, or detached
+    const auto slice = planner::sliceOnRank(tensor, plan.shard_elems, rank);
+    if (!slice || !shard.valid()) return view;  // nothing here, or detached
+    // The slice starts at global element offset + begin; this rank's shard at rank * S.
+    const std::int64_t in_shard = tensor.offset + slice->begin - static_cast<std::int64_t>(rank) * plan.shard_elems;
     const auto element = static_cast<std::size_t>(sizeBytes(sharded_dtype));
-    view.base = shard.data() + region.offset + static_cast<std::size_t>(first - rank_begin) * element;
-    view.begin = first - tensor.offset;
-    view.end = last - tensor.offset;
-    view.local_units = (view.end - 1) / tensor.granularity - view.begin / tensor.granularity + 1;
+    view.base = shard.data() + region.offset + static_cast<std::size_t>(in_shard) * element;
+    view.begin = slice->begin;
+    view.end = slice->end;
+    view.local_units = slice->local_units;
     return view;
   }
 

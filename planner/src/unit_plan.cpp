@@ -274,16 +274,22 @@ Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options) {
   return plan;
 }
 
+std::optional<RankSlice> sliceOnRank(const PlannedTensor& tensor, std::int64_t shard_elems, std::int64_t rank) {
+  const std::int64_t rank_begin = rank * shard_elems;
+  const std::int64_t first = std::max(tensor.offset, rank_begin);
+  const std::int64_t last = std::min(tensor.offset + tensor.numel, rank_begin + shard_elems);
+  if (first >= last) return std::nullopt;
+  const std::int64_t begin = first - tensor.offset;
+  const std::int64_t end = last - tensor.offset;
+  return RankSlice{rank, begin, end, (end - 1) / tensor.granularity - begin / tensor.granularity + 1};
+}
+
 std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index) {
   const PlannedTensor& tensor = plan.tensors[index];
-  const std::int64_t shard = plan.shard_elems;
   std::vector<RankSlice> slices;
   const std::int64_t end = tensor.offset + tensor.numel;
-  for (std::int64_t rank = tensor.offset / shard; rank * shard < end; ++rank) {
-    const std::int64_t begin = std::max(tensor.offset, rank * shard) - tensor.offset;
-    const std::int64_t stop = std::min(end, (rank + 1) * shard) - tensor.offset;
-    const std::int64_t units = (stop - 1) / tensor.granularity - begin / tensor.granularity + 1;
-    slices.push_back({rank, begin, stop, units});
+  for (std::int64_t rank = tensor.offset / plan.shard_elems; rank * plan.shard_elems < end; ++rank) {
+    if (auto slice = sliceOnRank(tensor, plan.shard_elems, rank)) slices.push_back(*slice);
   }
   return slices;
 }

@@ -31,6 +31,7 @@
 
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/common/result.hpp"
+#include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf {
 
@@ -85,13 +86,9 @@ struct TensorView {
   }
 };
 
-struct PlacedTensor {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::int64_t offset = 0;  ///< in the global buffer of devices * shard_elems elements
-  std::int64_t numel = 0;
-  std::int64_t granularity = 1;
-};
+/// A tensor's place in the group's global buffer of devices * shard_elems
+/// elements, as the planner computed it.
+using PlacedTensor = planner::PlannedTensor;
 
 struct GroupPlan {
   std::uint32_t group_id = 0;

@@ -96,6 +96,11 @@ struct UnitPlan {
 /// here (it needs the neighbouring units; see `planModel`).
 [[nodiscard]] Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options);
 
+/// `rank`'s part of `tensor` in a plan with shard size `shard_elems`, or
+/// nullopt when the rank holds none of it.
+[[nodiscard]] std::optional<RankSlice> sliceOnRank(const PlannedTensor& tensor, std::int64_t shard_elems,
+                                                   std::int64_t rank);
+
 /// Every rank's slice of tensor `index` of `plan` (ranks holding nothing are
 /// left out).
 [[nodiscard]] std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index);
