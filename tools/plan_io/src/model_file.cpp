@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -134,6 +135,33 @@ Result<planner::UnitSpec> parseUnit(const json& node, std::size_t index, const s
 
 }  // namespace
 
+/// A unit written as `{"name": "layers.4", "like": "layers.3"}`: the tensors
+/// of an earlier unit, with the earlier unit's name in each tensor name
+/// ("model.layers.3.mlp...") replaced by this one's. Keeps files of models
+/// with dozens of identical layers small.
+Result<planner::UnitSpec> unitLike(const json& node, std::size_t index, const std::string& file,
+                                   const std::vector<planner::UnitSpec>& earlier,
+                                   const std::vector<std::size_t>& skipped_per_unit, std::size_t& skipped) {
+  const std::string where = file + ": unit #" + std::to_string(index);
+  const auto name = node.find("name");
+  const auto like = node.find("like");
+  if (name == node.end() || !name->is_string() || !like->is_string() || node.contains("tensors")) {
+    return invalid(where + ": a \"like\" unit needs a string \"name\", a string \"like\" and no \"tensors\"");
+  }
+  const std::string source_name = like->get<std::string>();
+  const auto source = std::find_if(earlier.begin(), earlier.end(),
+                                   [&](const planner::UnitSpec& unit) { return unit.name == source_name; });
+  if (source == earlier.end()) return invalid(where + ": \"like\" names no earlier unit '" + source_name + "'");
+  planner::UnitSpec unit{name->get<std::string>(), source->tensors};
+  const std::string from = source_name + ".";
+  const std::string to = unit.name + ".";
+  for (planner::TensorSpec& tensor : unit.tensors) {
+    if (const auto at = tensor.name.find(from); at != std::string::npos) tensor.name.replace(at, from.size(), to);
+  }
+  skipped = skipped_per_unit[static_cast<std::size_t>(source - earlier.begin())];
+  return unit;
+}
+
 Result<ModelFile> parseModelJson(std::string_view text, const std::string& path) {
   const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return invalid(path + ": " + syntaxError(text));
@@ -145,9 +173,14 @@ Result<ModelFile> parseModelJson(std::string_view text, const std::string& path)
   const auto units = root.find("fsdp_units");
   if (units == root.end() || !units->is_array()) return invalid(path + ": \"fsdp_units\" must be an array");
   if (units->empty()) return invalid(path + ": \"fsdp_units\" is empty");
+  std::vector<std::size_t> skipped_per_unit;
   for (std::size_t i = 0; i < units->size(); ++i) {
-    auto unit = parseUnit((*units)[i], i, path, file.skipped_buffers);
+    std::size_t skipped = 0;
+    auto unit = (*units)[i].contains("like") ? unitLike((*units)[i], i, path, file.units, skipped_per_unit, skipped)
+                                              : parseUnit((*units)[i], i, path, skipped);
     if (!unit) return std::move(unit).error();
+    skipped_per_unit.push_back(skipped);
+    file.skipped_buffers += skipped;
     if (auto valid = planner::validateUnit(*unit); !valid) return std::move(valid).error().withContext(path);
     file.units.push_back(std::move(*unit));
   }

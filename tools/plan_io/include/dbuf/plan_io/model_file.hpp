@@ -3,7 +3,10 @@
 /// Model files: `{"model": ..., "fsdp_units": [{"name", "tensors": [{"name",
 /// "shape", "dtype", "granularity"?, "tp_dim"?, "trainable"?}]}]}` as in
 /// shared/models. Tensors marked `"trainable": false` are buffers, not FSDP
-/// parameters, and are left out. Errors name the file, unit and tensor.
+/// parameters, and are left out. A unit may instead be written
+/// `{"name": "layers.4", "like": "layers.3"}`: a copy of an earlier unit with
+/// that unit's name in the tensor names replaced (keeps files of models with
+/// many identical layers small). Errors name the file, unit and tensor.
 
 #include <string>
 #include <string_view>
