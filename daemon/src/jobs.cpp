@@ -137,7 +137,6 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.tenant = tenant;
     job.world_size = hello.world_size;
     job.persistent = hello.persistent;
-    job.prefetch_depth = hello.prefetch_depth;
     job.ranks.resize(hello.world_size);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
     return &jobs_.emplace(job.id, std::move(job)).first->second;
@@ -148,10 +147,10 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     return makeError(ErrorCode::kNotFound, "job '" + hello.job_id + "' belongs to another tenant (uid " +
                                                std::to_string(peer.uid) + " is not allowed)");
   }
-  if (job.persistent != hello.persistent || job.prefetch_depth != hello.prefetch_depth) {
+  if (job.persistent != hello.persistent || job.prefetchDepth() != hello.prefetch_depth) {
     return makeError(ErrorCode::kInvalidArgument,
                      "job '" + job.id + "' was attached with persistent=" + (job.persistent ? "true" : "false") +
-                         " and prefetch depth " + std::to_string(job.prefetch_depth) +
+                         " and prefetch depth " + std::to_string(job.prefetchDepth()) +
                          ", not persistent=" + (hello.persistent ? "true" : "false") + " and prefetch depth " +
                          std::to_string(hello.prefetch_depth));
   }

@@ -87,7 +87,11 @@ struct Job {
     std::set<std::uint32_t> told;
   };
   std::map<std::string, FailedRegistration> failed;
-  std::uint32_t prefetch_depth = 1;
+
+  /// Every rank has prefetch_depth + 1 slots.
+  [[nodiscard]] std::uint32_t prefetchDepth() const {
+    return static_cast<std::uint32_t>(ranks.front().slots.size() - 1);
+  }
 };
 
 class JobTable {
