@@ -122,6 +122,9 @@ void fields(Io& io, M& m) {
   io.integer("session_id", m.session_id);
   io.integer("memory_quota_bytes", m.memory_quota_bytes);
   io.integer("memory_used_bytes", m.memory_used_bytes);
+  io.integer("ring_capacity", m.ring_capacity);
+  io.integer("segment_bytes", m.segment_bytes);
+  io.integer("busy_poll_us", m.busy_poll_us);
   io.boolean("reattached", m.reattached);
 }
 
@@ -196,6 +199,7 @@ void fields(Io& io, M& m) {
   io.integer("slot_file_bytes", m.slot_file_bytes);
   io.nested("params", std::nullopt, [&] { fields(io, m.params); });
   io.nested("grads", std::nullopt, [&] { fields(io, m.grads); });
+  io.nested("scales", std::nullopt, [&] { fields(io, m.scales); });
 }
 
 template <typename Io, MessageOf<ReleaseSlot> M>

@@ -10,7 +10,9 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "samples.hpp"
@@ -22,6 +24,7 @@ using testing::sampleGroupReady;
 using testing::sampleHello;
 using testing::sampleMessages;
 using testing::sampleRegisterGroup;
+using testing::sampleWelcome;
 using testing::tensorDecl;
 
 /// Little-endian payload builder for hand-made (often malformed) payloads.
@@ -148,13 +151,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x01, 0x00,                                      // version 1
+      0x02, 0x00,                                      // version 2 (session segment, collectives)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
+  static_assert(kProtocolVersion == 2, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -180,6 +184,83 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
   hello.prefetch_depth = 4;
   const auto expected = Bytes().u16(kProtocolVersion).str("ab").u32(1).u32(2).u32(3).i32(-1).u64(9).u8(1).u32(4).get();
   EXPECT_EQ(payloadOf(hello), expected);
+}
+
+TEST(ProtocolRoundTrip, PayloadLayoutOfWelcome) {
+  // Protocol 2 put the data-plane fields before `reattached`, which stays the
+  // last byte on the wire.
+  Welcome welcome;
+  welcome.nonce = 0x1111111111111111ULL;
+  welcome.daemon_instance_id = 0x2222222222222222ULL;
+  welcome.session_id = 3;
+  welcome.memory_quota_bytes = 4;
+  welcome.memory_used_bytes = 5;
+  welcome.ring_capacity = 0x01020304U;
+  welcome.segment_bytes = 0x0A0B0C0D0E0F1011ULL;
+  welcome.busy_poll_us = 0x21222324U;
+  welcome.reattached = true;
+  const auto expected = Bytes()
+                            .u64(0x1111111111111111ULL)
+                            .u64(0x2222222222222222ULL)
+                            .u64(3)
+                            .u64(4)
+                            .u64(5)
+                            .u32(0x01020304U)
+                            .u64(0x0A0B0C0D0E0F1011ULL)
+                            .u32(0x21222324U)
+                            .u8(1)
+                            .get();
+  EXPECT_EQ(payloadOf(welcome), expected);
+  auto decoded = decodePayload(MessageType::kWelcome, expected);
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_EQ(*decoded, Message(welcome));
+}
+
+TEST(ProtocolRoundTrip, WelcomeDataPlaneFieldsRoundTripEachOnItsOwn) {
+  // One new field at a time at its extreme, every other field default: a
+  // field encoded into its neighbour's place cannot pass.
+  for (int field = 0; field < 3; ++field) {
+    Welcome welcome;
+    if (field == 0) welcome.ring_capacity = 0xFFFFFFFFU;
+    if (field == 1) welcome.segment_bytes = 0xFFFFFFFFFFFFFFFFULL;
+    if (field == 2) welcome.busy_poll_us = 0xFFFFFFFFU;
+    auto decoded = decodePayload(MessageType::kWelcome, payloadOf(welcome));
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    ASSERT_TRUE(std::holds_alternative<Welcome>(*decoded));
+    const auto& back = std::get<Welcome>(*decoded);
+    EXPECT_EQ(back, welcome) << "field " << field;
+    EXPECT_EQ(back.ring_capacity, welcome.ring_capacity) << "field " << field;
+    EXPECT_EQ(back.segment_bytes, welcome.segment_bytes) << "field " << field;
+    EXPECT_EQ(back.busy_poll_us, welcome.busy_poll_us) << "field " << field;
+    EXPECT_FALSE(back.reattached);
+  }
+  // The sample (every field non-default) through a whole frame.
+  const Welcome sample = sampleWelcome();
+  ASSERT_NE(sample.ring_capacity, Welcome{}.ring_capacity);
+  ASSERT_NE(sample.segment_bytes, Welcome{}.segment_bytes);
+  ASSERT_NE(sample.busy_poll_us, Welcome{}.busy_poll_us);
+  auto frame = encodeFrame(sample, 9);
+  ASSERT_TRUE(frame.ok()) << frame.error().message;
+  EXPECT_EQ(frame->size(), kHeaderBytes + std::size_t{5} * 8 + 4 + 8 + 4 + 1);
+  auto decoded = decodePayload(MessageType::kWelcome, std::span(*frame).subspan(kHeaderBytes));
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_EQ(*decoded, Message(sample));
+}
+
+TEST(ProtocolPayload, ProtocolOneWelcomeIsTruncatedNotMisread) {
+  // A version-1 Welcome (five u64 then reattached) read as version 2: the
+  // reattached byte would be the start of ring_capacity; refused instead.
+  const auto v1 = Bytes().u64(1).u64(2).u64(3).u64(4).u64(5).u8(1).get();
+  const std::string error = decodeError(MessageType::kWelcome, v1);
+  EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+  EXPECT_NE(error.find("ring_capacity"), std::string::npos) << error;
+}
+
+TEST(ProtocolRoundTrip, PayloadLayoutOfSlotGrantedEndsWithTheScales) {
+  const SlotGranted granted{3, 1, 1ULL << 33U, Region{256, 1000}, Region{1280, 1000}, Region{2304, 64}};
+  const auto expected =
+      Bytes().u32(3).u32(1).u64(1ULL << 33U).u64(256).u64(1000).u64(1280).u64(1000).u64(2304).u64(64).get();
+  EXPECT_EQ(payloadOf(granted), expected);
 }
 
 TEST(ProtocolRoundTrip, LimitsThemselvesAreAccepted) {
@@ -213,7 +294,9 @@ TEST(ProtocolHeader, BadMagicIsRejected) {
 }
 
 TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
-  for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{2}, std::uint16_t{0xFFFF}}) {
+  // 1 is the version before the data plane: its Welcome has no session
+  // segment fields, so it must be refused as a version, not half-decoded.
+  for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{3}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;
@@ -223,7 +306,7 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   }
   // A future version with a type we do not know still hears about the version.
   auto bytes = validHeaderBytes();
-  bytes[4] = std::byte{2};
+  bytes[4] = std::byte{kProtocolVersion + 1};
   bytes[6] = std::byte{99};
   auto decoded = decodeHeader(bytes);
   ASSERT_FALSE(decoded.ok());

@@ -71,6 +71,23 @@ inline GroupReady sampleGroupReady() {
   return ready;
 }
 
+/// Every field non-default, the data-plane fields (protocol version 2) with
+/// distinct bytes in every position so that a swapped or misplaced field
+/// cannot round-trip by accident.
+inline Welcome sampleWelcome() {
+  Welcome welcome;
+  welcome.nonce = 0x0123456789ABCDEFULL;
+  welcome.daemon_instance_id = 77;
+  welcome.session_id = 0xFFFFFFFFFFFFFFFFULL;
+  welcome.memory_quota_bytes = 64ULL << 30U;
+  welcome.memory_used_bytes = 12345;
+  welcome.reattached = true;
+  welcome.ring_capacity = 0x00010000U;            // kMaxRingCapacity
+  welcome.segment_bytes = 0x0102030405060708ULL;  // all 8 bytes matter
+  welcome.busy_poll_us = 0xA1B2C3D4U;
+  return welcome;
+}
+
 /// At least one message of every type, each with non-default values.
 inline std::vector<Message> sampleMessages() {
   std::vector<Message> messages;
@@ -78,7 +95,7 @@ inline std::vector<Message> sampleMessages() {
   Hello minimal_hello;
   minimal_hello.job_id = "j";
   messages.emplace_back(minimal_hello);
-  messages.emplace_back(Welcome{0x0123456789ABCDEFULL, 77, 0xFFFFFFFFFFFFFFFFULL, 64ULL << 30U, 12345, true});
+  messages.emplace_back(sampleWelcome());
   messages.emplace_back(ErrorReply{WireError::kQuotaExceeded, "asked 8 GiB, 3 GiB left in tenant 'research'"});
   messages.emplace_back(ErrorReply{WireError::kInternal, ""});
   messages.emplace_back(ErrorReply{WireError::kBadRequest, std::string(kMaxStringBytes, 'x')});
@@ -86,7 +103,7 @@ inline std::vector<Message> sampleMessages() {
   messages.emplace_back(RegisterGroup{});
   messages.emplace_back(sampleGroupReady());
   messages.emplace_back(AcquireSlot{0xA5A5A5A5U});
-  messages.emplace_back(SlotGranted{3, 1, 1ULL << 33U, Region{256, 1000}, Region{1280, 1000}});
+  messages.emplace_back(SlotGranted{3, 1, 1ULL << 33U, Region{256, 1000}, Region{1280, 1000}, Region{2304, 64}});
   messages.emplace_back(ReleaseSlot{0xFFFFFFFFU});
   messages.emplace_back(SlotReleased{9});
   messages.emplace_back(Detach{});

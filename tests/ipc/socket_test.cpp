@@ -1,6 +1,7 @@
 // Unix-socket helpers over socketpair(AF_UNIX) and a listening socket in a
 // private temp dir: frames with 0, 1 and 3 memfds, deadlines, a peer that
-// hangs up mid-frame, too many fds, peer credentials, connectUnix errors.
+// hangs up mid-frame, too many fds, peer credentials, connectUnix errors, a
+// Hello / Welcome exchange with the Welcome's two fds (memfd and eventfd).
 // No sleeps for synchronisation: deadlines are the only waits.
 
 #include "dbuf/ipc/socket.hpp"
@@ -8,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -383,14 +385,26 @@ TEST(Socket, ConnectToAListeningSocketAndTalk) {
   ASSERT_TRUE(hello.ok()) << hello.error().message;
   EXPECT_EQ(hello->message, Message(testing::sampleHello()));
 
+  // A protocol-2 Welcome carries two fds, as dbufd sends it: the session
+  // segment (a memfd) and the daemon's eventfd, in that order.
   auto memfd = createMemfd("dbuf-ipc-welcome", 4096);
   ASSERT_TRUE(memfd.ok());
-  const int raw = memfd->get();
-  ASSERT_TRUE(sendMessage(server.get(), Welcome{1, 2, 3, 4, 5, false}, 1, std::span(&raw, 1), in(2s)).ok());
+  const UniqueFd doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  ASSERT_TRUE(doorbell.valid()) << std::strerror(errno);
+  const std::array<int, 2> raw{memfd->get(), doorbell.get()};
+  ASSERT_TRUE(sendMessage(server.get(), testing::sampleWelcome(), 1, raw, in(2s)).ok());
   auto welcome = receiveMessage(client->get(), in(2s));
   ASSERT_TRUE(welcome.ok()) << welcome.error().message;
-  ASSERT_EQ(welcome->fds.size(), 1U);
-  EXPECT_TRUE(sameFile(raw, welcome->fds[0].get()));
+  EXPECT_EQ(welcome->message, Message(testing::sampleWelcome()));
+  ASSERT_EQ(welcome->fds.size(), 2U);
+  EXPECT_TRUE(sameFile(raw[0], welcome->fds[0].get()));
+  // Every eventfd shares one anonymous inode, so sameFile() proves nothing
+  // here: a count written through the received fd must be read from ours.
+  const std::uint64_t rung = 5;
+  ASSERT_EQ(::write(welcome->fds[1].get(), &rung, sizeof rung), static_cast<ssize_t>(sizeof rung));
+  std::uint64_t heard = 0;
+  ASSERT_EQ(::read(doorbell.get(), &heard, sizeof heard), static_cast<ssize_t>(sizeof heard));
+  EXPECT_EQ(heard, rung);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ enum class ErrorCode : std::uint8_t {
   kConflict,         ///< clashes with the state of others (rank taken, specs disagree)
   kTimeout,          ///< a deadline passed
   kUnavailable,      ///< the peer (daemon) is gone or shutting down
+  kWouldBlock,       ///< no room now (a full ring) and the caller asked not to wait
 };
 
 [[nodiscard]] constexpr std::string_view toString(ErrorCode code) noexcept {
@@ -47,6 +48,8 @@ enum class ErrorCode : std::uint8_t {
       return "timeout";
     case ErrorCode::kUnavailable:
       return "unavailable";
+    case ErrorCode::kWouldBlock:
+      return "would block";
   }
   return "unknown error";
 }

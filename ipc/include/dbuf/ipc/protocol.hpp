@@ -32,7 +32,7 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;  // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: session segment, collectives
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
@@ -42,7 +42,7 @@ inline constexpr std::size_t kMaxFdsPerFrame = 8;
 
 enum class MessageType : std::uint16_t {
   kHello = 1,          ///< client -> daemon, first frame
-  kWelcome = 2,        ///< daemon -> client, + session fd (none yet: reserved)
+  kWelcome = 2,        ///< daemon -> client, + session segment memfd and daemon eventfd
   kError = 3,          ///< daemon -> client, reply to any failed request
   kRegisterGroup = 4,  ///< client -> daemon
   kGroupReady = 5,     ///< daemon -> client, + the group's shard memfd
@@ -106,6 +106,11 @@ struct Welcome {
   std::uint64_t memory_quota_bytes = 0;  ///< the tenant's quota
   std::uint64_t memory_used_bytes = 0;   ///< already used by the tenant
   bool reattached = false;               ///< a persistent job's rank came back: its shards are intact
+  // The data plane (see ring.hpp). The frame carries two fds: the session
+  // segment (segment_bytes long) and the eventfd that wakes the daemon.
+  std::uint32_t ring_capacity = 0;
+  std::uint64_t segment_bytes = 0;
+  std::uint32_t busy_poll_us = 0;  ///< how long to spin before sleeping
   friend bool operator==(const Welcome&, const Welcome&) = default;
 };
 
@@ -178,7 +183,8 @@ struct SlotGranted {
   std::uint32_t slot_index = 0;
   std::uint64_t slot_file_bytes = 0;
   Region params;  ///< devices*shard_elems of unsharded_dtype
-  Region grads;   ///< devices*shard_elems of unsharded_dtype
+  Region grads;   ///< devices*shard_elems of the gradient dtype (unsharded_dtype; bf16 for fp8 groups)
+  Region scales;  ///< fp8 groups: one fp32 scale per granularity block; empty otherwise
   friend bool operator==(const SlotGranted&, const SlotGranted&) = default;
 };
 

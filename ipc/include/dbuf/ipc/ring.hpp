@@ -1,0 +1,173 @@
+#pragma once
+/// \file
+/// The data plane's session segment: one shared-memory file per session
+/// holding a submission ring (trainer -> daemon), a completion ring
+/// (daemon -> trainer), their doorbell words and one error-message slot per
+/// completion entry. Both rings are single-producer single-consumer with
+/// fixed 64-byte entries; indices are free-running 64-bit counters (entry i
+/// lives at i % capacity), each on its own cache line.
+///
+/// Layout (byte offsets, every part 64-byte aligned):
+///   0                  SegmentHeader (written once by the daemon)
+///   64 .. 448          six index / doorbell lines (see Indices)
+///   submissions        capacity * 64
+///   completions        capacity * 64
+///   messages           capacity * kCompletionMessageBytes (slot i belongs to
+///                      completion entry i % capacity)
+///
+/// Trust: the daemon never trusts anything a client can write. It keeps its
+/// own copies of the indices it owns, copies an entry out before looking at
+/// it, and reports a client index that is impossible (more entries than the
+/// ring holds) as kCorrupt. The client checks the header against the file.
+///
+/// Waiting: each side spins for a while, then sleeps. The daemon sleeps on an
+/// eventfd per session (it sets `daemon_sleeping` first; a client that sees it
+/// after publishing writes the eventfd). A client sleeps on a futex on
+/// `client_doorbell` (it sets `client_waiting` first; the daemon bumps the
+/// doorbell and wakes it after publishing). Every flag and index access is
+/// sequentially consistent where a lost wake-up would otherwise be possible.
+///
+/// Hot path: no allocation, no lock, no system call unless the peer sleeps.
+/// Thread safety: one thread per side (one producer, one consumer per ring).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "dbuf/common/result.hpp"
+
+namespace dbuf::ipc {
+
+inline constexpr std::size_t kRingEntryBytes = 64;
+inline constexpr std::size_t kCompletionMessageBytes = 512;
+inline constexpr std::uint32_t kSegmentMagic = 0x474E4952;  // "RING"
+inline constexpr std::uint32_t kSegmentVersion = 1;
+
+/// What a submission asks for. Raw values travel in shared memory; the
+/// daemon validates them with `opCodeFrom`.
+enum class OpCode : std::uint8_t {
+  kNoop = 1,           ///< completes at once, not a collective (round-trip probe)
+  kBarrier = 2,        ///< every rank of the job
+  kAllGather = 3,      ///< group: every rank's shard -> every rank's unsharded params
+  kReduceScatter = 4,  ///< group: every rank's unsharded grads -> each rank's sharded grad
+  kAllReduce = 5,      ///< group: every rank's unsharded grads -> their reduction, in place
+  kBroadcast = 6,      ///< group: root's unsharded params -> every rank's
+};
+[[nodiscard]] std::string_view toString(OpCode op) noexcept;
+/// Valid codes only; anything else is nullopt-like (returns false).
+[[nodiscard]] bool opCodeFrom(std::uint8_t raw, OpCode& op) noexcept;
+
+enum class ReduceMode : std::uint8_t { kSum = 0, kAvg = 1 };
+
+/// Submission flags.
+inline constexpr std::uint8_t kFlagAccumulate = 1U << 0;  ///< reduce-scatter adds into the sharded gradient
+
+/// One submission entry, exactly 64 bytes. Scales apply to reductions:
+/// result = post * sum_r(pre * x_r), rounded once per step; avg divides post by the world size.
+struct Submission {
+  std::uint64_t handle = 0;  ///< the client's, echoed in the completion
+  std::uint32_t group_id = 0;
+  std::uint8_t op = 0;      ///< OpCode
+  std::uint8_t reduce = 0;  ///< ReduceMode
+  std::uint8_t flags = 0;
+  std::uint8_t reserved0 = 0;
+  std::uint32_t root = 0;  ///< broadcast source rank
+  float pre_scale = 1.0F;
+  float post_scale = 1.0F;
+  std::uint8_t reserved[36] = {};
+};
+static_assert(sizeof(Submission) == kRingEntryBytes);
+
+/// One completion entry, exactly 64 bytes. status 0 is success, otherwise a
+/// WireError value with a message of message_bytes bytes in the entry's slot.
+struct Completion {
+  std::uint64_t handle = 0;
+  std::uint64_t sequence = 0;  ///< the op's index among the job's collectives (noop: 0)
+  std::uint16_t status = 0;
+  std::uint16_t reserved0 = 0;
+  std::uint32_t message_bytes = 0;
+  std::uint64_t wait_ns = 0;  ///< from this rank's submission to the last rank's arrival
+  std::uint64_t run_ns = 0;   ///< time the daemon spent executing it
+  std::uint8_t reserved[24] = {};
+};
+static_assert(sizeof(Completion) == kRingEntryBytes);
+
+/// Capacity limits (a power of two in between).
+inline constexpr std::uint32_t kMinRingCapacity = 16;
+inline constexpr std::uint32_t kMaxRingCapacity = 65536;
+
+/// Bytes of a segment for `capacity` entries per ring.
+[[nodiscard]] std::size_t segmentBytes(std::uint32_t capacity) noexcept;
+
+enum class TakeResult : std::uint8_t { kEmpty, kTaken, kCorrupt };
+
+/// The daemon's side of one segment: consumes submissions, produces
+/// completions. `format` initialises a freshly created (zeroed) segment.
+class DaemonRings {
+ public:
+  DaemonRings() = default;
+  /// Writes the header into `memory` (segmentBytes(capacity) bytes, zeroed).
+  [[nodiscard]] static Result<DaemonRings> format(std::span<std::byte> memory, std::uint32_t capacity);
+
+  [[nodiscard]] std::uint32_t capacity() const noexcept { return capacity_; }
+
+  /// Copies the next submission out. kCorrupt: the client's head index is
+  /// impossible (the session should be closed).
+  [[nodiscard]] TakeResult take(Submission& out) noexcept;
+  /// True if a submission is waiting (does not consume; kCorrupt reads as true
+  /// so that the caller goes on to take() and sees it).
+  [[nodiscard]] bool hasSubmission() const noexcept;
+
+  /// Free completion entries, as far as the client's tail says (0 if the
+  /// client's tail is impossible).
+  [[nodiscard]] std::uint32_t completionSpace() const noexcept;
+  /// Publishes a completion (the caller checked completionSpace() > 0);
+  /// `message` (cut to kCompletionMessageBytes) goes in the entry's slot.
+  void complete(Completion entry, std::string_view message = {}) noexcept;
+  /// Wakes the client if it sleeps (after one or more complete() calls).
+  void wakeClient() noexcept;
+
+  /// Sleeping protocol: set before sleeping, then re-check hasSubmission().
+  void setSleeping(bool sleeping) noexcept;
+
+ private:
+  std::byte* base_ = nullptr;
+  std::uint32_t capacity_ = 0;
+  std::uint64_t submit_tail_ = 0;     // ours: next submission to take
+  std::uint64_t complete_head_ = 0;   // ours: next completion to publish
+};
+
+/// The client's side: produces submissions, consumes completions.
+class ClientRings {
+ public:
+  ClientRings() = default;
+  /// Checks the header the daemon wrote against the mapped size.
+  [[nodiscard]] static Result<ClientRings> attach(std::span<std::byte> memory);
+
+  [[nodiscard]] std::uint32_t capacity() const noexcept { return capacity_; }
+
+  /// False when the submission ring is full (back-pressure: reap completions).
+  [[nodiscard]] bool trySubmit(const Submission& entry) noexcept;
+  /// Writes the daemon's eventfd if the daemon sleeps; call after trySubmit.
+  void wakeDaemon(int eventfd) noexcept;
+
+  /// Copies the next completion and its message (if any, into `message`,
+  /// truncated to its size; `message_bytes` is set to the copied length).
+  [[nodiscard]] bool tryReap(Completion& out, std::span<char> message, std::size_t& message_bytes) noexcept;
+  [[nodiscard]] bool hasCompletion() const noexcept;
+
+  /// Spins up to `busy_poll`, then sleeps on the doorbell futex until a
+  /// completion is available or `deadline` passes. True if one is available.
+  [[nodiscard]] bool waitForCompletion(std::chrono::steady_clock::time_point deadline,
+                                       std::chrono::microseconds busy_poll) noexcept;
+
+ private:
+  std::byte* base_ = nullptr;
+  std::uint32_t capacity_ = 0;
+  std::uint64_t submit_head_ = 0;    // ours
+  std::uint64_t complete_tail_ = 0;  // ours
+};
+
+}  // namespace dbuf::ipc
