@@ -13,6 +13,11 @@ std::string shapeText(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
+/// The dtypes the reductions and casts compute in.
+bool isFloatingCompute(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
 std::uint64_t alignUp(std::uint64_t value, std::uint64_t multiple) {
   return static_cast<std::uint64_t>(roundUp(static_cast<std::int64_t>(value), static_cast<std::int64_t>(multiple)));
 }
@@ -47,10 +52,14 @@ std::optional<std::string> specDifference(const ipc::RegisterGroup& a, const ipc
 
 Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_t devices) {
   const auto sharded = parseDType(spec.sharded_dtype);
-  if (!sharded) return makeError(ErrorCode::kInvalidArgument, "unknown sharded dtype '" + spec.sharded_dtype + "'");
+  if (!sharded || !isFloatingCompute(*sharded)) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "sharded dtype '" + spec.sharded_dtype + "' is not one of fp32, bf16, fp16");
+  }
   const auto unsharded = parseDType(spec.unsharded_dtype);
-  if (!unsharded) {
-    return makeError(ErrorCode::kInvalidArgument, "unknown unsharded dtype '" + spec.unsharded_dtype + "'");
+  if (!unsharded || !(isFloatingCompute(*unsharded) || *unsharded == DType::kF8E4M3)) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "unsharded dtype '" + spec.unsharded_dtype + "' is not one of fp32, bf16, fp16, fp8_e4m3");
   }
   auto rule = planner::GranularityRule::parse(spec.granularity);
   if (!rule) return std::move(rule).error();
@@ -94,14 +103,62 @@ ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::Uni
   return ready;
 }
 
+DType gradientDType(DType unsharded) noexcept {
+  return unsharded == DType::kF8E4M3 ? DType::kBF16 : unsharded;
+}
+
 SlotLayout slotLayout(const ipc::GroupReady& group) {
-  const auto bytes = static_cast<std::uint64_t>(group.devices) * static_cast<std::uint64_t>(group.shard_elems) *
-                     static_cast<std::uint64_t>(sizeBytes(*parseDType(group.unsharded_dtype)));
+  const DType unsharded = *parseDType(group.unsharded_dtype);
+  const auto elements = static_cast<std::uint64_t>(group.devices) * static_cast<std::uint64_t>(group.shard_elems);
   SlotLayout layout;
-  layout.params = {0, bytes};
-  layout.grads = {alignUp(bytes, kRegionAlign), bytes};
-  layout.file_bytes = alignUp(layout.grads.offset + bytes, kPageBytes);
+  layout.params = {0, elements * static_cast<std::uint64_t>(sizeBytes(unsharded))};
+  layout.grads = {alignUp(layout.params.bytes, kRegionAlign),
+                  elements * static_cast<std::uint64_t>(sizeBytes(gradientDType(unsharded)))};
+  std::uint64_t end = layout.grads.offset + layout.grads.bytes;
+  if (unsharded == DType::kF8E4M3) {
+    std::vector<planner::PlannedTensor> tensors;
+    for (const auto& tensor : group.tensors) {
+      tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
+    }
+    const auto blocks = static_cast<std::uint64_t>(planner::numberBlocks(tensors).total);
+    layout.scales = {alignUp(end, kRegionAlign), blocks * sizeof(float)};
+    end = layout.scales.offset + layout.scales.bytes;
+  }
+  layout.file_bytes = alignUp(end, kPageBytes);
   return layout;
+}
+
+GroupGeometry groupGeometry(const ipc::GroupReady& group) {
+  GroupGeometry geometry;
+  geometry.world = group.devices;
+  geometry.shard_elems = group.shard_elems;
+  geometry.sharded = *parseDType(group.sharded_dtype);
+  geometry.unsharded = *parseDType(group.unsharded_dtype);
+  geometry.grad = gradientDType(geometry.unsharded);
+  if (!geometry.quantized()) return geometry;
+  std::vector<planner::PlannedTensor> tensors;
+  for (const auto& tensor : group.tensors) {
+    tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
+  }
+  const planner::BlockNumbering blocks = planner::numberBlocks(tensors);
+  geometry.total_blocks = blocks.total;
+  geometry.ranks.resize(group.devices);
+  for (std::uint32_t rank = 0; rank < group.devices; ++rank) {
+    GroupGeometry::RankBlocks& mine = geometry.ranks[rank];
+    mine.first_scale = blocks.total;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto slice = planner::sliceOnRank(tensors[i], group.shard_elems, rank);
+      if (!slice) continue;
+      const std::int64_t global = tensors[i].offset + slice->begin;
+      const std::int64_t scale = blocks.first[i] + slice->begin / tensors[i].granularity;
+      mine.segments.push_back({global - static_cast<std::int64_t>(rank) * group.shard_elems, global,
+                               slice->end - slice->begin, tensors[i].granularity, scale});
+      mine.first_scale = std::min(mine.first_scale, scale);
+      mine.scales += slice->local_units;
+    }
+    if (mine.segments.empty()) mine.first_scale = 0;
+  }
+  return geometry;
 }
 
 }  // namespace dbuf::daemon

@@ -9,6 +9,7 @@
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/common/result.hpp"
 #include "dbuf/ipc/protocol.hpp"
+#include "dbuf/kernels/ops.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf::daemon {
@@ -29,12 +30,39 @@ inline constexpr std::uint64_t kPageBytes = 4096;
 [[nodiscard]] ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::UnitPlan& plan,
                                             std::uint32_t group_id);
 
-/// Layout of one unsharded slot for a group: params then grads.
+/// Gradients are kept in the unsharded dtype, except for fp8 groups, whose
+/// parameters are gathered as fp8 but whose gradients are bf16.
+[[nodiscard]] DType gradientDType(DType unsharded) noexcept;
+
+/// Layout of one unsharded slot for a group: params, grads, then (fp8 only)
+/// one fp32 scale per granularity block.
 struct SlotLayout {
   ipc::Region params;
   ipc::Region grads;
+  ipc::Region scales;
   std::uint64_t file_bytes = 0;
 };
 [[nodiscard]] SlotLayout slotLayout(const ipc::GroupReady& group);
+
+/// What the data plane needs to know about a group, computed once at
+/// registration: dtypes, sizes and, for fp8 groups, each rank's quantization
+/// segments (one per tensor slice: shard offset -> global offset, block =
+/// the tensor's granularity) and its contiguous range of block scales.
+struct GroupGeometry {
+  std::uint32_t world = 1;
+  std::int64_t shard_elems = 0;
+  DType sharded = DType::kF32;
+  DType unsharded = DType::kBF16;
+  DType grad = DType::kBF16;
+  std::int64_t total_blocks = 0;  ///< fp8: scales per slot
+  struct RankBlocks {
+    std::vector<kernels::Segment> segments;
+    std::int64_t first_scale = 0;
+    std::int64_t scales = 0;
+  };
+  std::vector<RankBlocks> ranks;  ///< fp8 groups only
+  [[nodiscard]] bool quantized() const noexcept { return unsharded == DType::kF8E4M3; }
+};
+[[nodiscard]] GroupGeometry groupGeometry(const ipc::GroupReady& group);
 
 }  // namespace dbuf::daemon

@@ -28,7 +28,11 @@ ipc::WireError wireCode(const Error& error) {
 }  // namespace
 
 JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id)
-    : io_(io), config_(config), instance_id_(instance_id), budget_(config.tenants, config.memory_limit_bytes) {}
+    : io_(io),
+      config_(config),
+      instance_id_(instance_id),
+      budget_(config.tenants, config.memory_limit_bytes),
+      data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
   const auto found = attachments_.find(session.id());
@@ -100,6 +104,8 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
                                                          std::to_string(session->peer().gid) +
                                                          " belongs to no tenant of this daemon");
   }
+  auto plane = data_plane_.openSession("dbuf:" + hello.job_id + ":session:" + std::to_string(hello.rank));
+  if (!plane) return refuse(ipc::WireError::kInternal, "cannot create the session's rings: " + plane.error().message);
   auto job = attachTo(hello, session->peer(), *tenant);
   if (!job) {
     const ErrorCode code = job.error().code;
@@ -110,7 +116,11 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   }
   Job& attached = **job;
   const bool reattached = !attached.groups.empty();
-  attached.ranks[hello.rank].session = session;
+  RankState& rank = attached.ranks[hello.rank];
+  rank.session = session;
+  rank.plane = std::move(*plane);
+  rank.ops.reset(config_.ring_entries);
+  rank.owed.clear();
   attachments_[session->id()] = {attached.id, hello.rank};
   session->markAttached();
   ipc::Welcome welcome;
@@ -120,7 +130,10 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   welcome.memory_quota_bytes = config_.tenants[attached.tenant].memory_quota_bytes;
   welcome.memory_used_bytes = budget_.used(attached.tenant);
   welcome.reattached = reattached;
-  session->send(welcome, request);
+  welcome.ring_capacity = config_.ring_entries;
+  welcome.segment_bytes = ipc::segmentBytes(config_.ring_entries);
+  welcome.busy_poll_us = static_cast<std::uint32_t>(config_.busy_poll.count());
+  session->send(welcome, request, {rank.plane->segment_fd.get(), rank.plane->doorbell->native_handle()});
   spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
                session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
 }
@@ -139,7 +152,10 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.persistent = hello.persistent;
     job.ranks.resize(hello.world_size);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
-    return &jobs_.emplace(job.id, std::move(job)).first->second;
+    job.collectives.buffers.resize(hello.world_size);
+    Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
+    job_order_.push_back(created);
+    return created;
   }
   Job& job = found->second;
   if (job.tenant != tenant) {
@@ -290,8 +306,17 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
       job.charged -= bytes;
       return std::move(fd).error();
     }
+    auto mapping = Mapping::map(fd->get(), group.reply.shard_file_bytes);
+    if (!mapping) {
+      budget_.release(job.tenant, bytes);
+      job.charged -= bytes;
+      return std::move(mapping).error();
+    }
     group.shards.push_back({std::move(*fd), group.reply.shard_file_bytes});
+    group.shard_maps.push_back(std::move(*mapping));
   }
+  group.geometry = groupGeometry(group.reply);
+  group.slot_layout = slotLayout(group.reply);
   ++job.next_group_id;
   return group;
 }
@@ -306,7 +331,8 @@ void JobTable::completeRegistration(Job& job, const std::string& name) {
   pending.timer->cancel();
   auto waiters = std::move(pending.waiters);
   job.pending.erase(name);
-  const GroupState& stored = job.groups.emplace(name, std::move(*group)).first->second;
+  GroupState& stored = job.groups.emplace(name, std::move(*group)).first->second;
+  job.groups_by_id.push_back(&stored);  // ids are handed out in order from 1
   spdlog::info("job {}: group '{}' planned: {} tensors, S = {} elements, {} bytes per rank", job.id, name,
                stored.reply.tensors.size(), stored.reply.shard_elems, stored.reply.shard_file_bytes);
   for (auto& [rank, waiter] : waiters) replyGroup(stored, rank, waiter.session, waiter.request_id);
@@ -327,8 +353,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
                        request);
     return;
   }
-  const ipc::GroupReady& ready = group->second.reply;
-  const SlotLayout layout = slotLayout(ready);
+  const SlotLayout& layout = group->second.slot_layout;
   RankState& rank = job.ranks[attachment->rank];
   auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
@@ -355,6 +380,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   granted.slot_file_bytes = slot->bytes;
   granted.params = layout.params;
   granted.grads = layout.grads;
+  granted.scales = layout.scales;
   session->send(granted, request, {slot->fd.get()});
 }
 
@@ -367,13 +393,15 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
     return charged;
   }
   auto fd = createMemfd("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
-  if (!fd) {
+  auto mapping = fd ? Mapping::map(fd->get(), bytes) : Result<Mapping>(fd.error());
+  if (!mapping) {
     budget_.release(job.tenant, bytes);
-    return std::move(fd).error();
+    return std::move(mapping).error();
   }
   budget_.release(job.tenant, slot.bytes);
   job.charged += bytes - slot.bytes;
   slot.fd = std::move(*fd);
+  slot.mapping = std::move(*mapping);
   slot.bytes = bytes;
   return {};
 }
@@ -386,6 +414,13 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
       std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
     session->sendError(ipc::WireError::kNotFound, "group " + std::to_string(group_id) + " holds no slot", request);
+    return;
+  }
+  if (!rank.ops.empty()) {
+    // A queued or running collective may still read or write the slot.
+    session->sendError(ipc::WireError::kConflict,
+                       "rank " + std::to_string(attachment->rank) + " has collectives in flight; wait for them first",
+                       request);
     return;
   }
   if (auto released = releasePages(slot->fd.get(), 0, slot->bytes); !released) {
@@ -411,6 +446,7 @@ void JobTable::onClosed(const std::shared_ptr<Session>& session) {
 
 void JobTable::releaseRank(Job& job, std::uint32_t rank) {
   RankState& state = job.ranks[rank];
+  data_plane_.rankGone(job, rank);  // stops any op touching its memory, fails the others' ops
   state.session.reset();
   // Unsharded slots hold nothing worth keeping: give their memory back now.
   for (Slot& slot : state.slots) {
@@ -455,6 +491,7 @@ void JobTable::freeJob(const std::string& id) {
   if (job.grace_timer) job.grace_timer->cancel();
   budget_.release(job.tenant, job.charged);
   spdlog::info("job {} freed ({} bytes)", id, job.charged);
+  std::erase(job_order_, &job);
   jobs_.erase(found);  // closes every memfd of the job
 }
 
@@ -463,6 +500,46 @@ void JobTable::clear() {
   for (const auto& [id, job] : jobs_) ids.push_back(id);
   for (const std::string& id : ids) freeJob(id);
   attachments_.clear();
+  data_plane_.stop();
+}
+
+std::size_t JobTable::pollDataPlane() {
+  const auto now = SteadyClock::now();
+  std::size_t work = 0;
+  std::shared_ptr<Session> corrupt;
+  for (Job* job : job_order_) {
+    for (std::uint32_t rank = 0; rank < job->world_size; ++rank) {
+      if (!job->ranks[rank].plane) continue;
+      auto taken = data_plane_.takeSubmissions(*job, rank, now);
+      if (!taken) {
+        spdlog::warn("job {} rank {}: {}; closing its session", job->id, rank, taken.error().message);
+        corrupt = job->ranks[rank].session;
+        break;
+      }
+      work += *taken;
+    }
+    if (corrupt) break;
+  }
+  if (corrupt) {
+    corrupt->close();  // onClosed releases the rank; the job list may change
+    return work + 1;
+  }
+  // Jobs take turns, starting one further each pass, one step each: a job
+  // with a long op cannot starve another one's ops.
+  const std::size_t count = job_order_.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    work += data_plane_.progress(*job_order_[(next_job_turn_ + i) % count], now);
+  }
+  if (count > 0) next_job_turn_ = (next_job_turn_ + 1) % count;
+  return work;
+}
+
+bool JobTable::prepareSleep() {
+  return data_plane_.prepareSleep(job_order_);
+}
+
+void JobTable::endSleep() {
+  data_plane_.endSleep(job_order_);
 }
 
 ServerStats JobTable::stats() const {
@@ -475,6 +552,7 @@ ServerStats JobTable::stats() const {
     for (const RankState& rank : job.ranks) {
       stats.memfds += static_cast<std::size_t>(
           std::count_if(rank.slots.begin(), rank.slots.end(), [](const Slot& slot) { return slot.fd.valid(); }));
+      if (rank.plane) ++stats.memfds;  // the session segment
     }
   }
   return stats;

@@ -19,6 +19,8 @@
 #include "dbuf/daemon/server.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/planner/unit_plan.hpp"
+#include "data_plane.hpp"
+#include "group_layout.hpp"
 #include "memory_budget.hpp"
 #include "session.hpp"
 
@@ -35,6 +37,9 @@ struct GroupState {
   ipc::RegisterGroup spec;
   ipc::GroupReady reply;          // the same for every rank, fd aside
   std::vector<ShardFile> shards;  // per rank
+  std::vector<Mapping> shard_maps;  // per rank: the daemon's view, for the data plane
+  GroupGeometry geometry;
+  SlotLayout slot_layout;
 };
 
 /// A registration waiting for every rank of the job.
@@ -53,13 +58,19 @@ struct PendingGroup {
 /// is unsharded; its pages are given back on release.
 struct Slot {
   UniqueFd fd;
+  Mapping mapping;  // the daemon's view, for the data plane
   std::uint64_t bytes = 0;
   std::optional<std::uint32_t> group;
 };
 
 struct RankState {
-  std::shared_ptr<Session> session;  // null while detached
-  std::vector<Slot> slots;           // prefetch_depth + 1
+  std::shared_ptr<Session> session;    // null while detached
+  std::unique_ptr<SessionPlane> plane;  // the session's rings
+  std::vector<Slot> slots;             // prefetch_depth + 1
+  OpQueue ops;                         // collectives waiting for the other ranks
+  /// Collectives this rank missed (they timed out without it): its next
+  /// submissions fail with these messages, so its k-th op stays the others' k-th.
+  std::deque<std::string> owed;
 };
 
 struct Job {
@@ -69,6 +80,8 @@ struct Job {
   bool persistent = false;
   std::vector<RankState> ranks;
   std::map<std::string, GroupState> groups;  // by name
+  std::vector<GroupState*> groups_by_id;     // [id - 1]; map nodes never move
+  JobCollectives collectives;
   std::map<std::string, PendingGroup> pending;
   std::uint64_t charged = 0;  // bytes charged to the tenant for this job
   std::uint32_t next_group_id = 1;
@@ -100,6 +113,12 @@ class JobTable {
 
   void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header, ipc::Message message);
   void onClosed(const std::shared_ptr<Session>& session);
+  /// One pass of the data plane over every job: take submissions, progress
+  /// collectives (jobs in turn, one step each). Returns the work done.
+  std::size_t pollDataPlane();
+  /// See DataPlane::prepareSleep / endSleep.
+  [[nodiscard]] bool prepareSleep();
+  void endSleep();
   /// Frees every job (daemon shutdown).
   void clear();
   [[nodiscard]] ServerStats stats() const;
@@ -140,6 +159,9 @@ class JobTable {
   const Config& config_;
   std::uint64_t instance_id_;
   MemoryBudget budget_;
+  DataPlane data_plane_;
+  std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
+  std::size_t next_job_turn_ = 0;  // round-robin start for fairness
   std::map<std::string, Job> jobs_;
   std::unordered_map<std::uint64_t, Attachment> attachments_;  // by session id
 };

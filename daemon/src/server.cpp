@@ -63,7 +63,7 @@ class Server::Impl final : public SessionHandler {
       running_ = true;
     }
     spdlog::info("dbufd {:016x} listening on {}", instance_id_, config_.socket_path);
-    io_.run();
+    serve();
     {
       const std::lock_guard lock(stats_mutex_);
       running_ = false;  // later stats() calls read the state directly
@@ -77,6 +77,33 @@ class Server::Impl final : public SessionHandler {
 
   void requestStop() {
     asio::post(io_, [this] { beginShutdown(); });
+  }
+
+  /// The loop: control-plane events and data-plane polling interleaved.
+  /// While anything happened in the last busy_poll, it spins (rings are
+  /// answered within a poll pass); then it flags every ring "sleeping" and
+  /// blocks in Asio until a socket, a timer or a ring's doorbell (eventfd)
+  /// wakes it. Ends once shutdown has released the work guard and nothing
+  /// is left to do.
+  void serve() {
+    using Clock = std::chrono::steady_clock;
+    auto last_work = Clock::now();
+    while (!io_.stopped()) {
+      std::size_t work = io_.poll();
+      if (!stopping_) work += jobs_.pollDataPlane();
+      if (work > 0) {
+        last_work = Clock::now();
+        continue;
+      }
+      if (Clock::now() - last_work < config_.busy_poll) continue;
+      if (!stopping_ && !jobs_.prepareSleep()) {
+        jobs_.endSleep();
+        continue;
+      }
+      io_.run_one();
+      if (!stopping_) jobs_.endSleep();
+      last_work = Clock::now();
+    }
   }
 
   ServerStats stats() {
@@ -145,6 +172,7 @@ class Server::Impl final : public SessionHandler {
   void beginShutdown() {
     if (stopping_) return;
     stopping_ = true;
+    keep_serving_.reset();  // serve() returns once the goodbyes are out
     asio::error_code ignored;
     acceptor_.close(ignored);
     signals_.cancel(ignored);
@@ -202,6 +230,7 @@ class Server::Impl final : public SessionHandler {
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::uint64_t next_session_id_ = 1;
   bool stopping_ = false;
+  asio::executor_work_guard<asio::io_context::executor_type> keep_serving_ = asio::make_work_guard(io_);
   std::mutex stats_mutex_;  // guards running_ against stats() from other threads
   bool running_ = false;
 };

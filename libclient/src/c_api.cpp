@@ -38,6 +38,8 @@ dbuf_status toStatus(dbuf::ErrorCode code) {
       return DBUF_TIMEOUT;
     case dbuf::ErrorCode::kUnavailable:
       return DBUF_UNAVAILABLE;
+    case dbuf::ErrorCode::kWouldBlock:
+      return DBUF_WOULD_BLOCK;
   }
   return DBUF_INTERNAL;
 }
@@ -178,6 +180,76 @@ dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t t
   if (group == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_group_unshard");
   auto done = group->group.unshard(ms(timeout_ms));
   return done ? DBUF_OK : fail(client, done.error());
+}
+
+dbuf_status dbuf_group_scales(const dbuf_group* group, const float** scales, size_t* count) {
+  if (group == nullptr || scales == nullptr || count == nullptr) return DBUF_INVALID_ARGUMENT;
+  const std::span<const float> all = group->group.unshardedScales();
+  *scales = all.empty() ? nullptr : all.data();
+  *count = all.size();
+  return DBUF_OK;
+}
+
+int64_t dbuf_group_scale_index(const dbuf_group* group, size_t index) {
+  if (group == nullptr || index >= group->group.plan().tensors.size()) return -1;
+  return group->group.scaleIndex(index);
+}
+
+dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int64_t timeout_ms) {
+  if (group == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_group_acquire_slot");
+  auto done = group->group.acquireSlot(ms(timeout_ms));
+  return done ? DBUF_OK : fail(client, done.error());
+}
+
+dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
+                        uint32_t root, int wait_if_full, int64_t timeout_ms, dbuf_op* out) {
+  if (client == nullptr || out == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_submit");
+  const bool needs_group = kind != DBUF_OP_BARRIER && kind != DBUF_OP_NOOP;
+  if (needs_group && group == nullptr) return invalid(client, "this op needs a group");
+  dbuf::ReduceOptions options;
+  if (reduce != nullptr) {
+    if (reduce->mode != DBUF_REDUCE_SUM && reduce->mode != DBUF_REDUCE_AVG) return invalid(client, "bad reduce mode");
+    options = {reduce->mode == DBUF_REDUCE_AVG ? dbuf::ReduceMode::kAvg : dbuf::ReduceMode::kSum, reduce->pre_scale,
+               reduce->post_scale, reduce->accumulate != 0};
+  }
+  const dbuf::SubmitOptions submit{wait_if_full != 0, ms(timeout_ms)};
+  dbuf::Result<dbuf::OpHandle> handle = dbuf::Error{dbuf::ErrorCode::kInvalidArgument, "unknown op kind"};
+  switch (kind) {
+    case DBUF_OP_ALL_GATHER:
+      handle = group->group.submitAllGather(submit);
+      break;
+    case DBUF_OP_REDUCE_SCATTER:
+      handle = group->group.submitReduceScatter(options, submit);
+      break;
+    case DBUF_OP_ALL_REDUCE:
+      handle = group->group.submitAllReduce(options, submit);
+      break;
+    case DBUF_OP_BROADCAST:
+      handle = group->group.submitBroadcast(root, submit);
+      break;
+    case DBUF_OP_BARRIER:
+      handle = client->client.submitBarrier(submit);
+      break;
+    case DBUF_OP_NOOP:
+      handle = client->client.submitNoop(submit);
+      break;
+  }
+  if (!handle) return fail(client, handle.error());
+  *out = handle->id;
+  return DBUF_OK;
+}
+
+dbuf_status dbuf_wait(dbuf_client* client, dbuf_op op, int64_t timeout_ms) {
+  if (client == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_wait");
+  auto done = client->client.wait(dbuf::OpHandle{op}, ms(timeout_ms));
+  return done ? DBUF_OK : fail(client, done.error());
+}
+
+dbuf_status dbuf_run(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
+                     uint32_t root, int64_t timeout_ms) {
+  dbuf_op op = 0;
+  const dbuf_status submitted = dbuf_submit(client, group, kind, reduce, root, 1, timeout_ms, &op);
+  return submitted != DBUF_OK ? submitted : dbuf_wait(client, op, timeout_ms);
 }
 
 dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms) {

@@ -7,6 +7,7 @@
 #include "connection.hpp"
 #include "dbuf/common/shared_memory.hpp"
 #include "dbuf/ipc/protocol.hpp"
+#include "dbuf/ipc/ring.hpp"
 
 namespace dbuf {
 namespace {
@@ -72,6 +73,31 @@ struct Group::State {
   Mapping slot;  // while unsharded
   ipc::Region slot_params;
   ipc::Region slot_grads;
+  ipc::Region slot_scales;
+  planner::BlockNumbering blocks;  // fp8 scale indices
+
+  Result<OpHandle> submit(ipc::OpCode op, const SubmitOptions& options, const ReduceOptions& reduce = {},
+                          std::uint32_t root = 0) const {
+    ipc::Submission entry;
+    entry.group_id = plan.group_id;
+    entry.op = static_cast<std::uint8_t>(op);
+    entry.reduce = static_cast<std::uint8_t>(reduce.mode == ReduceMode::kAvg ? ipc::ReduceMode::kAvg
+                                                                            : ipc::ReduceMode::kSum);
+    entry.flags = reduce.accumulate ? ipc::kFlagAccumulate : 0;
+    entry.root = root;
+    entry.pre_scale = reduce.pre_scale;
+    entry.post_scale = reduce.post_scale;
+    return connection->submit(entry, options);
+  }
+
+  Result<void> submitAndWait(ipc::OpCode op, std::optional<std::chrono::milliseconds> timeout,
+                             const ReduceOptions& reduce = {}, std::uint32_t root = 0) const {
+    auto handle = submit(op, {true, timeout}, reduce, root);
+    if (!handle) return std::move(handle).error();
+    auto done = connection->wait(*handle, timeout);
+    if (!done) return std::move(done).error();
+    return {};
+  }
 
   /// This rank's part of tensor `index` within a region of the shard file.
   TensorView shardPart(std::size_t index, const ipc::Region& region) const {
@@ -89,11 +115,11 @@ struct Group::State {
     return view;
   }
 
-  Result<TensorView> slotPart(std::size_t index, const ipc::Region& region) const {
+  Result<TensorView> slotPart(std::size_t index, const ipc::Region& region, DType dtype) const {
     if (!slot.valid()) return makeError(ErrorCode::kInvalidArgument, "group '" + name + "' is not unsharded");
     const PlacedTensor& tensor = plan.tensors.at(index);
-    const auto element = static_cast<std::size_t>(sizeBytes(unsharded_dtype));
-    TensorView view{tensor.name, unsharded_dtype, tensor.shape, nullptr, 0, tensor.numel, 0};
+    const auto element = static_cast<std::size_t>(sizeBytes(dtype));
+    TensorView view{tensor.name, dtype, tensor.shape, nullptr, 0, tensor.numel, 0};
     view.base = slot.data() + region.offset + static_cast<std::size_t>(tensor.offset) * element;
     view.local_units = (tensor.numel + tensor.granularity - 1) / tensor.granularity;
     return view;
@@ -128,13 +154,62 @@ TensorView Group::shardGradView(std::size_t index) const {
   return state_->shardPart(index, state_->sharded_grad);
 }
 Result<TensorView> Group::unshardedView(std::size_t index) const {
-  return state_->slotPart(index, state_->slot_params);
+  return state_->slotPart(index, state_->slot_params, state_->unsharded_dtype);
 }
 Result<TensorView> Group::unshardedGradView(std::size_t index) const {
-  return state_->slotPart(index, state_->slot_grads);
+  // fp8 groups gather fp8 parameters but keep bf16 gradients.
+  const DType grad = state_->unsharded_dtype == DType::kF8E4M3 ? DType::kBF16 : state_->unsharded_dtype;
+  return state_->slotPart(index, state_->slot_grads, grad);
+}
+
+std::span<float> Group::unshardedScales() const noexcept {
+  if (!state_->slot.valid() || state_->slot_scales.bytes == 0) return {};
+  return {reinterpret_cast<float*>(state_->slot.data() + state_->slot_scales.offset),
+          state_->slot_scales.bytes / sizeof(float)};
+}
+
+std::int64_t Group::scaleIndex(std::size_t tensor) const {
+  return state_->blocks.first.at(tensor);
+}
+
+Result<OpHandle> Group::submitAllGather(const SubmitOptions& options) {
+  if (!state_->slot.valid()) {
+    return makeError(ErrorCode::kInvalidArgument, "group '" + state_->name + "' holds no slot: acquireSlot() first");
+  }
+  return state_->submit(ipc::OpCode::kAllGather, options);
+}
+Result<OpHandle> Group::submitReduceScatter(const ReduceOptions& reduce, const SubmitOptions& options) {
+  return state_->submit(ipc::OpCode::kReduceScatter, options, reduce);
+}
+Result<OpHandle> Group::submitAllReduce(const ReduceOptions& reduce, const SubmitOptions& options) {
+  return state_->submit(ipc::OpCode::kAllReduce, options, reduce);
+}
+Result<OpHandle> Group::submitBroadcast(std::uint32_t root, const SubmitOptions& options) {
+  return state_->submit(ipc::OpCode::kBroadcast, options, {}, root);
+}
+
+Result<void> Group::allGather(std::optional<std::chrono::milliseconds> timeout) {
+  if (!state_->slot.valid()) {
+    return makeError(ErrorCode::kInvalidArgument, "group '" + state_->name + "' holds no slot: acquireSlot() first");
+  }
+  return state_->submitAndWait(ipc::OpCode::kAllGather, timeout);
+}
+Result<void> Group::reduceScatter(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
+  return state_->submitAndWait(ipc::OpCode::kReduceScatter, timeout, reduce);
+}
+Result<void> Group::allReduce(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
+  return state_->submitAndWait(ipc::OpCode::kAllReduce, timeout, reduce);
+}
+Result<void> Group::broadcast(std::uint32_t root, std::optional<std::chrono::milliseconds> timeout) {
+  return state_->submitAndWait(ipc::OpCode::kBroadcast, timeout, {}, root);
 }
 
 Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
+  if (auto slot = acquireSlot(timeout); !slot) return slot;
+  return allGather(timeout);
+}
+
+Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout) {
   if (state_->slot.valid()) return {};
   auto reply = state_->connection->call(ipc::AcquireSlot{state_->plan.group_id}, timeout);
   if (!reply) return std::move(reply).error();
@@ -143,17 +218,22 @@ Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
     return makeError(ErrorCode::kInternal, "dbufd answered AcquireSlot with something else");
   }
   const int fd = reply->fds.front().get();
-  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads}, fd); !ok) return ok;
+  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}, fd); !ok)
+    return ok;
   auto mapping = Mapping::map(fd, granted->slot_file_bytes);
   if (!mapping) return std::move(mapping).error();
   state_->slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
   state_->slot_params = granted->params;
   state_->slot_grads = granted->grads;
+  state_->slot_scales = granted->scales;
   return {};
 }
 
 Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {
   if (!state_->slot.valid()) return {};
+  // Ops in flight may still read or write the slot (the daemon refuses the
+  // release while they are queued).
+  if (auto drained = state_->connection->drain(timeout); !drained) return drained;
   state_->slot.reset();  // unmap first: the daemon is about to drop the pages
   auto reply = state_->connection->call(ipc::ReleaseSlot{state_->plan.group_id}, timeout);
   if (!reply) return std::move(reply).error();
@@ -194,6 +274,10 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   const auto* welcome = std::get_if<ipc::Welcome>(&reply->message);
   if (welcome == nullptr || welcome->nonce != hello.nonce) {
     return makeError(ErrorCode::kInternal, "dbufd answered Hello with something else");
+  }
+  if (auto rings = connection_->openRings(*welcome, reply->fds); !rings) {
+    connection_->close();
+    return rings;
   }
   connection_->attached = true;
   connection_->rank = options.rank;
@@ -237,8 +321,37 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
   state->shard = std::move(*mapping);
   state->sharded = ready->sharded;
   state->sharded_grad = ready->sharded_grad;
+  state->blocks = planner::numberBlocks(state->plan.tensors);
   connection_->on_detach.push_back(&state->unmap);
   return Group(std::move(state));
+}
+
+Result<OpHandle> Client::submitBarrier(const SubmitOptions& options) {
+  ipc::Submission entry;
+  entry.op = static_cast<std::uint8_t>(ipc::OpCode::kBarrier);
+  return connection_->submit(entry, options);
+}
+
+Result<void> Client::barrier(std::optional<std::chrono::milliseconds> timeout) {
+  auto handle = submitBarrier({true, timeout});
+  if (!handle) return std::move(handle).error();
+  auto done = connection_->wait(*handle, timeout);
+  if (!done) return std::move(done).error();
+  return {};
+}
+
+Result<OpHandle> Client::submitNoop(const SubmitOptions& options) {
+  ipc::Submission entry;
+  entry.op = static_cast<std::uint8_t>(ipc::OpCode::kNoop);
+  return connection_->submit(entry, options);
+}
+
+Result<OpResult> Client::wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout) {
+  return connection_->wait(handle, timeout);
+}
+
+std::uint32_t Client::inFlight() const noexcept {
+  return connection_->inFlight();
 }
 
 Result<void> Client::detach(std::optional<std::chrono::milliseconds> timeout) {

@@ -1,5 +1,10 @@
 #include "connection.hpp"
 
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+
 namespace dbuf {
 namespace {
 
@@ -69,6 +74,158 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
       return makeError(fromWire(error->code), "dbufd: " + error->message);
     }
     return std::move(*frame);
+  }
+}
+
+}  // namespace dbuf
+
+// ----------------------------------------------------------------- rings
+
+namespace dbuf {
+namespace {
+
+constexpr auto kAliveCheckPeriod = std::chrono::milliseconds(20);
+
+}  // namespace
+
+void Connection::close() noexcept {
+  socket_.reset();
+  rings_ = {};
+  segment_.reset();
+  doorbell_.reset();
+  records_.clear();  // every op in flight is lost with the connection
+  in_flight_ = 0;
+}
+
+Result<void> Connection::openRings(const ipc::Welcome& welcome, std::vector<UniqueFd>& fds) {
+  if (fds.size() != 2) return makeError(ErrorCode::kInternal, "dbufd sent no session segment with its Welcome");
+  auto size = fileSize(fds[0].get());
+  if (!size) return std::move(size).error();
+  if (*size < welcome.segment_bytes || welcome.segment_bytes != ipc::segmentBytes(welcome.ring_capacity)) {
+    return makeError(ErrorCode::kInternal, "dbufd sent a session segment of the wrong size");
+  }
+  auto mapping = Mapping::map(fds[0].get(), welcome.segment_bytes);
+  if (!mapping) return std::move(mapping).error();
+  auto rings = ipc::ClientRings::attach({mapping->data(), mapping->size()});
+  if (!rings) return std::move(rings).error();
+  segment_ = std::move(*mapping);
+  rings_ = *rings;
+  doorbell_ = std::move(fds[1]);
+  busy_poll_ = std::chrono::microseconds(welcome.busy_poll_us);
+  // Room for a ring's worth of ops in flight plus as many completed ones
+  // not waited for yet.
+  records_.assign(2 * std::size_t{rings_.capacity()}, OpRecord{});
+  return {};
+}
+
+Result<void> Connection::checkAlive() {
+  if (!lost_.empty()) return makeError(ErrorCode::kUnavailable, lost_);
+  if (!socket_ || !segment_.valid()) return makeError(ErrorCode::kUnavailable, "not attached to dbufd");
+  pollfd watch{socket_.get(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&watch, 1, 0) <= 0) return {};
+  // The daemon never writes unasked except to say goodbye.
+  lost_ = "lost the connection to dbufd";
+  if (auto goodbye = ipc::receiveMessage(socket_.get(), ipc::Clock::now()); goodbye) {
+    if (const auto* shutdown = std::get_if<ipc::Shutdown>(&goodbye->message)) {
+      lost_ = "dbufd is shutting down: " + shutdown->reason;
+    }
+  }
+  return makeError(ErrorCode::kUnavailable, lost_);
+}
+
+void Connection::reap() {
+  ipc::Completion completion;
+  std::array<char, ipc::kCompletionMessageBytes> message{};
+  std::size_t message_bytes = 0;
+  while (rings_.tryReap(completion, message, message_bytes)) {
+    OpRecord& record = records_[completion.handle % records_.size()];
+    if (record.handle != completion.handle || record.done) continue;  // not ours: ignore
+    record.done = true;
+    record.status = completion.status;
+    if (completion.status != 0) record.message.assign(message.data(), message_bytes);
+    record.result = {completion.sequence, std::chrono::nanoseconds(completion.wait_ns),
+                     std::chrono::nanoseconds(completion.run_ns)};
+    --in_flight_;
+  }
+}
+
+Result<bool> Connection::awaitCompletion(ipc::Clock::time_point deadline) {
+  auto busy_poll = busy_poll_;
+  for (;;) {
+    const auto slice_end = std::min(deadline, ipc::Clock::now() + kAliveCheckPeriod);
+    if (rings_.waitForCompletion(slice_end, busy_poll)) return true;
+    busy_poll = {};  // spin once per wait only
+    if (auto alive = checkAlive(); !alive) return std::move(alive).error();
+    if (ipc::Clock::now() >= deadline) return false;
+  }
+}
+
+Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& options) {
+  if (auto alive = lost_.empty() && segment_.valid() ? Result<void>{} : checkAlive(); !alive) return alive.error();
+  const auto deadline = ipc::Clock::now() + options.timeout.value_or(timeout_);
+  while (in_flight_ == rings_.capacity()) {
+    // Back-pressure: room comes back as completions are reaped.
+    reap();
+    if (in_flight_ < rings_.capacity()) break;
+    if (!options.wait_if_full) {
+      return makeError(ErrorCode::kWouldBlock, std::to_string(in_flight_) + " ops in flight fill the ring");
+    }
+    auto arrived = awaitCompletion(deadline);
+    if (!arrived) return std::move(arrived).error();
+    if (!*arrived) return makeError(ErrorCode::kTimeout, "the ring stayed full: no op completed in time");
+  }
+  OpRecord& record = records_[next_handle_ % records_.size()];
+  if (record.handle != 0) {
+    // Its result would be lost: the caller must collect it first.
+    return makeError(ErrorCode::kWouldBlock, "op " + std::to_string(record.handle) + " has not been waited for and " +
+                                                 std::to_string(records_.size()) +
+                                                 " ops were submitted since: wait() for it first");
+  }
+  entry.handle = next_handle_++;
+  record = OpRecord{};
+  record.handle = entry.handle;
+  // Cannot fail: at most capacity ops are in flight, and the daemon takes a
+  // submission only once it has room to complete it.
+  if (!rings_.trySubmit(entry)) return makeError(ErrorCode::kInternal, "submission ring full with room reported");
+  ++in_flight_;
+  rings_.wakeDaemon(doorbell_.get());
+  return OpHandle{entry.handle};
+}
+
+Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout) {
+  if (records_.empty()) {
+    return makeError(ErrorCode::kUnavailable, lost_.empty() ? "not attached to dbufd" : lost_);
+  }
+  OpRecord& record = records_[handle.id % records_.size()];
+  if (handle.id == 0 || record.handle != handle.id) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "op " + std::to_string(handle.id) + " is not in flight (already waited for, or unknown)");
+  }
+  const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
+  for (;;) {
+    reap();
+    if (record.done) break;
+    auto arrived = awaitCompletion(deadline);
+    if (!arrived) return std::move(arrived).error();
+    if (!*arrived) {
+      return makeError(ErrorCode::kTimeout, "op " + std::to_string(handle.id) + " did not complete in time");
+    }
+  }
+  record.handle = 0;  // waited for: the record is free
+  if (record.status != 0) {
+    return makeError(fromWire(static_cast<ipc::WireError>(record.status)), "dbufd: " + record.message);
+  }
+  return record.result;
+}
+
+Result<void> Connection::drain(std::optional<std::chrono::milliseconds> timeout) {
+  const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
+  for (;;) {
+    reap();
+    if (in_flight_ == 0) return {};
+    auto arrived = awaitCompletion(deadline);
+    if (!arrived) return std::move(arrived).error();
+    if (!*arrived) return makeError(ErrorCode::kTimeout, std::to_string(in_flight_) + " ops still in flight");
   }
 }
 

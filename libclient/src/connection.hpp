@@ -1,6 +1,7 @@
 #pragma once
-// The one socket a Client and its Groups share: request / reply with request
-// ids, daemon errors turned into dbuf::Error values. Not thread-safe.
+// The one connection a Client and its Groups share: the socket (request /
+// reply with request ids, daemon errors turned into dbuf::Error values) and
+// the session's rings (submit, reap, wait). Not thread-safe.
 
 #include <chrono>
 #include <cstdint>
@@ -8,8 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/client.hpp"
 #include "dbuf/common/result.hpp"
+#include "dbuf/common/shared_memory.hpp"
 #include "dbuf/common/unique_fd.hpp"
+#include "dbuf/ipc/protocol.hpp"
+#include "dbuf/ipc/ring.hpp"
 #include "dbuf/ipc/socket.hpp"
 
 namespace dbuf {
@@ -24,7 +29,16 @@ class Connection {
                                                 std::optional<std::chrono::milliseconds> timeout);
 
   [[nodiscard]] std::chrono::milliseconds defaultTimeout() const noexcept { return timeout_; }
-  void close() noexcept { socket_.reset(); }
+  void close() noexcept;
+
+  /// Maps the session segment the daemon sent with its Welcome.
+  [[nodiscard]] Result<void> openRings(const ipc::Welcome& welcome, std::vector<UniqueFd>& fds);
+  /// Puts `entry` (its handle is filled in) on the submission ring.
+  [[nodiscard]] Result<OpHandle> submit(ipc::Submission entry, const SubmitOptions& options);
+  [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout);
+  /// Waits until nothing this client submitted is in flight.
+  [[nodiscard]] Result<void> drain(std::optional<std::chrono::milliseconds> timeout);
+  [[nodiscard]] std::uint32_t inFlight() const noexcept { return in_flight_; }
 
   /// Called on detach, after the daemon was told: every group of this
   /// connection unmaps its memory (registered by the groups themselves).
@@ -37,10 +51,34 @@ class Connection {
   bool reattached = false;
 
  private:
+  /// What became of a submitted op; slot handle % capacity.
+  struct OpRecord {
+    std::uint64_t handle = 0;
+    bool done = false;
+    std::uint16_t status = 0;
+    std::string message;  // only for failed ops
+    OpResult result;
+  };
+
+  /// Moves every available completion into its record.
+  void reap();
+  /// Waits for a completion until `deadline`, sleeping in short slices to
+  /// notice a daemon that went away (its socket says so). False on timeout.
+  [[nodiscard]] Result<bool> awaitCompletion(ipc::Clock::time_point deadline);
+  [[nodiscard]] Result<void> checkAlive();
+
   UniqueFd socket_;
   std::chrono::milliseconds timeout_;
   std::uint64_t next_request_ = 1;
   std::string lost_;  // why the connection is unusable, once it is
+
+  Mapping segment_;
+  UniqueFd doorbell_;  // the daemon's eventfd
+  ipc::ClientRings rings_;
+  std::chrono::microseconds busy_poll_{0};
+  std::vector<OpRecord> records_;
+  std::uint64_t next_handle_ = 1;
+  std::uint32_t in_flight_ = 0;
 };
 
 }  // namespace dbuf

@@ -284,6 +284,22 @@ std::optional<RankSlice> sliceOnRank(const PlannedTensor& tensor, std::int64_t s
   return RankSlice{rank, begin, end, (end - 1) / tensor.granularity - begin / tensor.granularity + 1};
 }
 
+BlockNumbering numberBlocks(const std::vector<PlannedTensor>& tensors) {
+  std::vector<std::size_t> by_offset;
+  by_offset.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) by_offset.push_back(i);
+  std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
+    return tensors[a].offset != tensors[b].offset ? tensors[a].offset < tensors[b].offset : a < b;
+  });
+  BlockNumbering numbering;
+  numbering.first.assign(tensors.size(), 0);
+  for (const std::size_t i : by_offset) {
+    numbering.first[i] = numbering.total;
+    numbering.total += (tensors[i].numel + tensors[i].granularity - 1) / tensors[i].granularity;
+  }
+  return numbering;
+}
+
 std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index) {
   const PlannedTensor& tensor = plan.tensors[index];
   std::vector<RankSlice> slices;

@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <mutex>
 #include <optional>
 
 #include "dbuf/ipc/socket.hpp"
+#include "dbuf/kernels/convert.hpp"
 #include "harness.hpp"
 #include "raw.hpp"
 #include "support/text.hpp"
@@ -108,6 +110,7 @@ TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
   const TensorView view = kept->shardView(0);
   for (std::int64_t e = 0; e < view.numel(); ++e) view.data<float>()[e] = static_cast<float>(e);
   const daemon::ServerStats before = daemon.stats();
+  EXPECT_EQ(before.memfds, 2U) << "kept's shard file and first's session segment";
   const std::uint64_t left = tenant.memory_quota_bytes - before.bytes_in_use;
 
   auto greedy = daemon.attach(rankOf("over-quota", 0, 1));
@@ -124,7 +127,9 @@ TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
   // Nothing else moved: same counters, the first job's group works and kept its data.
   const daemon::ServerStats after = daemon.stats();
   EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
-  EXPECT_EQ(after.memfds, before.memfds);
+  // One memfd more: greedy's session segment (it attached after `before`);
+  // the refused group created none.
+  EXPECT_EQ(after.memfds, before.memfds + 1);
   EXPECT_EQ(after.sessions, 2U);
   ASSERT_TRUE(kept->unshard().ok());
   ASSERT_TRUE(kept->reshard().ok());
@@ -384,7 +389,8 @@ TEST(Errors, RankLeavingMidRegistrationFailsTheWaitingRanksAtOnce) {
   EXPECT_TRUE(contains(message, "rank 0 disconnected")) << message;
   EXPECT_LT(Clock::now() - started, 5s);
   EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 1; }));
-  EXPECT_EQ(daemon.stats().memfds, 0U);
+  // Rank 1's session segment; no group was planned, so there is no shard file.
+  EXPECT_EQ(daemon.stats().memfds, 1U);
   expectStillServing(daemon);
 }
 
@@ -535,7 +541,8 @@ TEST(Errors, BadShapesAndRulesAreInvalidArguments) {
   // Still attached, still served.
   auto good = client->registerGroup(smallGroup("good"));
   EXPECT_TRUE(good.ok()) << messageOf(good);
-  EXPECT_EQ(daemon.stats().memfds, 1U) << "only the good group holds memory";
+  // The good group's shard file and the session segment: the refused groups hold nothing.
+  EXPECT_EQ(daemon.stats().memfds, 2U) << "only the good group holds memory";
   ASSERT_TRUE(client->detach().ok());
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
@@ -559,6 +566,87 @@ TEST(Errors, CallsAfterTheDaemonStoppedFailFast) {
   // A new connection finds nobody.
   auto late = daemon.connect();
   EXPECT_FAILS_WITH(late, ErrorCode::kUnavailable);
+}
+
+TEST(Errors, CollectiveOnTheRingsAfterTheDaemonStoppedFailsFast) {
+  // The ring is shared memory: nothing on it tells the client that the daemon
+  // is gone. The wait must notice the socket (the goodbye) instead of waiting
+  // for its timeout.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("stopping-rings", 0, 1));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(smallGroup("g"));
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  ASSERT_TRUE(group->acquireSlot().ok());
+  ASSERT_TRUE(client->barrier().ok()) << "the rings work before the stop";
+  daemon.stop();
+  const auto started = Clock::now();
+  auto gathered = group->allGather(30s);
+  EXPECT_FAILS_WITH(gathered, ErrorCode::kUnavailable);
+  EXPECT_TRUE(contains(gathered.error().message, "shutting down")) << gathered.error().message;
+  EXPECT_FAILS_WITH(client->barrier(30s), ErrorCode::kUnavailable);
+  EXPECT_LT(Clock::now() - started, 5s) << "a stopped daemon must not make ring waits run to their timeouts";
+}
+
+TEST(Errors, UnshardOnOneRankIsACollectiveThatTimesOutNamingTheMissingRank) {
+  daemon::Config config;
+  config.collective_timeout = 300ms;
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  std::vector<std::optional<Client>> clients(2);
+  std::vector<std::optional<Group>> groups(2);
+  onRanks(2, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("lonely", rank, 2));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto group = client->registerGroup(smallGroup("g"));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    for (std::size_t t = 0; t < group->plan().tensors.size(); ++t) {
+      const TensorView shard = group->shardView(t);
+      std::fill_n(shard.data<float>(), shard.numel(), static_cast<float>(rank + 1));
+    }
+    clients[rank].emplace(std::move(*client));
+    groups[rank].emplace(std::move(*group));
+  });
+  ASSERT_TRUE(groups[0] && groups[1]);
+  // acquireSlot is not a collective: rank 0 alone gets its slot at once.
+  ASSERT_TRUE(groups[0]->acquireSlot(2s).ok());
+  EXPECT_TRUE(groups[0]->unsharded());
+  // unshard is: alone, rank 0 waits for rank 1 until the daemon's collective
+  // timeout, whose error names the rank that never came.
+  const auto started = Clock::now();
+  auto alone = groups[0]->unshard(10s);
+  EXPECT_FAILS_WITH(alone, ErrorCode::kTimeout);
+  EXPECT_GE(Clock::now() - started, 250ms) << "failed before the collective timeout: " << alone.error().message;
+  // The job's first collective (#0): registration and acquireSlot are not ops on the rings.
+  EXPECT_EQ(alone.error().message,
+            "dbufd: collective #0 allGather(group 'g') timed out after 300 ms: rank 1 of job lonely has not "
+            "submitted it");
+  EXPECT_TRUE(groups[0]->unsharded()) << "the slot stays acquired";
+  // Rank 1's next collective is the one it missed: it fails at once with the
+  // same story, so the k-th op of every rank stays the same op.
+  auto late = groups[1]->unshard(10s);
+  EXPECT_FAILS_WITH(late, ErrorCode::kTimeout);
+  EXPECT_EQ(late.error().message, alone.error().message);
+  EXPECT_TRUE(groups[1]->unsharded()) << "the slot was acquired before the gather failed";
+  // Together, it gathers.
+  onRanks(2, [&](std::uint32_t rank) {
+    Group& group = *groups[rank];
+    auto together = group.unshard(10s);
+    ASSERT_TRUE(together.ok()) << "rank " << rank << ": " << messageOf(together);
+    for (std::size_t t = 0; t < group.plan().tensors.size(); ++t) {
+      auto full = group.unshardedView(t);
+      ASSERT_TRUE(full.ok());
+      for (std::int64_t e = 0; e < full->numel(); ++e) {
+        const auto owner = (group.plan().tensors[t].offset + e) / group.plan().shard_elems;
+        ASSERT_EQ(full->data<std::uint16_t>()[e], kernels::floatToBf16(static_cast<float>(owner + 1)))
+            << "rank " << rank << " tensor " << t << " element " << e;
+      }
+    }
+    EXPECT_TRUE(group.reshard().ok());
+    EXPECT_TRUE(clients[rank]->detach().ok());
+  });
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
 TEST(Errors, RanksWaitingInACollectiveHearOfTheShutdown) {

@@ -1,7 +1,14 @@
-// attach / register / map / write / read / detach with 1, 2, 4 and 8 ranks,
-// each rank a real client on its own thread; the embedded daemon's counters
-// before and after. Also: a non-persistent job is freed when its last rank
-// goes (by detach or by dropping the connection), two jobs side by side.
+// attach / register / map / write / read / unshard (the collective: slot +
+// all-gather) / detach with 1, 2, 4 and 8 ranks, each rank a real client on
+// its own thread; the embedded daemon's counters before and after. Also: a
+// non-persistent job is freed when its last rank goes (by detach or by
+// dropping the connection), two jobs side by side.
+//
+// The daemon runs in this process: /proc/self/maps and the fd table hold its
+// mappings and files as well as the clients'. Since the data plane (protocol
+// 2) the daemon maps every shard file, slot file and session segment itself,
+// and each attached session has one session segment memfd (counted in
+// ServerStats::memfds) and one eventfd.
 
 #include <algorithm>
 #include <array>
@@ -11,10 +18,17 @@
 #include <mutex>
 #include <optional>
 
+#include "dbuf/kernels/convert.hpp"
 #include "harness.hpp"
 
 namespace dbuf::integration {
 namespace {
+
+/// The rank whose shard holds element `element` of tensor `tensor`: rank r
+/// holds [r * S, (r + 1) * S) of the global buffer.
+std::uint32_t ownerOf(const GroupPlan& plan, std::size_t tensor, std::int64_t element) {
+  return static_cast<std::uint32_t>((plan.tensors[tensor].offset + element) / plan.shard_elems);
+}
 
 /// A decoder-layer-like group: 2D weights under the group's rule (rows:2),
 /// one with its own rule, 1D tensors (element granularity), odd sizes.
@@ -72,17 +86,17 @@ TEST_P(LifecycleTest, AttachRegisterMapWriteReadDetach) {
   std::thread main_checks([&] {
     Phases phases({&registered, &checked, &unsharded, &counted});
     phases.next();
-    // Every rank holds its shard file; no slot yet.
+    // Every rank holds its shard file and its session segment; no slot yet.
     const daemon::ServerStats stats = daemon.stats();
     EXPECT_EQ(stats.sessions, world);
     EXPECT_EQ(stats.jobs, 1U);
-    EXPECT_EQ(stats.memfds, world);
+    EXPECT_EQ(stats.memfds, 2U * world) << "one shard file and one session segment per rank";
     std::uint64_t shards = 0;
     for (const std::size_t bytes : shard_bytes) shards += bytes;
     EXPECT_EQ(stats.bytes_in_use, shards);
     phases.next();
     phases.next();
-    EXPECT_EQ(daemon.stats().memfds, 2U * world) << "one slot file per rank while unsharded";
+    EXPECT_EQ(daemon.stats().memfds, 3U * world) << "shard file, session segment and slot file per rank";
     EXPECT_GT(daemon.stats().bytes_in_use, shards);
     phases.next();
   });
@@ -174,12 +188,44 @@ TEST_P(LifecycleTest, AttachRegisterMapWriteReadDetach) {
     }
     phases.next();  // checked
 
-    // unshard: a slot whose views cover whole tensors, in the unsharded dtype.
+    // unshard (every rank): a slot whose views cover whole tensors, in the
+    // unsharded dtype, holding every rank's shard cast to bf16.
     EXPECT_FAILS_WITH(group->unshardedView(0), ErrorCode::kInvalidArgument);
     auto mapped = group->unshard();
     ASSERT_TRUE(mapped.ok()) << messageOf(mapped);
     EXPECT_TRUE(group->unsharded());
-    EXPECT_TRUE(group->unshard().ok()) << "a second unshard of the same group is a no-op";
+    // What the all-gather wrote: params only (the fresh slot's gradients are
+    // still zeros).
+    const auto expect_gathered = [&](const char* when) {
+      for (std::size_t t = 0; t < tensors; ++t) {
+        auto full = group->unshardedView(t);
+        auto full_grad = group->unshardedGradView(t);
+        ASSERT_TRUE(full.ok() && full_grad.ok()) << messageOf(full) << messageOf(full_grad);
+        std::int64_t wrong = 0;
+        std::int64_t first_wrong = -1;
+        for (std::int64_t e = 0; e < plan.tensors[t].numel; ++e) {
+          const std::uint16_t expected = kernels::floatToBf16(shardValue(ownerOf(plan, t, e), t, e));
+          const bool bad = full->data<std::uint16_t>()[e] != expected || full_grad->data<std::uint16_t>()[e] != 0;
+          if (bad && first_wrong < 0) first_wrong = e;
+          wrong += bad ? 1 : 0;
+        }
+        EXPECT_EQ(wrong, 0) << when << ": rank " << rank << " tensor " << spec.tensors[t].name << ", first at element "
+                            << first_wrong;
+      }
+    };
+    expect_gathered("first unshard");
+    // A second unshard keeps the slot and gathers again (it is a collective:
+    // every rank calls it): what this rank scribbled over its copy is gone.
+    for (std::size_t t = 0; t < tensors; ++t) {
+      auto full = group->unshardedView(t);
+      ASSERT_TRUE(full.ok());
+      std::fill_n(full->data<std::uint16_t>(), full->numel(), std::uint16_t{0xFFFF});
+    }
+    const std::byte* slot_before = group->unshardedView(0)->base;
+    auto again = group->unshard();
+    ASSERT_TRUE(again.ok()) << messageOf(again);
+    EXPECT_EQ(group->unshardedView(0)->base, slot_before) << "a second unshard maps no new slot";
+    expect_gathered("second unshard");
     for (std::size_t t = 0; t < tensors; ++t) {
       const PlacedTensor& placed = plan.tensors[t];
       auto full = group->unshardedView(t);
@@ -267,10 +313,18 @@ TEST(Lifecycle, MemoryIsUnmappedOnDetachAndOnDestruction) {
     auto group = client->registerGroup(smallGroup("g"));
     ASSERT_TRUE(group.ok()) << messageOf(group);
     ASSERT_TRUE(group->unshard().ok());
-    EXPECT_EQ(dbufMappings("unmap-detach"), 2U) << "shard file and slot";
+    // Each file twice: mapped by the client and by the daemon (same process).
+    EXPECT_EQ(dbufMappings("unmap-detach:g:"), 2U) << "the group's shard file";
+    EXPECT_EQ(dbufMappings("unmap-detach:slot:"), 2U) << "the unsharded slot";
+    EXPECT_EQ(dbufMappings("unmap-detach:session:"), 2U) << "the session segment";
+    EXPECT_EQ(dbufMappings("unmap-detach"), 6U) << "nothing else of the job is mapped";
     ASSERT_TRUE(client->detach().ok());
-    // The Group object lives on, but its memory is gone with the session.
-    EXPECT_EQ(dbufMappings("unmap-detach"), 0U) << "detach leaves the group's memory mapped";
+    // The Group object lives on, but its memory is gone with the session: the
+    // client's three mappings at once, when detach returns; the daemon's three
+    // just after (it frees the job once the Detached reply is out).
+    EXPECT_LE(dbufMappings("unmap-detach"), 3U) << "detach leaves the group's memory mapped";
+    EXPECT_TRUE(waitUntil([] { return dbufMappings("unmap-detach") == 0; }))
+        << dbufMappings("unmap-detach") << " mappings left: the daemon did not unmap the freed job's files";
     EXPECT_FALSE(group->unsharded());
     EXPECT_EQ(group->shardView(0).base, nullptr);
     EXPECT_EQ(group->shardView(0).numel(), 0);
@@ -284,10 +338,19 @@ TEST(Lifecycle, MemoryIsUnmappedOnDetachAndOnDestruction) {
       auto group = client->registerGroup(smallGroup("g"));
       ASSERT_TRUE(group.ok()) << messageOf(group);
       ASSERT_TRUE(group->unshard().ok());
-      EXPECT_EQ(dbufMappings("unmap-destroy"), 2U);
+      EXPECT_EQ(dbufMappings("unmap-destroy"), 6U) << "shard file, slot and session segment, client and daemon";
     }
-    EXPECT_EQ(dbufMappings("unmap-destroy"), 0U) << "a destroyed group leaves its memory mapped";
+    // The client's mappings of the group are gone; the daemon keeps its own
+    // (the shard file is the job's, the slot stays the group's until a
+    // reshard or the detach) and the session segment is mapped on both sides.
+    EXPECT_EQ(dbufMappings("unmap-destroy:g:"), 1U) << "a destroyed group leaves its shard mapped";
+    EXPECT_EQ(dbufMappings("unmap-destroy:slot:"), 1U) << "a destroyed group leaves its slot mapped";
+    EXPECT_EQ(dbufMappings("unmap-destroy:session:"), 2U);
+    EXPECT_EQ(dbufMappings("unmap-destroy"), 4U);
     ASSERT_TRUE(client->detach().ok());
+    EXPECT_LE(dbufMappings("unmap-destroy"), 3U) << "detach leaves the session segment mapped";
+    EXPECT_TRUE(waitUntil([] { return dbufMappings("unmap-destroy") == 0; }))
+        << dbufMappings("unmap-destroy") << " mappings left: the daemon did not unmap the freed job's files";
   }
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
@@ -300,13 +363,16 @@ TEST(Lifecycle, ReshardGivesTheSlotPagesBack) {
   auto group = client->registerGroup(smallGroup("g", 4, 256));  // 8 Ki elements
   ASSERT_TRUE(group.ok()) << messageOf(group);
   for (int round = 0; round < 2; ++round) {
-    ASSERT_TRUE(group->unshard().ok());
+    // acquireSlot, not unshard: a gather would overwrite the params whatever
+    // the pages held, and this checks what reshard left in them.
+    ASSERT_TRUE(group->acquireSlot().ok());
     for (std::size_t t = 0; t < 4; ++t) {
       auto full = group->unshardedView(t);
       auto grad = group->unshardedGradView(t);
       ASSERT_TRUE(full.ok() && grad.ok());
       for (std::int64_t e = 0; e < full->numel(); ++e) {
         EXPECT_EQ(full->data<std::uint16_t>()[e], 0) << "a fresh slot reads as zeros (round " << round << ")";
+        EXPECT_EQ(grad->data<std::uint16_t>()[e], 0) << "a fresh slot reads as zeros (round " << round << ")";
         full->data<std::uint16_t>()[e] = 0xFFFF;
         grad->data<std::uint16_t>()[e] = 0xFFFF;
       }
@@ -407,11 +473,23 @@ TEST(Lifecycle, OtherDtypesGiveViewsOfTheirOwnElementSize) {
       EXPECT_EQ(view.dtype, DType::kF16);
       if (view.numel() == 0) continue;
       spans.emplace_back(view.base, view.base + view.numel() * 2);
+      // fp16 bit patterns rank + 1: subnormals, exact in fp32.
       std::fill_n(view.data<std::uint16_t>(), view.numel(), static_cast<std::uint16_t>(rank + 1));
     }
     std::sort(spans.begin(), spans.end());
     for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
     ASSERT_TRUE(group->unshard().ok());
+    // The gather widened every rank's fp16 shard to fp32.
+    for (std::size_t t = 0; t < 3; ++t) {
+      auto gathered = group->unshardedView(t);
+      ASSERT_TRUE(gathered.ok());
+      std::int64_t wrong = 0;
+      for (std::int64_t e = 0; e < gathered->numel(); ++e) {
+        const auto owner = static_cast<std::uint16_t>(ownerOf(plan, t, e) + 1);
+        wrong += gathered->data<float>()[e] != kernels::halfToFloat(owner) ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0) << "rank " << rank << " tensor " << t;
+    }
     auto full = group->unshardedView(2);
     ASSERT_TRUE(full.ok());
     EXPECT_EQ(full->dtype, DType::kF32);
@@ -457,17 +535,20 @@ TEST(Lifecycle, NonPersistentJobIsFreedWhenItsLastRankDetaches) {
     groups[rank].emplace(std::move(*group));
   });
   ASSERT_TRUE(clients[0] && clients[1]);
-  ASSERT_TRUE(groups[0]->unshard().ok());
+  // Rank 0 alone takes a slot: acquireSlot (unshard is a collective).
+  ASSERT_TRUE(groups[0]->acquireSlot().ok());
   const daemon::ServerStats full = daemon.stats();
   EXPECT_EQ(full.sessions, 2U);
-  EXPECT_EQ(full.memfds, 3U);  // two shard files, one slot
+  EXPECT_EQ(full.memfds, 5U);  // two shard files, two session segments, one slot
 
   // Detach replies only after the daemon let the rank go: no waiting needed.
   ASSERT_TRUE(clients[0]->detach().ok());
   daemon::ServerStats one_left = daemon.stats();
   EXPECT_EQ(one_left.sessions, 1U);
   EXPECT_EQ(one_left.jobs, 1U);
-  EXPECT_EQ(one_left.memfds, 2U) << "rank 0's slot is given back at once";
+  // The job keeps both shard files; rank 0's slot and session segment go at
+  // once, rank 1's session segment stays.
+  EXPECT_EQ(one_left.memfds, 3U) << "rank 0's slot and session segment are given back at once";
   EXPECT_EQ(one_left.bytes_in_use, 2 * groups[1]->shardBytes());
 
   ASSERT_TRUE(clients[1]->detach().ok());

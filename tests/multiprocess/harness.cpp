@@ -252,10 +252,14 @@ int Daemon::memfdsOf(const std::string& job, const std::string& part) const {
   return count;
 }
 
-std::vector<int> Daemon::memfdNumbers(const std::string& job) const {
+std::vector<int> Daemon::memfdNumbers(const std::string& job, const std::string& part) const {
+  std::string prefix = "/memfd:dbuf:";
+  prefix += job;
+  prefix += ':';
+  prefix += part;
   std::vector<int> numbers;
   for (const auto& [fd, target] : fdTargets(pid())) {
-    if (startsWith(target, "/memfd:dbuf:" + job + ":")) numbers.push_back(fd);
+    if (startsWith(target, prefix)) numbers.push_back(fd);
   }
   return numbers;
 }
@@ -272,7 +276,7 @@ void Daemon::warmUpAndTakeBaseline() {
     warm.attach(socket_, "warm-up", 0, 1);
     EXPECT_TRUE(startsWith(warm.call("register g"), "ok register"));
     EXPECT_TRUE(startsWith(warm.call("write g 1"), "ok write"));
-    EXPECT_EQ(warm.call("unshard g"), "ok unshard");
+    EXPECT_EQ(warm.call("unshard g"), "ok unshard");  // an all-gather: the data plane warms up too
     EXPECT_EQ(warm.call("reshard g"), "ok reshard");
     EXPECT_EQ(warm.call("detach"), "ok detach");
     warm.exit();

@@ -112,11 +112,14 @@ class Daemon {
   [[nodiscard]] Child& process() { return *process_; }
 
   [[nodiscard]] DaemonCounts counts() const;
-  /// Memfds of one job (names "dbuf:<job>:..."); `part` narrows it further
-  /// (e.g. "slot:1").
+  /// Memfds of one job (names "dbuf:<job>:..."); `part` narrows it further:
+  /// "<group>:" its shard files ("<group>:<rank>"), "slot:<rank>" a rank's
+  /// unsharded slot, "session:<rank>" a rank's session segment (one per
+  /// attached rank since protocol 2).
   [[nodiscard]] int memfdsOf(const std::string& job, const std::string& part = "") const;
-  /// fd numbers (in the daemon) of the memfds of `job`.
-  [[nodiscard]] std::vector<int> memfdNumbers(const std::string& job) const;
+  /// fd numbers (in the daemon) of the memfds of `job`, narrowed by `part` as
+  /// in memfdsOf.
+  [[nodiscard]] std::vector<int> memfdNumbers(const std::string& job, const std::string& part = "") const;
   /// A listing of the daemon's fds (for failure messages).
   [[nodiscard]] std::string fdListing() const;
 

@@ -18,7 +18,17 @@
 //   register NAME                        Client::registerGroup of a fixed 3-tensor spec
 //   write NAME SEED                      fill this rank's shard of every tensor with a pattern
 //   check NAME SEED                      verify that pattern, element by element
-//   unshard NAME / reshard NAME          Group::unshard / reshard
+//   acquire NAME                         Group::acquireSlot: map a slot, gather nothing (not a
+//                                        collective); writes 0x5a over the params so that the
+//                                        slot's pages are really there
+//   unshard NAME                         Group::unshard: a collective (every rank of the job):
+//                                        slot if needed, then the all-gather; "begin unshard" first
+//   gather NAME                          Group::allGather alone: a collective on the rings, needs
+//                                        the slot (acquire); "begin gather" first
+//   gathered NAME SEED0 SEED1 ...        verify the unsharded params, element by element: the
+//                                        pattern of rank r's write with SEEDr (one seed per rank of
+//                                        the job), cast to bf16 as the all-gather does
+//   reshard NAME                         Group::reshard
 //   drop NAME                            destroy the Group (unmaps its memory)
 //   detach                               Client::detach
 //   raw-connect SOCKET                   a bare connection (no Hello)
@@ -46,6 +56,7 @@
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/socket.hpp"
+#include "dbuf/kernels/convert.hpp"
 
 namespace {
 
@@ -112,7 +123,11 @@ class Rank {
     if (command == "attach" && (args.size() == 3 || args.size() == 4)) return attach(args);
     if (command == "register" && args.size() == 1) return registerGroup(args[0]);
     if ((command == "write" || command == "check") && args.size() == 2) return pattern(command, args[0], args[1]);
-    if ((command == "unshard" || command == "reshard") && args.size() == 1) return slot(command, args[0]);
+    if ((command == "acquire" || command == "unshard" || command == "gather" || command == "reshard") &&
+        args.size() == 1) {
+      return slot(command, args[0]);
+    }
+    if (command == "gathered" && args.size() >= 2) return gathered(args);
     if (command == "drop" && args.size() == 1) {
       groups_.erase(args[0]);
       return say("ok drop");
@@ -143,6 +158,7 @@ class Rank {
     options.world_size = static_cast<std::uint32_t>(std::stoul(args[2]));
     options.persistent = args.size() == 4 && args[3] == "persistent";
     rank_ = options.rank;
+    world_ = options.world_size;
     if (auto attached = client_->attach(options); !attached) return fail("attach", attached.error());
     say(std::string("ok attach reattached=") + (client_->reattached() ? "1" : "0"));
   }
@@ -190,15 +206,49 @@ class Rank {
   void slot(const std::string& command, const std::string& name) {
     const auto found = groups_.find(name);
     if (found == groups_.end()) return say("err " + command + " usage: no group " + name);
-    auto done = command == "unshard" ? found->second.unshard() : found->second.reshard();
+    dbuf::Group& group = found->second;
+    if (command == "unshard" || command == "gather") say("begin " + command);  // blocks on the other ranks
+    dbuf::Result<void> done = command == "acquire"   ? group.acquireSlot()
+                              : command == "unshard" ? group.unshard()
+                              : command == "gather"  ? group.allGather()
+                                                     : group.reshard();
     if (!done) return fail(command, done.error());
-    if (command == "unshard") {
-      // Touch the slot so its pages are really there.
-      auto view = found->second.unshardedView(0);
+    if (command == "acquire") {
+      // Touch the slot so its pages are really there (nothing was gathered).
+      auto view = group.unshardedView(0);
       if (!view) return fail(command, view.error());
       std::memset(view->base, 0x5a, static_cast<std::size_t>(view->numel()) * 2);
     }
     say("ok " + command);
+  }
+
+  void gathered(const std::vector<std::string>& args) {
+    const auto found = groups_.find(args[0]);
+    if (found == groups_.end()) return say("err gathered usage: no group " + args[0]);
+    if (args.size() - 1 != world_) {
+      return say("err gathered usage: " + std::to_string(world_) + " seeds needed, one per rank");
+    }
+    const dbuf::Group& group = found->second;
+    const dbuf::GroupPlan& plan = group.plan();
+    std::int64_t elements = 0;
+    for (std::size_t t = 0; t < plan.tensors.size(); ++t) {
+      auto view = group.unshardedView(t);
+      if (!view) return fail("gathered", view.error());
+      const auto* data = view->data<std::uint16_t>();  // bf16 bit patterns
+      for (std::int64_t e = 0; e < view->numel(); ++e) {
+        const auto owner = static_cast<std::uint32_t>((plan.tensors[t].offset + e) / plan.shard_elems);
+        const auto seed = static_cast<std::uint32_t>(std::stoul(args[1 + owner]));
+        const std::uint16_t expected =
+            dbuf::kernels::floatToBf16(dbuf::kernels::bitsFloat(::pattern(seed, owner, t, e)));
+        if (data[e] != expected) {
+          return say("err gathered mismatch: tensor " + std::to_string(t) + " element " + std::to_string(e) +
+                     " (rank " + std::to_string(owner) + "'s) holds " + std::to_string(data[e]) + ", expected " +
+                     std::to_string(expected));
+        }
+      }
+      elements += view->numel();
+    }
+    say("ok gathered elements=" + std::to_string(elements));
   }
 
   void detach() {
@@ -251,6 +301,7 @@ class Rank {
   std::optional<dbuf::Client> client_;
   std::map<std::string, dbuf::Group> groups_;
   std::uint32_t rank_ = 0;
+  std::uint32_t world_ = 1;
   dbuf::UniqueFd raw_;
 };
 

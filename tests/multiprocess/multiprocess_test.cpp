@@ -1,12 +1,14 @@
 // Multi-process tests: a real dbufd and real trainer processes.
 //
 // - kill -9 of a rank at every stage (handshake: connected / half a Hello;
-//   blocked in a registration; after mapping its shard; after unshard()):
-//   the other ranks of its job get an error naming it instead of hanging, a
-//   second job is served throughout, and the daemon's fds and mappings go
+//   blocked in a registration; after mapping its shard; after unshard(), the
+//   collective): the other ranks of its job get an error naming it instead of
+//   hanging (registrations and collectives alike), a second job is served
+//   throughout (collectives included), and the daemon's fds and mappings go
 //   back to their baseline;
-// - SIGTERM with clients attached, a second daemon on the same socket, a
-//   stale socket of a SIGKILLed daemon;
+// - SIGTERM with clients attached (one waiting in a collective on the
+//   rings), a second daemon on the same socket, a stale socket of a SIGKILLed
+//   daemon;
 // - isolation between uids / tenants;
 // - persistence of a job's shards across a crash, and their release after the
 //   grace period.
@@ -45,12 +47,19 @@ class OtherJob {
     EXPECT_LINE(r1_.call("write og 21"), "ok write");
   }
 
-  /// Reads back what it wrote, cycles an unsharded slot, writes again.
+  /// Reads back what it wrote, unshards (the collective: both ranks) and
+  /// checks that both got both shards, reshards, writes again.
   void keepsWorking() {
     EXPECT_LINE(r0_.call("check og 11"), "ok check");
     EXPECT_LINE(r1_.call("check og 21"), "ok check");
-    EXPECT_EQ(r0_.call("unshard og"), "ok unshard");
+    r0_.begin("unshard og");
+    r1_.begin("unshard og");
+    EXPECT_EQ(r0_.result(), "ok unshard");
+    EXPECT_EQ(r1_.result(), "ok unshard");
+    EXPECT_LINE(r0_.call("gathered og 11 21"), "ok gathered");
+    EXPECT_LINE(r1_.call("gathered og 11 21"), "ok gathered");
     EXPECT_EQ(r0_.call("reshard og"), "ok reshard");
+    EXPECT_EQ(r1_.call("reshard og"), "ok reshard");
     EXPECT_LINE(r1_.call("write og 22"), "ok write");
     EXPECT_LINE(r1_.call("check og 22"), "ok check");
   }
@@ -250,17 +259,24 @@ TEST_P(KillAfterMapping, DeadRankMemoryIsReclaimedAndPeersAreTold) {
   EXPECT_LINE(a1.result(), "ok register");
   EXPECT_LINE(a0.call("write g 3"), "ok write");
   EXPECT_LINE(a1.call("write g 4"), "ok write");
-  expectMemfds("job-a", "", 2);  // one shard file per rank
+  expectMemfds("job-a", "g:", 2);        // one shard file per rank
+  expectMemfds("job-a", "session:", 2);  // one session segment per rank
+  expectMemfds("job-a", "", 4);          // and nothing else
   if (GetParam() == MappedStage::kUnsharded) {
-    EXPECT_EQ(a1.call("unshard g"), "ok unshard");
+    a0.begin("unshard g");  // a collective: both ranks
+    a1.begin("unshard g");
+    EXPECT_EQ(a0.result(), "ok unshard");
+    EXPECT_EQ(a1.result(), "ok unshard");
+    EXPECT_LINE(a1.call("gathered g 3 4"), "ok gathered");
     expectMemfds("job-a", "slot:1", 1);
   }
   const int sockets_before = daemon_->counts().sockets;
   a1.kill9();
 
-  // Its session and its unsharded slot go at once.
+  // Its session (socket and session segment) and its unsharded slot go at once.
   EXPECT_TRUE(eventually([&] {
-    return daemon_->counts().sockets == sockets_before - 1 && daemon_->memfdsOf("job-a", "slot:1") == 0;
+    return daemon_->counts().sockets == sockets_before - 1 && daemon_->memfdsOf("job-a", "slot:1") == 0 &&
+           daemon_->memfdsOf("job-a", "session:1") == 0;
   })) << daemon_->fdListing();
   // Rank 0 is told instead of being left to hang in its next collective.
   const std::string next = a0.call("register g2", milliseconds(5000));
@@ -268,7 +284,12 @@ TEST_P(KillAfterMapping, DeadRankMemoryIsReclaimedAndPeersAreTold) {
   EXPECT_TRUE(contains(next, "rank 1")) << next;
   // Its own memory is untouched and its slots work.
   EXPECT_LINE(a0.call("check g 3"), "ok check");
-  EXPECT_EQ(a0.call("unshard g"), "ok unshard");
+  EXPECT_EQ(a0.call("acquire g"), "ok acquire");
+  // A collective on the rings needs rank 1 too: it fails at once, naming it
+  // (not after the collective timeout).
+  const std::string gather = a0.call("unshard g", milliseconds(5000));
+  EXPECT_LINE(gather, "err unshard conflict");
+  EXPECT_TRUE(contains(gather, "rank 1 of job job-a disconnected")) << gather;
   EXPECT_EQ(a0.call("reshard g"), "ok reshard");
   other.keepsWorking();
 
@@ -300,7 +321,9 @@ TEST_F(MultiProcess, SigtermWithClientsAttachedGivesThemUnavailableAndExitsZero)
   EXPECT_LINE(a0.result(), "ok register");
   EXPECT_LINE(a1.result(), "ok register");
   EXPECT_LINE(a1.call("write g 6"), "ok write");
-  EXPECT_EQ(a1.call("unshard g"), "ok unshard");
+  EXPECT_EQ(a1.call("acquire g"), "ok acquire");  // a slot mapped
+  EXPECT_EQ(a0.call("acquire g"), "ok acquire");
+  a0.begin("gather g");     // waits on the rings in an all-gather rank 1 never joins
   Rank blocked("blocked");  // waits in a registration its peer never joins
   blocked.attach(socket(), "job-c", 0, 2);
   blocked.begin("register g");
@@ -309,8 +332,10 @@ TEST_F(MultiProcess, SigtermWithClientsAttachedGivesThemUnavailableAndExitsZero)
 
   expectCleanStop();
 
-  // The blocked call returns with kUnavailable; every next call does too.
+  // The blocked calls return with kUnavailable (the one on the rings too,
+  // though nothing on the rings says so); every next call does too.
   EXPECT_LINE(blocked.result(milliseconds(5000)), "err register unavailable");
+  EXPECT_LINE(a0.result(milliseconds(5000)), "err gather unavailable");
   EXPECT_LINE(a0.call("register g2", milliseconds(5000)), "err register unavailable");
   EXPECT_LINE(a1.call("reshard g", milliseconds(5000)), "err reshard unavailable");
   EXPECT_LINE(fresh.call("attach job-x 0 1", milliseconds(5000)), "err attach unavailable");
@@ -402,13 +427,18 @@ TEST_F(MultiProcess, OtherUidCannotAttachToOrOpenAnotherTenantsJob) {
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
     EXPECT_FALSE(contains(entry.path().filename().string(), "dbuf")) << entry.path();
   }
-  expectMemfds("job-a", "", 1);
+  // Job a's memfds: its shard file and its session segment (the rings).
+  expectMemfds("job-a", "g:", 1);
+  expectMemfds("job-a", "session:", 1);
   const std::vector<int> fds = daemon_->memfdNumbers("job-a");
-  ASSERT_EQ(fds.size(), 1U) << daemon_->fdListing();
-  const std::string path = "/proc/" + std::to_string(daemon_->pid()) + "/fd/" + std::to_string(fds.front());
-  const std::string opened = nobody.call("open " + path);
-  EXPECT_TRUE(startsWith(opened, "err open errno=EACCES") || startsWith(opened, "err open errno=EPERM")) << opened;
-  EXPECT_EQ(a0.call("open " + path), "ok open");  // the same path is fine for root: the check means something
+  ASSERT_EQ(fds.size(), 2U) << daemon_->fdListing();
+  for (const int fd : fds) {
+    const std::string path = "/proc/" + std::to_string(daemon_->pid()) + "/fd/" + std::to_string(fd);
+    const std::string opened = nobody.call("open " + path);
+    EXPECT_TRUE(startsWith(opened, "err open errno=EACCES") || startsWith(opened, "err open errno=EPERM"))
+        << path << ": " << opened;
+    EXPECT_EQ(a0.call("open " + path), "ok open") << "the same path is fine for root: the check means something";
+  }
 
   // A uid in no tenant is refused at attach, by uid.
   Rank stranger("stranger", kStranger);
@@ -434,7 +464,9 @@ TEST_F(MultiProcess, PersistentShardsSurviveACrashAndAreFreedAfterTheGracePeriod
   EXPECT_EQ(first.attach(socket(), "job-p", 0, 1, /*persistent=*/true), "ok attach reattached=0");
   EXPECT_LINE(first.call("register g"), "ok register");
   EXPECT_LINE(first.call("write g 77"), "ok write");
-  expectMemfds("job-p", "", 1);
+  expectMemfds("job-p", "g:", 1);
+  expectMemfds("job-p", "session:", 1);
+  expectMemfds("job-p", "", 2);
   // The restarted process is ready before the crash, so the 1 s grace period
   // is plenty: it attaches as soon as the daemon has seen the first one go.
   Rank second("second-life");
@@ -444,7 +476,11 @@ TEST_F(MultiProcess, PersistentShardsSurviveACrashAndAreFreedAfterTheGracePeriod
 
   first.kill9();
   EXPECT_TRUE(eventually([&] { return daemon_->counts().sockets == sockets_with_both - 1; }));
+  // The session segment goes with the session (polled: the daemon releases
+  // the rank just after it closed the socket); the shard stays.
+  expectMemfds("job-p", "session:", 0);
   EXPECT_EQ(daemon_->memfdsOf("job-p"), 1) << "the shard must outlive its rank";
+  EXPECT_EQ(daemon_->memfdsOf("job-p", "g:"), 1) << daemon_->fdListing();
   EXPECT_EQ(second.call("attach job-p 0 1 persistent"), "ok attach reattached=1");
   EXPECT_LINE(second.call("register g"), "ok register");
   EXPECT_LINE(second.call("check g 77"), "ok check");  // every element as the first life left it
@@ -464,8 +500,11 @@ TEST_F(MultiProcess, NonPersistentJobIsFreedAtOnceWhenItsLastRankDies) {
   Rank rank("rank");
   rank.attach(socket(), "job-n", 0, 1);
   EXPECT_LINE(rank.call("register g"), "ok register");
-  EXPECT_EQ(rank.call("unshard g"), "ok unshard");
-  expectMemfds("job-n", "", 2);
+  EXPECT_EQ(rank.call("unshard g"), "ok unshard");  // one rank: the collective is its own
+  expectMemfds("job-n", "g:", 1);
+  expectMemfds("job-n", "slot:0", 1);
+  expectMemfds("job-n", "session:0", 1);
+  expectMemfds("job-n", "", 3);
   rank.kill9();
   expectBackToBaseline("after the crash");
 }

@@ -7,9 +7,21 @@
 /// client->attach({.job = "run-42", .rank = r, .world_size = 4});
 /// auto group = client->registerGroup(spec);            // collective: every rank registers the same group
 /// float* shard = group->shardView(0).data<float>();   // this rank's part of tensor 0
-/// group->unshard(); ... group->reshard();              // map / release an unsharded slot
+/// group->unshard();                                   // slot + all-gather of every rank's shard
+/// ... forward / backward on group->unshardedView(i) and unshardedGradView(i) ...
+/// group->reduceScatter({.mode = dbuf::ReduceMode::kAvg});  // gradients -> this rank's sharded gradient
+/// group->reshard();                                    // give the unsharded slot back
 /// client->detach();
 /// ```
+///
+/// Collectives (all-gather, reduce-scatter, all-reduce, broadcast, barrier)
+/// go through the session's shared-memory rings, not the socket: a submit
+/// writes one 64-byte entry; the daemon runs the op once every rank of the job
+/// submitted its k-th op, and the same k-th op (a mismatch fails it on every
+/// rank, naming each rank's op). `submit*` returns a handle at once; `wait`
+/// blocks (spinning for the daemon's busy-poll window, then sleeping) until
+/// the op completes. Up to the ring capacity may be in flight; beyond that a
+/// submit waits for room, or fails with kWouldBlock when asked not to wait.
 ///
 /// Errors are values (`dbuf::Result`); the library never exits or aborts the
 /// process. Every call that talks to the daemon takes a timeout (defaulting to
@@ -26,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,8 +77,11 @@ struct GroupSpec {
   std::string name;
   std::vector<TensorSpec> tensors;
   std::string granularity = "element";   ///< default rule for 2D+ tensors
-  DType sharded_dtype = DType::kF32;     ///< persistent shard (master weights) and sharded gradient
-  DType unsharded_dtype = DType::kBF16;  ///< gathered parameters and their gradients
+  /// Persistent shard (master weights) and sharded gradient: fp32, bf16 or fp16.
+  DType sharded_dtype = DType::kF32;
+  /// Gathered parameters and their gradients: fp32, bf16, fp16, or fp8_e4m3
+  /// (block-quantized parameters, bf16 gradients).
+  DType unsharded_dtype = DType::kBF16;
   std::uint32_t align_bytes = 16;
 };
 
@@ -97,6 +113,41 @@ struct GroupPlan {
   std::vector<PlacedTensor> tensors;
 };
 
+enum class ReduceMode : std::uint8_t { kSum, kAvg };
+
+/// A reduction's arithmetic, in fp32 whatever the dtypes:
+///   result = post_scale * sum over ranks r = 0..world-1 of (pre_scale * x_r)
+/// summed in rank order (so every rank and every run gets the same bits);
+/// kAvg divides post_scale by the world size (post_scale / float(world)).
+struct ReduceOptions {
+  ReduceMode mode = ReduceMode::kSum;
+  float pre_scale = 1.0F;
+  float post_scale = 1.0F;
+  /// reduceScatter only: add the result into the sharded gradient (which
+  /// must then be fp32) instead of overwriting it.
+  bool accumulate = false;
+};
+
+/// An op in flight; pass it to Client::wait exactly once. A client keeps
+/// track of twice the ring capacity of submitted ops; a submit that would
+/// take the place of an op nobody waited for yet fails with kWouldBlock.
+struct OpHandle {
+  std::uint64_t id = 0;
+};
+
+struct SubmitOptions {
+  /// Ring full: wait for room (up to the timeout) or fail at once with kWouldBlock.
+  bool wait_if_full = true;
+  std::optional<std::chrono::milliseconds> timeout;  ///< empty: the client's default
+};
+
+/// What the daemon reported about a completed op.
+struct OpResult {
+  std::uint64_t sequence = 0;  ///< index of the op among the job's collectives
+  std::chrono::nanoseconds wait{0};  ///< from this rank's submission to the last rank's
+  std::chrono::nanoseconds run{0};   ///< execution in the daemon
+};
+
 class Connection;  // internal, shared by a Client and its Groups
 
 class Group {
@@ -118,11 +169,48 @@ class Group {
   [[nodiscard]] Result<TensorView> unshardedView(std::size_t index) const;
   [[nodiscard]] Result<TensorView> unshardedGradView(std::size_t index) const;
 
-  /// Maps an unsharded slot (params + grads, devices * shard_elems each).
+  /// Maps an unsharded slot (params + grads, devices * shard_elems each)
+  /// without gathering anything; not a collective. Fails with kConflict when
+  /// every slot of the pool is held by other groups.
+  [[nodiscard]] Result<void> acquireSlot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Collective: acquireSlot() if needed, then allGather() and wait for it.
   [[nodiscard]] Result<void> unshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
-  /// Unmaps the slot; the daemon gives its pages back.
+  /// Waits for this client's ops in flight, then unmaps the slot; the daemon
+  /// gives its pages back. Not a collective.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   [[nodiscard]] bool unsharded() const noexcept;
+
+  // Collectives on this group (every rank of the job submits the same op).
+  // The submit forms return at once; the plain forms submit and wait.
+
+  /// Every rank's shard (sharded dtype) -> every rank's unsharded params
+  /// (unsharded dtype: a cast, or fp8 e4m3 block quantization with one fp32
+  /// scale per granularity block, see unshardedScales()). Needs the slot
+  /// (acquireSlot() or unshard()).
+  [[nodiscard]] Result<OpHandle> submitAllGather(const SubmitOptions& options = {});
+  /// Every rank's unsharded gradient -> the reduction of this rank's part of
+  /// it, written (or added) into this rank's sharded gradient.
+  [[nodiscard]] Result<OpHandle> submitReduceScatter(const ReduceOptions& reduce = {},
+                                                     const SubmitOptions& options = {});
+  /// Every rank's unsharded gradient becomes the reduction of all of them.
+  [[nodiscard]] Result<OpHandle> submitAllReduce(const ReduceOptions& reduce = {}, const SubmitOptions& options = {});
+  /// `root`'s unsharded params -> every rank's unsharded params.
+  [[nodiscard]] Result<OpHandle> submitBroadcast(std::uint32_t root, const SubmitOptions& options = {});
+
+  [[nodiscard]] Result<void> allGather(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  [[nodiscard]] Result<void> reduceScatter(const ReduceOptions& reduce = {},
+                                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  [[nodiscard]] Result<void> allReduce(const ReduceOptions& reduce = {},
+                                       std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  [[nodiscard]] Result<void> broadcast(std::uint32_t root,
+                                       std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  /// fp8 groups: the per-block scales gathered beside the data (one fp32 per
+  /// granularity block of each tensor, numbered in buffer order); empty otherwise
+  /// or when not unsharded. Block b of tensor i has scale
+  /// scales[scaleIndex(i) + b].
+  [[nodiscard]] std::span<float> unshardedScales() const noexcept;
+  [[nodiscard]] std::int64_t scaleIndex(std::size_t tensor) const;
 
   /// Bytes of this rank's shard file (sharded + sharded gradient).
   [[nodiscard]] std::size_t shardBytes() const noexcept;
@@ -153,6 +241,20 @@ class Client {
   /// Collective: returns once every rank of the job registered the same group.
   [[nodiscard]] Result<Group> registerGroup(const GroupSpec& spec,
                                             std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  /// Collective across the job: returns once every rank reached it.
+  [[nodiscard]] Result<OpHandle> submitBarrier(const SubmitOptions& options = {});
+  [[nodiscard]] Result<void> barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Not a collective: the daemon answers at once (measures the ring round trip).
+  [[nodiscard]] Result<OpHandle> submitNoop(const SubmitOptions& options = {});
+
+  /// Waits for an op; its error (mismatch, timeout naming the missing ranks,
+  /// a rank that died, a bad request) comes back here. kTimeout leaves the op
+  /// in flight (wait again); any other result ends it.
+  [[nodiscard]] Result<OpResult> wait(OpHandle handle,
+                                      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Ops submitted and not yet completed by the daemon.
+  [[nodiscard]] std::uint32_t inFlight() const noexcept;
 
   /// Orderly goodbye; the connection is closed afterwards.
   [[nodiscard]] Result<void> detach(std::optional<std::chrono::milliseconds> timeout = std::nullopt);

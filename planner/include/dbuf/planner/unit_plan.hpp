@@ -101,6 +101,16 @@ struct UnitPlan {
 [[nodiscard]] std::optional<RankSlice> sliceOnRank(const PlannedTensor& tensor, std::int64_t shard_elems,
                                                    std::int64_t rank);
 
+/// Granularity blocks of a set of planned tensors, numbered in buffer order
+/// (by offset): the index of block b of tensor i is first[i] + b. Because
+/// no block straddles two ranks, the blocks a rank holds form one contiguous
+/// range of these indices (block-scale arrays for fp8 rely on it).
+struct BlockNumbering {
+  std::vector<std::int64_t> first;  ///< per tensor, in the order given
+  std::int64_t total = 0;
+};
+[[nodiscard]] BlockNumbering numberBlocks(const std::vector<PlannedTensor>& tensors);
+
 /// Every rank's slice of tensor `index` of `plan` (ranks holding nothing are
 /// left out).
 [[nodiscard]] std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index);

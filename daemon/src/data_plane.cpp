@@ -1,0 +1,443 @@
+#include "data_plane.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cmath>
+#include <cstring>
+
+#include "jobs.hpp"
+
+namespace dbuf::daemon {
+namespace {
+
+constexpr auto kOk = std::uint16_t{0};
+
+std::uint16_t status(ipc::WireError error) {
+  return static_cast<std::uint16_t>(error);
+}
+
+std::uint64_t nanosBetween(SteadyClock::time_point from, SteadyClock::time_point to) {
+  return to > from ? static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count())
+                   : 0;
+}
+
+/// A scale as a person would write it ("0.5", "2", "1e-08").
+std::string shortFloat(float value) {
+  std::array<char, 32> text{};
+  std::snprintf(text.data(), text.size(), "%g", static_cast<double>(value));
+  return text.data();
+}
+
+/// "0-6, 9": sorted ranks with consecutive runs collapsed.
+std::string rankRanges(const std::vector<std::uint32_t>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) text += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+std::string rankList(const std::vector<std::uint32_t>& ranks) {
+  std::string text;
+  for (const std::uint32_t rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  return text;
+}
+
+bool isGroupOp(ipc::OpCode op) {
+  return op == ipc::OpCode::kAllGather || op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce ||
+         op == ipc::OpCode::kBroadcast;
+}
+
+/// The fields every rank must agree on, compared bit for bit (scales too:
+/// ranks that disagree on a scale would silently diverge).
+bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
+  return a.op == b.op && a.group_id == b.group_id && a.reduce == b.reduce && a.flags == b.flags &&
+         a.root == b.root && std::memcmp(&a.pre_scale, &b.pre_scale, sizeof(float)) == 0 &&
+         std::memcmp(&a.post_scale, &b.post_scale, sizeof(float)) == 0;
+}
+
+}  // namespace
+
+DataPlane::DataPlane(asio::io_context& io, const Config& config)
+    : io_(io),
+      config_(config),
+      scratch_(new float[HostCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
+      timeout_timer_(io) {
+  kernel_options_.threads = kernels::defaultThreads();
+}
+
+void DataPlane::armDoorbell(SessionPlane* plane) {
+  // The handler only drains the eventfd: waking the loop is its purpose. A
+  // destroyed plane cancels the wait (operation_aborted) before it is freed.
+  plane->doorbell->async_wait(asio::posix::stream_descriptor::wait_read, [plane](const asio::error_code& error) {
+    if (error) return;
+    std::uint64_t count = 0;
+    [[maybe_unused]] const auto drained = ::read(plane->doorbell->native_handle(), &count, sizeof(count));
+    armDoorbell(plane);
+  });
+}
+
+Result<std::unique_ptr<SessionPlane>> DataPlane::openSession(const std::string& label) {
+  auto plane = std::make_unique<SessionPlane>();
+  const std::size_t bytes = ipc::segmentBytes(config_.ring_entries);
+  auto fd = createMemfd(label, bytes);
+  if (!fd) return std::move(fd).error();
+  auto mapping = Mapping::map(fd->get(), bytes);
+  if (!mapping) return std::move(mapping).error();
+  auto rings = ipc::DaemonRings::format({mapping->data(), bytes}, config_.ring_entries);
+  if (!rings) return std::move(rings).error();
+  const int doorbell = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (doorbell < 0) return makeError(ErrorCode::kIo, "eventfd: " + std::string(std::strerror(errno)));
+  plane->segment_fd = std::move(*fd);
+  plane->segment = std::move(*mapping);
+  plane->rings = *rings;
+  plane->doorbell = std::make_unique<asio::posix::stream_descriptor>(io_, doorbell);
+  armDoorbell(plane.get());
+  return plane;
+}
+
+// ----------------------------------------------------------------- submissions
+
+Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, SteadyClock::time_point now) {
+  SessionPlane& plane = *job.ranks[rank].plane;
+  std::size_t taken = 0;
+  // Take only what can be answered: every op taken has a completion entry
+  // reserved, so the daemon never has to hold a completion back.
+  while (plane.in_flight < plane.rings.completionSpace()) {
+    ipc::Submission submission;
+    const ipc::TakeResult result = plane.rings.take(submission);
+    if (result == ipc::TakeResult::kEmpty) break;
+    if (result == ipc::TakeResult::kCorrupt) {
+      return makeError(ErrorCode::kInvalidArgument, "its submission ring indices are corrupt");
+    }
+    ++plane.in_flight;
+    ++taken;
+    enqueue(job, rank, submission, now);
+  }
+  return taken;
+}
+
+void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission,
+                        SteadyClock::time_point now) {
+  RankState& state = job.ranks[rank];
+  ipc::Completion completion;
+  completion.handle = submission.handle;
+  if (submission.op == static_cast<std::uint8_t>(ipc::OpCode::kNoop)) {
+    completeOne(job, rank, completion, {});
+    return;
+  }
+  if (!state.owed.empty()) {
+    // This rank's k-th op already timed out without it.
+    const std::string message = std::move(state.owed.front());
+    state.owed.pop_front();
+    completion.status = status(ipc::WireError::kTimeout);
+    completeOne(job, rank, completion, message);
+    return;
+  }
+  if (!job.gone.empty()) {
+    const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
+    completion.status = status(ipc::WireError::kConflict);
+    completeOne(job, rank, completion,
+                describe(job, submission) + " cannot run: rank" + (gone.size() > 1 ? "s " : " ") + rankList(gone) +
+                    " of job " + job.id + " disconnected and " + (gone.size() > 1 ? "have" : "has") +
+                    " not attached again");
+    return;
+  }
+  // Cannot fail: the queue holds as many ops as the ring, and in_flight
+  // bounds what was taken.
+  [[maybe_unused]] const bool queued = state.ops.push({submission, now});
+}
+
+void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion,
+                            const std::string& message) {
+  SessionPlane* plane = job.ranks[rank].plane.get();
+  if (plane == nullptr) return;  // the rank is gone; nobody to tell
+  plane->rings.complete(completion, message);
+  --plane->in_flight;
+  plane->rings.wakeClient();
+}
+
+// ----------------------------------------------------------------- matching
+
+std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
+  JobCollectives& collectives = job.collectives;
+  if (collectives.running) {
+    // One turn: steps until about kTurnBytes are written, so that a small op
+    // (many tiny steps) is not charged a whole pass per step.
+    const std::uint64_t budget_end = collectives.op.bytesWritten() + kTurnBytes;
+    while (collectives.op.bytesWritten() < budget_end) {
+      auto stepped = collectives.op.step();
+      if (!stepped) {
+        finish(job, status(ipc::WireError::kInternal),
+               describe(job, job.ranks.front().ops.front().submission) +
+                   " failed in the daemon: " + stepped.error().message,
+               SteadyClock::now());
+        break;
+      }
+      if (*stepped) {
+        finish(job, kOk, {}, SteadyClock::now());
+        break;
+      }
+    }
+    return 1;
+  }
+  const bool all_arrived = std::all_of(job.ranks.begin(), job.ranks.end(),
+                                       [](const RankState& rank) { return !rank.ops.empty(); });
+  if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
+  start(job, now);
+  return 1;
+}
+
+void DataPlane::start(Job& job, SteadyClock::time_point now) {
+  const std::string why = validateFronts(job);
+  if (!why.empty()) {
+    spdlog::warn("job {}: {}", job.id, why);
+    failFronts(job, status(ipc::WireError::kConflict), why);
+    return;
+  }
+  JobCollectives& collectives = job.collectives;
+  collectives.matched = now;
+  if (!isGroupOp(collectives.args.op)) {
+    finish(job, kOk, {}, now);  // a barrier: everyone is here
+    return;
+  }
+  const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
+  collectives.op = HostCollective(collectives.args, &group.geometry, collectives.buffers,
+                                  {scratch_.get(), HostCollective::kStepElements}, kernel_options_);
+  collectives.running = true;
+}
+
+std::string DataPlane::validateFronts(Job& job) {
+  const ipc::Submission& first = job.ranks.front().ops.front().submission;
+  // Messages are built only on failure: the hot path allocates nothing.
+  const auto what = [&] {
+    return "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first);
+  };
+  const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const RankState& rank) {
+    return sameOp(rank.ops.front().submission, first);
+  });
+  if (!agree) return mismatchMessage(job);
+  ipc::OpCode op{};
+  if (!ipc::opCodeFrom(first.op, op)) return what() + ": not an op this daemon knows";
+  if (first.reduce > static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) || (first.flags & ~ipc::kFlagAccumulate) != 0 ||
+      !std::isfinite(first.pre_scale) || !std::isfinite(first.post_scale)) {
+    return what() + ": bad reduce mode, flags or scales";
+  }
+  CollectiveArgs& args = job.collectives.args;
+  args = {op, static_cast<ipc::ReduceMode>(first.reduce), (first.flags & ipc::kFlagAccumulate) != 0, first.root,
+          first.pre_scale, first.post_scale};
+  job.collectives.group_id = first.group_id;
+  if (op == ipc::OpCode::kBarrier) return {};
+  if (first.group_id == 0 || first.group_id > job.groups_by_id.size()) {
+    return what() + ": job " + job.id + " has no such group";
+  }
+  const GroupState& group = *job.groups_by_id[first.group_id - 1];
+  if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
+    return what() + ": root is not a rank of the job";
+  }
+  if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group.geometry.sharded != DType::kF32)) {
+    return what() + ": accumulate needs a reduce-scatter into an fp32 sharded gradient";
+  }
+  return bindBuffers(job, group);
+}
+
+std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
+  bool every_rank_has_a_slot = true;
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    RankState& rank = job.ranks[r];
+    const auto slot = std::find_if(rank.slots.begin(), rank.slots.end(),
+                                   [&](const Slot& s) { return s.group == group.id; });
+    if (slot == rank.slots.end()) {
+      every_rank_has_a_slot = false;
+      continue;
+    }
+    const SlotLayout& layout = group.slot_layout;
+    RankBuffers& buffers = job.collectives.buffers[r];
+    buffers.shard = group.shard_maps[r].data() + group.reply.sharded.offset;
+    buffers.shard_grad = group.shard_maps[r].data() + group.reply.sharded_grad.offset;
+    buffers.params = slot->mapping.data() + layout.params.offset;
+    buffers.grads = slot->mapping.data() + layout.grads.offset;
+    buffers.scales = reinterpret_cast<float*>(slot->mapping.data() + layout.scales.offset);
+  }
+  if (every_rank_has_a_slot) return {};
+  std::vector<std::uint32_t> without_slot;
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    const auto& slots = job.ranks[r].slots;
+    if (std::none_of(slots.begin(), slots.end(), [&](const Slot& s) { return s.group == group.id; })) {
+      without_slot.push_back(r);
+    }
+  }
+  return "collective #" + std::to_string(job.collectives.next_sequence) + " " +
+         describe(job, job.ranks.front().ops.front().submission) + ": rank" + (without_slot.size() > 1 ? "s " : " ") +
+         rankList(without_slot) + " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
+}
+
+void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message, SteadyClock::time_point now) {
+  JobCollectives& collectives = job.collectives;
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    RankState& rank = job.ranks[r];
+    if (rank.ops.empty()) continue;
+    ipc::Completion completion;
+    completion.handle = rank.ops.front().submission.handle;
+    completion.sequence = collectives.next_sequence;
+    completion.status = code;
+    completion.wait_ns = nanosBetween(rank.ops.front().submitted, collectives.matched);
+    completion.run_ns = nanosBetween(collectives.matched, now);
+    rank.ops.pop();
+    completeOne(job, r, completion, message);
+  }
+  collectives.running = false;
+  collectives.finished = now;
+  ++collectives.next_sequence;
+}
+
+void DataPlane::failFronts(Job& job, std::uint16_t code, const std::string& message) {
+  job.collectives.matched = SteadyClock::now();
+  finish(job, code, message, job.collectives.matched);
+}
+
+bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
+  SteadyClock::time_point oldest = SteadyClock::time_point::max();
+  for (const RankState& rank : job.ranks) {
+    if (!rank.ops.empty()) oldest = std::min(oldest, rank.ops.front().submitted);
+  }
+  if (oldest == SteadyClock::time_point::max()) return false;
+  // A rank cannot be late for an op while the daemon was still running the
+  // job's previous one: count from whichever came last.
+  if (now - std::max(oldest, job.collectives.finished) < config_.collective_timeout) return false;
+  std::vector<std::uint32_t> missing;
+  const ipc::Submission* example = nullptr;
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    if (job.ranks[r].ops.empty()) {
+      missing.push_back(r);
+    } else if (example == nullptr) {
+      example = &job.ranks[r].ops.front().submission;
+    }
+  }
+  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
+                              describe(job, *example) + " timed out after " +
+                              std::to_string(config_.collective_timeout.count()) + " ms: rank" +
+                              (missing.size() > 1 ? "s " : " ") + rankList(missing) + " of job " + job.id +
+                              (missing.size() > 1 ? " have" : " has") + " not submitted it";
+  spdlog::warn("job {}: {}", job.id, message);
+  for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(message);
+  failFronts(job, status(ipc::WireError::kTimeout), message);
+  return true;
+}
+
+void DataPlane::rankGone(Job& job, std::uint32_t rank) {
+  RankState& gone = job.ranks[rank];
+  const bool had_op = !gone.ops.empty();
+  const bool was_running = job.collectives.running;
+  gone.ops.clear();
+  gone.owed.clear();
+  gone.plane.reset();
+  job.collectives.running = false;
+  const std::string message = "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
+                              (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) +
+                                                 " was running"
+                                           : (had_op ? " with collectives pending" : ""));
+  // Every queued op of the others needs the dead rank: fail them all now.
+  while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankState& r) { return !r.ops.empty(); })) {
+    failFronts(job, status(ipc::WireError::kConflict), message);
+  }
+}
+
+// ----------------------------------------------------------------- sleeping
+
+bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
+  SteadyClock::time_point deadline = SteadyClock::time_point::max();
+  for (Job* job : jobs) {
+    for (RankState& rank : job->ranks) {
+      if (!rank.ops.empty()) {
+        const auto since = std::max(rank.ops.front().submitted, job->collectives.finished);
+        deadline = std::min(deadline, since + config_.collective_timeout);
+      }
+      if (!rank.plane) continue;
+      SessionPlane& plane = *rank.plane;
+      plane.rings.setSleeping(true);
+      // A submission that cannot be taken yet (its client has not reaped its
+      // completions) is no reason to stay awake: reaping needs no daemon.
+      if (plane.rings.hasSubmission() && plane.in_flight < plane.rings.completionSpace()) return false;
+    }
+  }
+  if (deadline != SteadyClock::time_point::max() && deadline != armed_deadline_) {
+    // Wake up for the earliest collective timeout; the loop's next poll
+    // notices. Re-armed only when the deadline changes: re-arming cancels
+    // the previous wait, whose handler would wake the loop for nothing.
+    armed_deadline_ = deadline;
+    timeout_timer_.expires_at(deadline);
+    timeout_timer_.async_wait([this](const asio::error_code& error) {
+      if (!error) armed_deadline_ = SteadyClock::time_point::max();
+    });
+  }
+  return true;
+}
+
+void DataPlane::endSleep(std::vector<Job*>& jobs) {
+  for (Job* job : jobs) {
+    for (RankState& rank : job->ranks) {
+      if (rank.plane) rank.plane->rings.setSleeping(false);
+    }
+  }
+}
+
+void DataPlane::stop() {
+  timeout_timer_.cancel();
+  armed_deadline_ = SteadyClock::time_point::max();
+}
+
+// ----------------------------------------------------------------- messages
+
+std::string DataPlane::mismatchMessage(const Job& job) {
+  // Ranks that submitted the same op are listed together ("ranks 0-6
+  // allGather(...); rank 7 barrier"), so the message names every op even for
+  // large jobs within a completion's message slot.
+  std::string text = "collective #" + std::to_string(job.collectives.next_sequence) + " does not match across ranks:";
+  std::vector<bool> listed(job.world_size, false);
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    if (listed[r]) continue;
+    const ipc::Submission& op = job.ranks[r].ops.front().submission;
+    std::vector<std::uint32_t> same;
+    for (std::uint32_t other = r; other < job.world_size; ++other) {
+      if (!listed[other] && sameOp(job.ranks[other].ops.front().submission, op)) {
+        listed[other] = true;
+        same.push_back(other);
+      }
+    }
+    text += std::string(same.size() > 1 ? " ranks " : " rank ") + rankRanges(same) + " " + describe(job, op) + ";";
+  }
+  text.pop_back();
+  return text;
+}
+
+std::string DataPlane::describe(const Job& job, const ipc::Submission& submission) {
+  ipc::OpCode op{};
+  if (!ipc::opCodeFrom(submission.op, op)) return "an invalid op (code " + std::to_string(submission.op) + ")";
+  std::string text(ipc::toString(op));
+  if (op == ipc::OpCode::kBarrier) return text;
+  const bool known = submission.group_id >= 1 && submission.group_id <= job.groups_by_id.size();
+  text += "(group " + (known ? "'" + job.groups_by_id[submission.group_id - 1]->spec.name + "'"
+                             : std::to_string(submission.group_id) + " (unknown)");
+  if (op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) {
+    text += submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kSum)   ? ", sum"
+            : submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) ? ", avg"
+                                                                                    : ", reduce mode " + std::to_string(submission.reduce);
+    if (submission.pre_scale != 1.0F) text += ", pre " + shortFloat(submission.pre_scale);
+    if (submission.post_scale != 1.0F) text += ", post " + shortFloat(submission.post_scale);
+    if ((submission.flags & ipc::kFlagAccumulate) != 0) text += ", accumulate";
+  }
+  if (op == ipc::OpCode::kBroadcast) text += ", root " + std::to_string(submission.root);
+  return text + ")";
+}
+
+}  // namespace dbuf::daemon

@@ -1,0 +1,151 @@
+#pragma once
+// The data plane: every session's rings, the per-rank queues of submitted
+// collectives, matching of the k-th op of every rank of a job, timeouts,
+// dead ranks, and fair execution of matched ops across jobs. Runs on the
+// server's loop thread, between control-plane events (Server::run polls it).
+//
+// Hot path (a submission, its match, its completion): no allocation, no lock,
+// no system call unless a client sleeps. Errors allocate their messages.
+
+#include <asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dbuf/common/shared_memory.hpp"
+#include "dbuf/common/unique_fd.hpp"
+#include "dbuf/daemon/config.hpp"
+#include "dbuf/ipc/ring.hpp"
+#include "host_collective.hpp"
+
+namespace dbuf::daemon {
+
+struct Job;
+struct GroupState;
+class Session;
+
+using SteadyClock = std::chrono::steady_clock;
+
+/// A session's end of the rings: its segment and the eventfd its client
+/// writes when the daemon sleeps.
+struct SessionPlane {
+  UniqueFd segment_fd;
+  Mapping segment;
+  ipc::DaemonRings rings;
+  std::unique_ptr<asio::posix::stream_descriptor> doorbell;  // owns the eventfd
+  std::uint32_t in_flight = 0;  ///< taken from the ring, not completed yet
+};
+
+struct PendingOp {
+  ipc::Submission submission;
+  SteadyClock::time_point submitted;
+};
+
+/// A fixed-capacity FIFO of one rank's collectives waiting for the others
+/// (capacity = the ring's: it can never overflow, since a submission is taken
+/// only while the rank has completion room for it).
+class OpQueue {
+ public:
+  void reset(std::uint32_t capacity) {
+    entries_.assign(capacity, PendingOp{});
+    head_ = 0;
+    size_ = 0;
+  }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const PendingOp& front() const noexcept { return entries_[head_]; }
+  [[nodiscard]] bool push(const PendingOp& op) noexcept {
+    if (size_ == entries_.size()) return false;
+    entries_[(head_ + size_) % entries_.size()] = op;
+    ++size_;
+    return true;
+  }
+  void pop() noexcept {
+    head_ = (head_ + 1) % entries_.size();
+    --size_;
+  }
+  void clear() noexcept {
+    head_ = 0;
+    size_ = 0;
+  }
+
+ private:
+  std::vector<PendingOp> entries_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
+/// A job's collective state.
+struct JobCollectives {
+  std::uint64_t next_sequence = 0;  ///< index of the next collective to match
+  bool running = false;             ///< `op` is executing
+  HostCollective op;
+  CollectiveArgs args;
+  std::uint32_t group_id = 0;
+  SteadyClock::time_point matched;
+  SteadyClock::time_point finished;  ///< when the previous collective ended (timeouts count from it)
+  std::vector<RankBuffers> buffers;  ///< world entries, reused by every op
+};
+
+class DataPlane {
+ public:
+  /// Bytes a job may write per turn before the next job's turn.
+  static constexpr std::uint64_t kTurnBytes = std::uint64_t{16} << 20;
+
+  DataPlane(asio::io_context& io, const Config& config);
+
+  /// A new session's segment and doorbell (armed: a ring of the doorbell
+  /// wakes the loop); `label` names the memfd.
+  [[nodiscard]] Result<std::unique_ptr<SessionPlane>> openSession(const std::string& label);
+
+  /// Takes what `rank` submitted (while it has completion room). Returns the
+  /// number of entries taken; kCorrupt rings come back as an error (the
+  /// caller closes the session).
+  [[nodiscard]] Result<std::size_t> takeSubmissions(Job& job, std::uint32_t rank, SteadyClock::time_point now);
+  /// Matches, runs one step of, or times out the job's next collective.
+  /// Returns the amount of work done (0: nothing could progress).
+  std::size_t progress(Job& job, SteadyClock::time_point now);
+  /// `rank` of `job` is gone: its queue is dropped, and every op of the other
+  /// ranks that needs it fails now, naming it.
+  void rankGone(Job& job, std::uint32_t rank);
+
+  /// Before sleeping: flags every ring so clients ring the doorbell; false if
+  /// something is already waiting (do not sleep). Arms the timeout timer.
+  [[nodiscard]] bool prepareSleep(std::vector<Job*>& jobs);
+  void endSleep(std::vector<Job*>& jobs);
+  /// Cancels the timeout timer (shutdown: nothing may keep the loop alive).
+  void stop();
+
+ private:
+  static void armDoorbell(SessionPlane* plane);
+  void enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
+  void start(Job& job, SteadyClock::time_point now);
+  void finish(Job& job, std::uint16_t status, const std::string& message, SteadyClock::time_point now);
+  /// Fails the front op of every rank that has one, with `message`.
+  void failFronts(Job& job, std::uint16_t status, const std::string& message);
+  /// Fails the waiting ranks' next op if it waited too long; true if it did.
+  bool checkTimeout(Job& job, SteadyClock::time_point now);
+  /// Why the matched fronts cannot run (empty: they can); fills job.collectives.
+  [[nodiscard]] std::string validateFronts(Job& job);
+  /// Points the job's RankBuffers at `group`'s memory on every rank; why not
+  /// (a rank holds no slot for it) or empty.
+  [[nodiscard]] static std::string bindBuffers(Job& job, const GroupState& group);
+  static void completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion,
+                          const std::string& message);
+  [[nodiscard]] static std::string describe(const Job& job, const ipc::Submission& submission);
+  [[nodiscard]] static std::string mismatchMessage(const Job& job);
+
+  asio::io_context& io_;
+  const Config& config_;
+  // fp32 reduction scratch of HostCollective::kStepElements, left
+  // uninitialised so its pages cost nothing until a reduction touches them.
+  std::unique_ptr<float[]> scratch_;
+  kernels::Options kernel_options_;
+  asio::steady_timer timeout_timer_;
+  SteadyClock::time_point armed_deadline_ = SteadyClock::time_point::max();
+};
+
+}  // namespace dbuf::daemon

@@ -1,0 +1,216 @@
+#include "host_collective.hpp"
+
+#include <algorithm>
+
+namespace dbuf::daemon {
+namespace {
+
+using kernels::ConstBuffer;
+using kernels::MutBuffer;
+using kernels::Segment;
+
+Segment run(std::int64_t src, std::int64_t dst, std::int64_t count) {
+  return Segment{src, dst, count, 0, 0};
+}
+
+}  // namespace
+
+HostCollective::HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry,
+                               std::span<const RankBuffers> ranks, std::span<float> scratch,
+                               const kernels::Options& options)
+    : args_(args), geometry_(geometry), ranks_(ranks), scratch_(scratch), options_(options) {}
+
+Result<bool> HostCollective::step() {
+  switch (args_.op) {
+    case ipc::OpCode::kAllGather:
+      return allGatherStep();
+    case ipc::OpCode::kReduceScatter:
+      return reduceScatterStep();
+    case ipc::OpCode::kAllReduce:
+      return allReduceStep();
+    case ipc::OpCode::kBroadcast:
+      return broadcastStep();
+    case ipc::OpCode::kNoop:
+    case ipc::OpCode::kBarrier:
+      return true;  // no data
+  }
+  return makeError(ErrorCode::kInternal, "unknown collective");
+}
+
+float HostCollective::finalScale() const noexcept {
+  return args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
+                                               : args_.post_scale;
+}
+
+Result<void> HostCollective::copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first,
+                                        std::int64_t count) {
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t elements = g.world * g.shard_elems;
+  const Segment segment = run(first, first, count);
+  if (auto copied = kernels::copy(ConstBuffer{ranks_[from].params, g.unsharded, elements},
+                                  MutBuffer{ranks_[to].params, g.unsharded, elements}, {&segment, 1}, options_);
+      !copied) {
+    return copied;
+  }
+  written_ += static_cast<std::uint64_t>(count * sizeBytes(g.unsharded));
+  return {};
+}
+
+Result<bool> HostCollective::allGatherStep() {
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t elements = g.world * g.shard_elems;
+  if (phase_ == 0) {
+    // Each rank's own part of its unsharded params, from its shard: a cast,
+    // or a block quantization whose scales land beside the data.
+    const auto rank = static_cast<std::uint32_t>(index_);
+    const RankBuffers& mine = ranks_[rank];
+    const ConstBuffer shard{mine.shard, g.sharded, g.shard_elems};
+    const MutBuffer params{mine.params, g.unsharded, elements};
+    if (g.quantized()) {
+      const auto& segments = g.ranks[rank].segments;
+      if (auto done = kernels::quantizeE4m3(shard, params, MutBuffer{mine.scales, DType::kF32, g.total_blocks},
+                                            segments, options_);
+          !done) {
+        return std::move(done).error();
+      }
+      written_ += static_cast<std::uint64_t>(g.shard_elems);
+      offset_ = g.shard_elems;
+    } else {
+      const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
+      const Segment segment = run(offset_, rank * g.shard_elems + offset_, count);
+      if (auto done = kernels::cast(shard, params, {&segment, 1}, options_); !done) return std::move(done).error();
+      written_ += static_cast<std::uint64_t>(count * sizeBytes(g.unsharded));
+      offset_ += count;
+    }
+    if (offset_ >= g.shard_elems) {
+      offset_ = 0;
+      if (++index_ == g.world) {
+        phase_ = 1;
+        index_ = 0;
+      }
+    }
+    return false;
+  }
+  // Then every part to every other rank: plain copies in the unsharded dtype.
+  const std::uint64_t pairs = std::uint64_t{g.world} * g.world;
+  while (index_ < pairs && index_ / g.world == index_ % g.world) ++index_;  // a rank has its own part
+  if (index_ == pairs) return true;
+  const auto to = static_cast<std::uint32_t>(index_ / g.world);
+  const auto from = static_cast<std::uint32_t>(index_ % g.world);
+  const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
+  if (auto copied = copyParams(from, to, from * g.shard_elems + offset_, count); !copied) {
+    return std::move(copied).error();
+  }
+  if (g.quantized() && offset_ == 0 && g.ranks[from].scales > 0) {
+    const Segment scales = run(g.ranks[from].first_scale, g.ranks[from].first_scale, g.ranks[from].scales);
+    if (auto copied = kernels::copy(ConstBuffer{ranks_[from].scales, DType::kF32, g.total_blocks},
+                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1},
+                                    options_);
+        !copied) {
+      return std::move(copied).error();
+    }
+  }
+  offset_ += count;
+  if (offset_ >= g.shard_elems) {
+    offset_ = 0;
+    ++index_;
+  }
+  return false;
+}
+
+Result<void> HostCollective::reduceInto(std::int64_t first, std::int64_t count) {
+  const GroupGeometry& g = *geometry_;
+  const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
+  const Segment zeroed = run(0, 0, count);
+  if (auto done = kernels::zero(scratch, {&zeroed, 1}, options_); !done) return done;
+  const Segment segment = run(first, 0, count);
+  for (const RankBuffers& rank : ranks_) {
+    if (auto done = kernels::accumulate(ConstBuffer{rank.grads, g.grad, g.world * g.shard_elems}, scratch,
+                                        args_.pre_scale, {&segment, 1}, options_);
+        !done) {
+      return done;
+    }
+  }
+  return {};
+}
+
+Result<bool> HostCollective::reduceScatterStep() {
+  const GroupGeometry& g = *geometry_;
+  const auto rank = static_cast<std::uint32_t>(index_);
+  const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
+  if (auto reduced = reduceInto(rank * g.shard_elems + offset_, count); !reduced) return std::move(reduced).error();
+  const ConstBuffer sum{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
+  const MutBuffer out{ranks_[rank].shard_grad, g.sharded, g.shard_elems};
+  const float factor = finalScale();
+  const Segment segment = run(0, offset_, count);
+  Result<void> written = [&]() -> Result<void> {
+    if (args_.accumulate) return kernels::accumulate(sum, out, factor, {&segment, 1}, options_);
+    if (factor != 1.0F) {
+      const Segment in_place = run(0, 0, count);
+      const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
+      if (auto scaled = kernels::scale(scratch, factor, {&in_place, 1}, options_); !scaled) return scaled;
+    }
+    return kernels::cast(sum, out, {&segment, 1}, options_);
+  }();
+  if (!written) return std::move(written).error();
+  written_ += static_cast<std::uint64_t>(count * sizeBytes(g.sharded));
+  offset_ += count;
+  if (offset_ >= g.shard_elems) {
+    offset_ = 0;
+    ++index_;
+  }
+  return index_ == g.world;
+}
+
+Result<bool> HostCollective::allReduceStep() {
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t elements = g.world * g.shard_elems;
+  const std::int64_t count = std::min(kStepElements, elements - offset_);
+  // Reduce the whole chunk before writing any rank's copy: the op is in place.
+  if (auto reduced = reduceInto(offset_, count); !reduced) return std::move(reduced).error();
+  const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
+  if (const float factor = finalScale(); factor != 1.0F) {
+    const Segment in_place = run(0, 0, count);
+    if (auto scaled = kernels::scale(scratch, factor, {&in_place, 1}, options_); !scaled) {
+      return std::move(scaled).error();
+    }
+  }
+  const Segment segment = run(0, offset_, count);
+  for (const RankBuffers& rank : ranks_) {
+    if (auto done = kernels::cast(ConstBuffer{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())},
+                                  MutBuffer{rank.grads, g.grad, elements}, {&segment, 1}, options_);
+        !done) {
+      return std::move(done).error();
+    }
+    written_ += static_cast<std::uint64_t>(count * sizeBytes(g.grad));
+  }
+  offset_ += count;
+  return offset_ >= elements;
+}
+
+Result<bool> HostCollective::broadcastStep() {
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t elements = g.world * g.shard_elems;
+  if (index_ == args_.root) ++index_;
+  if (index_ >= g.world) return true;
+  const auto to = static_cast<std::uint32_t>(index_);
+  const std::int64_t count = std::min(kStepElements, elements - offset_);
+  if (auto copied = copyParams(args_.root, to, offset_, count); !copied) return std::move(copied).error();
+  if (g.quantized() && offset_ == 0) {
+    const Segment scales = run(0, 0, g.total_blocks);
+    if (auto copied = kernels::copy(ConstBuffer{ranks_[args_.root].scales, DType::kF32, g.total_blocks},
+                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1},
+                                    options_);
+        !copied) {
+      return std::move(copied).error();
+    }
+  }
+  offset_ += count;
+  if (offset_ >= elements) {
+    offset_ = 0;
+    ++index_;
+  }
+  return false;
+}
+
+}  // namespace dbuf::daemon

@@ -1,0 +1,77 @@
+#pragma once
+// The host backend's collectives: one matched op over every rank's shared
+// memory, run in steps of bounded size so that the scheduler can interleave
+// jobs (a 1 GiB all-gather of one job never holds another's barrier for
+// long). Uses the fused kernels of kernels/; allocates nothing per op (the
+// fp32 reduction scratch belongs to the caller).
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "dbuf/common/result.hpp"
+#include "dbuf/ipc/ring.hpp"
+#include "group_layout.hpp"
+
+namespace dbuf::daemon {
+
+/// One rank's memory as the daemon maps it.
+struct RankBuffers {
+  std::byte* shard = nullptr;       ///< shard_elems of the sharded dtype
+  std::byte* shard_grad = nullptr;  ///< shard_elems of the sharded dtype
+  std::byte* params = nullptr;      ///< world * shard_elems of the unsharded dtype (null: no slot)
+  std::byte* grads = nullptr;       ///< world * shard_elems of the gradient dtype
+  float* scales = nullptr;          ///< fp8 groups: total_blocks
+};
+
+/// The arguments every rank agreed on.
+struct CollectiveArgs {
+  ipc::OpCode op = ipc::OpCode::kBarrier;
+  ipc::ReduceMode reduce = ipc::ReduceMode::kSum;
+  bool accumulate = false;
+  std::uint32_t root = 0;
+  float pre_scale = 1.0F;
+  float post_scale = 1.0F;
+};
+
+class HostCollective {
+ public:
+  /// Elements one step handles at most (per kernel call).
+  static constexpr std::int64_t kStepElements = std::int64_t{1} << 22;
+
+  HostCollective() = default;
+  /// `ranks` (world entries) and `scratch` (kStepElements floats) must outlive
+  /// the op; `geometry` too.
+  HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry, std::span<const RankBuffers> ranks,
+                 std::span<float> scratch, const kernels::Options& options);
+
+  /// Runs one step; true when the op is complete. An error ends the op.
+  [[nodiscard]] Result<bool> step();
+  /// Bytes written so far (for bandwidth figures).
+  [[nodiscard]] std::uint64_t bytesWritten() const noexcept { return written_; }
+
+ private:
+  Result<bool> allGatherStep();
+  Result<bool> reduceScatterStep();
+  Result<bool> allReduceStep();
+  Result<bool> broadcastStep();
+  /// Copies [first, first + count) elements of rank `from`'s params (and for
+  /// fp8 the scales of `from_rank_blocks`) into rank `to`'s; one step.
+  Result<void> copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count);
+  /// scratch[0, count) = sum over ranks of pre * grads_r[first, first + count), in rank order.
+  Result<void> reduceInto(std::int64_t first, std::int64_t count);
+  [[nodiscard]] float finalScale() const noexcept;
+
+  CollectiveArgs args_;
+  const GroupGeometry* geometry_ = nullptr;
+  std::span<const RankBuffers> ranks_;
+  std::span<float> scratch_;
+  kernels::Options options_;
+  // Cursor: phase, then an index (rank or rank pair), then an element offset.
+  int phase_ = 0;
+  std::uint64_t index_ = 0;
+  std::int64_t offset_ = 0;
+  std::uint64_t written_ = 0;
+};
+
+}  // namespace dbuf::daemon
