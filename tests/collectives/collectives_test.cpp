@@ -1,0 +1,297 @@
+// Grouped collectives over shared-memory rings, host backend, end to end: a
+// real dbufd (tests/multiprocess harness) and world_size real trainer
+// processes (coll-rank), each checking every result element by element
+// against the reference of reference.hpp. Label: collectives.
+//
+// One process launch per (world, shape) runs every op on one group per dtype
+// pair; the fp8, training and large-shard tests have scenarios of their own.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "harness.hpp"
+#include "reference.hpp"
+
+extern char** environ;  // NOLINT(readability-identifier-naming): POSIX name
+
+namespace dbuf::coll {
+namespace {
+
+#ifndef DBUF_COLL_RANK_EXE
+#error "DBUF_COLL_RANK_EXE must name the coll-rank binary"
+#endif
+
+using Clock = std::chrono::steady_clock;
+using dbuf::mp::Daemon;
+using dbuf::testing::Child;
+using dbuf::testing::TempDir;
+
+/// A whole job must finish within this (far more than it needs; a hang is
+/// killed, not waited for).
+constexpr std::chrono::seconds kJobDeadline{60};
+
+struct JobSpec {
+  std::string job;
+  std::string scenario;
+  std::string shape = "rows";
+  std::uint32_t world = 1;
+  std::uint64_t seed = 1;
+  bool rank_outputs = false;  ///< pass --out <dir>/<job>-<rank>.bin
+};
+
+/// The test's environment minus what would make a child behave differently.
+std::vector<std::string> childEnvironment() {
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string text(*entry);
+    if (text.rfind("DBUF_SOCKET=", 0) == 0 || text.rfind("NOTIFY_SOCKET=", 0) == 0) continue;
+    environment.push_back(text);
+  }
+  return environment;
+}
+
+/// One job: world_size coll-rank processes started at once, each logging to
+/// <dir>/<job>-<rank>.log.
+class Job {
+ public:
+  Job(const TempDir& dir, const Daemon& daemon, JobSpec spec) : spec_(std::move(spec)) {
+    for (std::uint32_t rank = 0; rank < spec_.world; ++rank) {
+      const std::string name = spec_.job + "-" + std::to_string(rank);
+      logs_.push_back(dir.path(name + ".log"));
+      outputs_.push_back(dir.path(name + ".bin"));
+      std::vector<std::string> args = {"--socket",   daemon.socket(),
+                                       "--job",      spec_.job,
+                                       "--rank",     std::to_string(rank),
+                                       "--world",    std::to_string(spec_.world),
+                                       "--scenario", spec_.scenario,
+                                       "--shape",    spec_.shape,
+                                       "--seed",     std::to_string(spec_.seed)};
+      if (spec_.rank_outputs) args.insert(args.end(), {"--out", outputs_.back()});
+      Child::Options options;
+      options.stderr_path = logs_.back();
+      options.environment = childEnvironment();
+      ranks_.push_back(std::make_unique<Child>(DBUF_COLL_RANK_EXE, args, options));
+    }
+  }
+
+  /// Waits for every rank (killing all that are left at the deadline) and
+  /// expects each to have exited 0; on failure prints each rank's log.
+  void expectAllPassed(const Daemon& daemon) {
+    const auto deadline = Clock::now() + kJobDeadline;
+    std::vector<std::optional<int>> status(ranks_.size());
+    bool timed_out = false;
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      status[r] = ranks_[r]->waitExit(std::max(left, std::chrono::milliseconds(0)));
+      if (!status[r]) {
+        timed_out = true;
+        break;
+      }
+    }
+    if (timed_out) {
+      for (auto& rank : ranks_) {
+        if (rank->running()) rank->killAndReap();
+      }
+    }
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      const std::string log = dbuf::testing::readFile(logs_[r]);
+      const bool passed = status[r] && WIFEXITED(*status[r]) && WEXITSTATUS(*status[r]) == 0;
+      if (passed) {
+        std::cout << lastLine(log) << "\n";
+        continue;
+      }
+      std::string how = "killed at the " + std::to_string(kJobDeadline.count()) + " s deadline";
+      if (status[r] && WIFEXITED(*status[r])) how = "exit status " + std::to_string(WEXITSTATUS(*status[r]));
+      if (status[r] && WIFSIGNALED(*status[r])) how = "signal " + std::to_string(WTERMSIG(*status[r]));
+      ADD_FAILURE() << "job " << spec_.job << " (" << spec_.scenario << ", shape " << spec_.shape << ", world "
+                    << spec_.world << ") rank " << r << ": " << how << "\n--- rank log\n"
+                    << log << "--- dbufd log (tail)\n"
+                    << tail(daemon.log(), 30);
+    }
+  }
+
+  [[nodiscard]] const std::string& output(std::uint32_t rank) const { return outputs_.at(rank); }
+
+ private:
+  static std::string lastLine(const std::string& text) {
+    const std::size_t end = text.find_last_not_of('\n');
+    if (end == std::string::npos) return "";
+    const std::size_t begin = text.rfind('\n', end);
+    return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                       end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+  }
+  static std::string tail(const std::string& text, int lines) {
+    std::size_t at = text.size();
+    for (int i = 0; i <= lines && at != std::string::npos && at > 0; ++i) at = text.rfind('\n', at - 1);
+    return at == std::string::npos ? text : text.substr(at + 1);
+  }
+
+  JobSpec spec_;
+  std::vector<std::string> logs_;
+  std::vector<std::string> outputs_;
+  std::vector<std::unique_ptr<Child>> ranks_;
+};
+
+/// A daemon in a fresh directory for one test.
+struct Node {
+  TempDir dir{"dbuf-coll"};
+  Daemon daemon{dir.path()};
+};
+
+void runJob(Node& node, const JobSpec& spec) {
+  Job job(node.dir, node.daemon, spec);
+  job.expectAllPassed(node.daemon);
+}
+
+// ----------------------------------------------------------------- every op
+
+using OpsParam = std::tuple<std::uint32_t, std::string>;
+
+class CollectiveOps : public ::testing::TestWithParam<OpsParam> {};
+
+TEST_P(CollectiveOps, EveryOpAndDtypePairMatchesTheReference) {
+  const auto& [world, shape] = GetParam();
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  runJob(node, {"ops-" + shape + "-" + std::to_string(world), "ops", shape, world,
+                1000 + world * 10 + std::hash<std::string>{}(shape) % 10, false});
+}
+
+std::string opsName(const ::testing::TestParamInfo<OpsParam>& info) {
+  return std::get<1>(info.param) + "_world" + std::to_string(std::get<0>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveOps,
+                         ::testing::Combine(::testing::Values(1U, 2U, 3U, 4U, 8U),
+                                            ::testing::Values("element", "rows", "block", "mixed", "tiny")),
+                         opsName);
+INSTANTIATE_TEST_SUITE_P(OddRanks, CollectiveOps,
+                         ::testing::Combine(::testing::Values(5U, 7U), ::testing::Values("mixed")), opsName);
+INSTANTIATE_TEST_SUITE_P(MultiThreadedKernels, CollectiveOps,
+                         ::testing::Combine(::testing::Values(3U), ::testing::Values("medium")), opsName);
+
+TEST(CollectiveJobs, TwoJobsOnOneDaemonInterleave) {
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  Job a(node.dir, node.daemon, {"interleave-a", "ops", "rows", 3, 71, false});
+  Job b(node.dir, node.daemon, {"interleave-b", "ops", "block", 2, 72, false});
+  a.expectAllPassed(node.daemon);
+  b.expectAllPassed(node.daemon);
+}
+
+// ----------------------------------------------------------------- fp8
+
+TEST(Fp8AllGather, ShardedBlockQuantizationEqualsFullTensorQuantizationBitwise) {
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  for (const std::uint32_t world : {2U, 3U, 4U, 8U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    runJob(node, {"fp8-" + std::to_string(world), "fp8", "", world, 500 + world, false});
+  }
+}
+
+// ----------------------------------------------------------------- training
+
+TEST(TrainingStep, FourRanksFiveSgdStepsMatchSingleProcessReference) {
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  constexpr std::uint64_t kSeed = 4242;
+  Job job(node.dir, node.daemon, {"train", "train", "", kTrainWorld, kSeed, true});
+  job.expectAllPassed(node.daemon);
+  if (HasFailure()) return;
+
+  // Assemble the master weights from every rank's final shard.
+  const std::vector<TrainTensor> tensors = trainTensors();
+  std::vector<std::vector<float>> master(tensors.size());
+  std::vector<std::vector<int>> covered(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    master[t].assign(static_cast<std::size_t>(tensors[t].numel()), std::nanf(""));
+    covered[t].assign(static_cast<std::size_t>(tensors[t].numel()), 0);
+  }
+  for (std::uint32_t rank = 0; rank < kTrainWorld; ++rank) {
+    std::ifstream in(job.output(rank), std::ios::binary);
+    ASSERT_TRUE(in) << "rank " << rank << " wrote no " << job.output(rank);
+    std::int64_t header[3];
+    while (in.read(reinterpret_cast<char*>(header), sizeof header)) {
+      const auto t = static_cast<std::size_t>(header[0]);
+      ASSERT_LT(t, tensors.size());
+      ASSERT_TRUE(header[1] >= 0 && header[1] <= header[2] && header[2] <= tensors[t].numel())
+          << "rank " << rank << " tensor " << t << " [" << header[1] << ", " << header[2] << ")";
+      for (std::int64_t e = header[1]; e < header[2]; ++e) {
+        float value = 0;
+        ASSERT_TRUE(in.read(reinterpret_cast<char*>(&value), sizeof value)) << "rank " << rank << ": short file";
+        master[t][static_cast<std::size_t>(e)] = value;
+        ++covered[t][static_cast<std::size_t>(e)];
+      }
+    }
+  }
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    for (std::size_t e = 0; e < covered[t].size(); ++e) {
+      ASSERT_EQ(covered[t][e], 1) << "element " << e << " of tensor " << tensors[t].name
+                                  << " is held by that many ranks, expected exactly one";
+    }
+  }
+
+  const std::vector<std::vector<float>> reference = trainReference(kSeed);
+  bool bitwise = true;
+  double max_abs = 0;
+  double max_rel = 0;
+  std::string worst;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    for (std::size_t e = 0; e < reference[t].size(); ++e) {
+      const float want = reference[t][e];
+      const float got = master[t][e];
+      if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got)) bitwise = false;
+      const double abs = std::fabs(static_cast<double>(got) - static_cast<double>(want));
+      const double rel = abs / std::max(std::fabs(static_cast<double>(want)), 1e-30);
+      if (!(abs <= max_abs)) {
+        max_abs = abs;
+        std::ostringstream text;
+        text << tensors[t].name << "[" << e << "]: reference " << want << ", dbuf " << got;
+        worst = text.str();
+      }
+      max_rel = std::max(max_rel, rel);
+      EXPECT_LE(rel, 1e-6) << tensors[t].name << "[" << e << "]: reference " << want << ", dbuf " << got;
+      if (rel > 1e-6) return;  // the first is enough
+    }
+  }
+  std::cout << "training: " << kTrainSteps << " steps, " << kTrainWorld << " ranks: master weights "
+            << (bitwise ? "bitwise equal to" : "within tolerance of") << " the single-process reference (max abs diff "
+            << max_abs << ", max rel diff " << max_rel << (worst.empty() ? "" : "; largest at " + worst) << ")\n";
+  RecordProperty("bitwise", bitwise ? "true" : "false");
+  RecordProperty("max_rel_diff", std::to_string(max_rel));
+}
+
+// ----------------------------------------------------------------- large
+
+TEST(LargeGroup, ShardsLargerThanOneDaemonStep) {
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  runJob(node, {"large", "large", "", 2, 99, false});
+}
+
+// Two jobs whose ops take several daemon steps each: the daemon gives the
+// jobs steps in turn (one fp32 reduction scratch for all of them).
+TEST(LargeGroup, TwoJobsWithMultiStepOpsInterleave) {
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  Job a(node.dir, node.daemon, {"large-a", "large", "bf16", 2, 101, false});
+  Job b(node.dir, node.daemon, {"large-b", "large", "bf16", 2, 102, false});
+  a.expectAllPassed(node.daemon);
+  b.expectAllPassed(node.daemon);
+}
+
+}  // namespace
+}  // namespace dbuf::coll
