@@ -423,9 +423,11 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
                        request);
     return;
   }
-  if (auto released = releasePages(slot->fd.get(), 0, slot->bytes); !released) {
-    spdlog::warn("job {}: {}", job.id, released.error().message);
-  }
+  // The slot goes back to the rank's pool with its pages: the pool, not the
+  // page cache, is what bounds unsharded memory, and the next all-gather
+  // into freshly punched pages would run at a fifth of memcpy speed, page
+  // faults and zero-filling included (docs/collectives.md, Performance). The
+  // pages are given back with the slot file when the rank goes.
   slot->group.reset();
   session->send(ipc::SlotReleased{group_id}, request);
 }

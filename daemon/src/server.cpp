@@ -87,9 +87,18 @@ class Server::Impl final : public SessionHandler {
   /// is left to do.
   void serve() {
     using Clock = std::chrono::steady_clock;
+    // While spinning, the control plane is polled at most this often: an
+    // idle io_.poll() is an epoll_wait system call (~150 ns), which would
+    // otherwise sit on every ring round trip's path.
+    constexpr auto kControlPollInterval = std::chrono::microseconds(10);
     auto last_work = Clock::now();
+    auto last_control_poll = Clock::time_point{};
     while (!io_.stopped()) {
-      std::size_t work = io_.poll();
+      std::size_t work = 0;
+      if (const auto now = Clock::now(); now - last_control_poll >= kControlPollInterval || stopping_) {
+        work += io_.poll();
+        last_control_poll = now;
+      }
       if (!stopping_) work += jobs_.pollDataPlane();
       if (work > 0) {
         last_work = Clock::now();

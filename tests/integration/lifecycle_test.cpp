@@ -355,31 +355,39 @@ TEST(Lifecycle, MemoryIsUnmappedOnDetachAndOnDestruction) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
-TEST(Lifecycle, ReshardGivesTheSlotPagesBack) {
+TEST(Lifecycle, ReshardKeepsTheSlotInThePoolAndDetachGivesItBack) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
   auto client = daemon.attach(rankOf("pages", 0, 1));
   ASSERT_TRUE(client.ok()) << messageOf(client);
   auto group = client->registerGroup(smallGroup("g", 4, 256));  // 8 Ki elements
   ASSERT_TRUE(group.ok()) << messageOf(group);
+  const std::size_t memfds = daemon.stats().memfds;
+  std::uint64_t allocated = 0;
   for (int round = 0; round < 2; ++round) {
     // acquireSlot, not unshard: a gather would overwrite the params whatever
     // the pages held, and this checks what reshard left in them.
     ASSERT_TRUE(group->acquireSlot().ok());
+    EXPECT_EQ(daemon.stats().memfds, memfds + 1) << "one slot file, reused in round " << round;
     for (std::size_t t = 0; t < 4; ++t) {
       auto full = group->unshardedView(t);
       auto grad = group->unshardedGradView(t);
       ASSERT_TRUE(full.ok() && grad.ok());
+      // Round 0: a new slot file reads as zeros. Round 1: the same slot,
+      // pages kept, holds what round 0 wrote.
+      const std::uint16_t expected = round == 0 ? 0 : 0xFFFF;
       for (std::int64_t e = 0; e < full->numel(); ++e) {
-        EXPECT_EQ(full->data<std::uint16_t>()[e], 0) << "a fresh slot reads as zeros (round " << round << ")";
-        EXPECT_EQ(grad->data<std::uint16_t>()[e], 0) << "a fresh slot reads as zeros (round " << round << ")";
+        EXPECT_EQ(full->data<std::uint16_t>()[e], expected) << "round " << round;
+        EXPECT_EQ(grad->data<std::uint16_t>()[e], expected) << "round " << round;
         full->data<std::uint16_t>()[e] = 0xFFFF;
         grad->data<std::uint16_t>()[e] = 0xFFFF;
       }
     }
     EXPECT_GE(dbufMemfdAllocatedBytes("pages:slot"), std::uint64_t{2} * 8192 * 2) << "params and grads written";
     ASSERT_TRUE(group->reshard().ok());
-    EXPECT_EQ(dbufMemfdAllocatedBytes("pages:slot"), 0U) << "reshard left the slot's pages allocated";
+    const std::uint64_t kept = dbufMemfdAllocatedBytes("pages:slot");
+    if (round == 0) allocated = kept;
+    EXPECT_EQ(kept, allocated) << "the pool keeps the slot's pages, no more and no less, in round " << round;
   }
   ASSERT_TRUE(client->detach().ok());
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
@@ -426,7 +434,8 @@ TEST(Lifecycle, PrefetchLoopKeepsUnshardedMemoryBounded) {
         ASSERT_TRUE(groups[i - 1].reshard().ok());
       }
       ASSERT_TRUE(groups.back().reshard().ok());
-      EXPECT_EQ(dbufMemfdAllocatedBytes(slot_prefix), 0U);
+      // The pool keeps its pages between passes: still within the bound.
+      EXPECT_LE(dbufMemfdAllocatedBytes(slot_prefix), slot_bound[rank]);
     }
     ASSERT_TRUE(client->detach().ok());
   });

@@ -171,12 +171,14 @@ class Group {
 
   /// Maps an unsharded slot (params + grads, devices * shard_elems each)
   /// without gathering anything; not a collective. Fails with kConflict when
-  /// every slot of the pool is held by other groups.
+  /// every slot of the pool is held by other groups. The slot holds what its
+  /// previous group left (zeros the first time): write or zero the gradients
+  /// before reducing them.
   [[nodiscard]] Result<void> acquireSlot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// Collective: acquireSlot() if needed, then allGather() and wait for it.
   [[nodiscard]] Result<void> unshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
-  /// Waits for this client's ops in flight, then unmaps the slot; the daemon
-  /// gives its pages back. Not a collective.
+  /// Waits for this client's ops in flight, then unmaps the slot, which goes
+  /// back to the rank's pool (pages kept for the next group). Not a collective.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   [[nodiscard]] bool unsharded() const noexcept;
 
