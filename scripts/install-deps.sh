@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake make pkg-config
   nlohmann-json3-dev libgtest-dev
-  libtomlplusplus-dev libspdlog-dev libasio-dev
+  libtomlplusplus-dev libspdlog-dev libasio-dev libboost-dev
   python3
 )
 
