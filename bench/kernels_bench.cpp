@@ -1,7 +1,8 @@
 // Fused multi-tensor CPU kernels: each op over a group of ~1000 tensors in one
 // call, as bandwidth (bytes read + written per second) relative to memcpy of
 // the same bytes on the same cores, measured side by side in one run.
-// Figures go to docs/kernels.md.
+// Figures go to docs/kernels.md. Last: reduce of 4 and 8 bf16 sources next
+// to the unfused composition it replaces.
 //
 //   bench_kernels [MODEL_JSON] [--elements N] [--threads T]
 //
@@ -18,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dbuf/kernels/convert.hpp"
@@ -183,6 +185,59 @@ int main(int argc, char** argv) {
       std::printf("  %12.2f  %9.2f", bw, bw / memcpy_bw[k]);
     }
     std::printf("\n");
+  }
+
+  // Reduce: W bf16 sources (distinct buffers) summed into fp32 or bf16, as
+  // the daemon's reduce-scatter / all-reduce does per step; fused against
+  // the composition it replaces (zero an fp32 scratch, W accumulates, cast).
+  // Bytes = W source reads + one dst write per element, for both rows.
+  std::vector<std::vector<std::uint16_t>> sources(8);
+  for (std::size_t r = 0; r < sources.size(); ++r) {
+    sources[r].resize(n);
+    const std::size_t shift = (r * 7919) % n;
+    std::memcpy(sources[r].data(), b16.data() + shift, (n - shift) * 2);
+    std::memcpy(sources[r].data() + (n - shift), b16.data(), shift * 2);
+  }
+  std::vector<float> scratch(n);
+  std::vector<std::uint16_t> red16(n);
+  const MutBuffer scratch_out{scratch.data(), f32, total};
+  const ConstBuffer scratch_in{scratch.data(), f32, total};
+  const MutBuffer red_out16{red16.data(), DType::kBF16, total};
+  std::printf("\nreduce of W bf16 sources (bytes: W reads + 1 write per element)\n");
+  for (const std::size_t w : {std::size_t{4}, std::size_t{8}}) {
+    std::vector<ConstBuffer> in;
+    for (std::size_t r = 0; r < w; ++r) in.push_back({sources[r].data(), DType::kBF16, total});
+    for (const bool to_f32 : {true, false}) {
+      const MutBuffer dst = to_f32 ? out32 : red_out16;
+      const double bytes = static_cast<double>(w) * 2 + (to_f32 ? 4 : 2);
+      const std::string what = std::to_string(w) + " x bf16 -> " + (to_f32 ? "fp32" : "bf16");
+      const Op fused{"", bytes, [&](const Options& o) { must(reduce(in, dst, ReduceOptions{}, segs, o)); }};
+      const Op composed{"", bytes, [&](const Options& o) {
+                          must(zero(scratch_out, segs, o));
+                          for (const ConstBuffer& src : in) must(accumulate(src, scratch_out, 1.0F, segs, o));
+                          must(cast(scratch_in, dst, segs, o));
+                        }};
+      const std::vector<std::pair<std::string, const Op*>> rows{
+          {"reduce " + what, &fused}, {"  zero+" + std::to_string(w) + "acc+cast", &composed}};
+      std::vector<double> fused_s;
+      for (const auto& row : rows) {
+        const Op* op = row.second;
+        const std::string& label = row.first;
+        std::printf("%-32s", label.c_str());
+        for (std::size_t k = 0; k < thread_counts.size(); ++k) {
+          const Options o{thread_counts[k]};
+          const double s = seconds([&] { op->run(o); }, reps);
+          const double bw = op->bytes_per_element * static_cast<double>(total) / s / 1e9;
+          std::printf("  %12.2f  %9.2f", bw, bw / memcpy_bw[k]);
+          if (op == &fused) {
+            fused_s.push_back(s);
+          } else {
+            std::printf("  fused x%.2f", s / fused_s[k]);
+          }
+        }
+        std::printf("\n");
+      }
+    }
   }
   return 0;
 }

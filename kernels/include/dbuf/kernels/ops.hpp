@@ -18,6 +18,7 @@
 /// scale and zero, which have one buffer); distinct calls on disjoint memory
 /// may run concurrently.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -85,6 +86,39 @@ inline constexpr float kAmaxFloor = 1e-12F;
 /// d = d + (s * alpha). src in {fp32, bf16, fp16}.
 [[nodiscard]] Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                                       const Options& options = {});
+
+/// What reduce() computes besides the sum; the defaults give a plain sum.
+struct ReduceOptions {
+  float pre = 1.0F;         ///< every source element is multiplied by this first
+  float factor = 1.0F;      ///< the sum is multiplied by this
+  bool accumulate = false;  ///< dst (fp32) += sum * factor, instead of dst = round(sum * factor)
+};
+
+/// The most sources one reduce() call takes.
+inline constexpr std::size_t kMaxReduceSources = 4096;
+
+/// Fused sum of W = srcs.size() sources (1 <= W <= kMaxReduceSources, all of
+/// one dtype in {fp32, bf16, fp16}, each checked against its own length) at
+/// the same src_offset, into dst at dst_offset. Per element, in fp32 with
+/// every product and sum rounded (no FMA), sources in span order:
+///   acc = 0.0f;  for r in 0..W-1: acc = acc + (float(srcs[r][i]) * pre);
+///   accumulate == false (dst fp32, bf16 or fp16):
+///     if (factor != 1.0f) acc = acc * factor;   dst[i] = round_to_dst(acc);
+///   accumulate == true (dst fp32 only):
+///     dst[i] = dst[i] + (acc * factor);          (the multiply is always done)
+/// These are bitwise the results of the unfused composition on an fp32
+/// scratch: zero(scratch); accumulate(srcs[r] -> scratch, pre) for each r;
+/// then either scale(scratch, factor) (only when factor != 1) and
+/// cast(scratch -> dst), or accumulate(scratch -> dst, factor). When the
+/// running sum and the product being added are both NaN, the result is the
+/// product's NaN (what those ops give on x86). One pass over memory instead of
+/// W + 2: each chunk is summed a block of elements at a time in an fp32
+/// buffer that stays in L1. dst must not overlap any source (not even
+/// exactly); sources may overlap each other or be the same buffer.
+/// Threads: split like the other ops by dst elements (chunk_elements counts
+/// dst elements); bitwise identical for any thread count.
+[[nodiscard]] Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const ReduceOptions& reduction,
+                                  std::span<const Segment> segments, const Options& options = {});
 
 /// Block quantization to fp8 e4m3. Per block: amax = max |x| over the block's
 /// finite elements, clamped below at kAmaxFloor; scale = amax / 448 (fp32
