@@ -211,7 +211,7 @@ void DataPlane::start(Job& job, SteadyClock::time_point now) {
     return;
   }
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
-  collectives.op = HostCollective(collectives.args, &group.geometry, collectives.buffers,
+  collectives.op = HostCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
                                   {scratch_.get(), HostCollective::kStepElements}, kernel_options_);
   collectives.running = true;
 }

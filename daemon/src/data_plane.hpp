@@ -87,7 +87,8 @@ struct JobCollectives {
   std::uint32_t group_id = 0;
   SteadyClock::time_point matched;
   SteadyClock::time_point finished;  ///< when the previous collective ended (timeouts count from it)
-  std::vector<RankBuffers> buffers;  ///< world entries, reused by every op
+  std::vector<RankBuffers> buffers;               ///< world entries, reused by every op
+  std::vector<kernels::ConstBuffer> grad_sources;  ///< world entries: the reductions' sources
 };
 
 class DataPlane {

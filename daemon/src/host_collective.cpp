@@ -16,9 +16,13 @@ Segment run(std::int64_t src, std::int64_t dst, std::int64_t count) {
 }  // namespace
 
 HostCollective::HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry,
-                               std::span<const RankBuffers> ranks, std::span<float> scratch,
-                               const kernels::Options& options)
-    : args_(args), geometry_(geometry), ranks_(ranks), scratch_(scratch), options_(options) {}
+                               std::span<const RankBuffers> ranks, std::span<kernels::ConstBuffer> sources,
+                               std::span<float> scratch, const kernels::Options& options)
+    : args_(args), geometry_(geometry), ranks_(ranks), sources_(sources), scratch_(scratch), options_(options) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    sources_[r] = ConstBuffer{ranks[r].grads, geometry->grad, geometry->world * geometry->shard_elems};
+  }
+}
 
 Result<bool> HostCollective::step() {
   switch (args_.op) {
@@ -35,11 +39,6 @@ Result<bool> HostCollective::step() {
       return true;  // no data
   }
   return makeError(ErrorCode::kInternal, "unknown collective");
-}
-
-float HostCollective::finalScale() const noexcept {
-  return args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
-                                               : args_.post_scale;
 }
 
 Result<void> HostCollective::copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first,
@@ -118,41 +117,24 @@ Result<bool> HostCollective::allGatherStep() {
   return false;
 }
 
-Result<void> HostCollective::reduceInto(std::int64_t first, std::int64_t count) {
-  const GroupGeometry& g = *geometry_;
-  const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
-  const Segment zeroed = run(0, 0, count);
-  if (auto done = kernels::zero(scratch, {&zeroed, 1}, options_); !done) return done;
-  const Segment segment = run(first, 0, count);
-  for (const RankBuffers& rank : ranks_) {
-    if (auto done = kernels::accumulate(ConstBuffer{rank.grads, g.grad, g.world * g.shard_elems}, scratch,
-                                        args_.pre_scale, {&segment, 1}, options_);
-        !done) {
-      return done;
-    }
-  }
-  return {};
+kernels::ReduceOptions HostCollective::reduction(bool accumulate) const noexcept {
+  const float factor =
+      args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world) : args_.post_scale;
+  return kernels::ReduceOptions{args_.pre_scale, factor, accumulate};
 }
 
 Result<bool> HostCollective::reduceScatterStep() {
+  // One fused pass: every rank's gradient part straight into this rank's
+  // sharded gradient (summed in rank order, in fp32).
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
-  if (auto reduced = reduceInto(rank * g.shard_elems + offset_, count); !reduced) return std::move(reduced).error();
-  const ConstBuffer sum{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
-  const MutBuffer out{ranks_[rank].shard_grad, g.sharded, g.shard_elems};
-  const float factor = finalScale();
-  const Segment segment = run(0, offset_, count);
-  Result<void> written = [&]() -> Result<void> {
-    if (args_.accumulate) return kernels::accumulate(sum, out, factor, {&segment, 1}, options_);
-    if (factor != 1.0F) {
-      const Segment in_place = run(0, 0, count);
-      const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
-      if (auto scaled = kernels::scale(scratch, factor, {&in_place, 1}, options_); !scaled) return scaled;
-    }
-    return kernels::cast(sum, out, {&segment, 1}, options_);
-  }();
-  if (!written) return std::move(written).error();
+  const Segment segment = run(rank * g.shard_elems + offset_, offset_, count);
+  if (auto done = kernels::reduce(sources_, MutBuffer{ranks_[rank].shard_grad, g.sharded, g.shard_elems},
+                                  reduction(args_.accumulate), {&segment, 1}, options_);
+      !done) {
+    return std::move(done).error();
+  }
   written_ += static_cast<std::uint64_t>(count * sizeBytes(g.sharded));
   offset_ += count;
   if (offset_ >= g.shard_elems) {
@@ -166,18 +148,18 @@ Result<bool> HostCollective::allReduceStep() {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
   const std::int64_t count = std::min(kStepElements, elements - offset_);
-  // Reduce the whole chunk before writing any rank's copy: the op is in place.
-  if (auto reduced = reduceInto(offset_, count); !reduced) return std::move(reduced).error();
-  const MutBuffer scratch{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())};
-  if (const float factor = finalScale(); factor != 1.0F) {
-    const Segment in_place = run(0, 0, count);
-    if (auto scaled = kernels::scale(scratch, factor, {&in_place, 1}, options_); !scaled) {
-      return std::move(scaled).error();
-    }
+  // In place: the chunk is reduced into the fp32 scratch before any rank's
+  // copy is overwritten, then written to every rank.
+  const Segment reduced = run(offset_, 0, count);
+  const auto scratch_elements = static_cast<std::int64_t>(scratch_.size());
+  if (auto done = kernels::reduce(sources_, MutBuffer{scratch_.data(), DType::kF32, scratch_elements},
+                                  reduction(false), {&reduced, 1}, options_);
+      !done) {
+    return std::move(done).error();
   }
   const Segment segment = run(0, offset_, count);
   for (const RankBuffers& rank : ranks_) {
-    if (auto done = kernels::cast(ConstBuffer{scratch_.data(), DType::kF32, static_cast<std::int64_t>(scratch_.size())},
+    if (auto done = kernels::cast(ConstBuffer{scratch_.data(), DType::kF32, scratch_elements},
                                   MutBuffer{rank.grads, g.grad, elements}, {&segment, 1}, options_);
         !done) {
       return std::move(done).error();

@@ -3,7 +3,7 @@
 // memory, run in steps of bounded size so that the scheduler can interleave
 // jobs (a 1 GiB all-gather of one job never holds another's barrier for
 // long). Uses the fused kernels of kernels/; allocates nothing per op (the
-// fp32 reduction scratch belongs to the caller).
+// reduction's source table and fp32 scratch belong to the caller).
 
 #include <cstdint>
 #include <span>
@@ -40,10 +40,11 @@ class HostCollective {
   static constexpr std::int64_t kStepElements = std::int64_t{1} << 22;
 
   HostCollective() = default;
-  /// `ranks` (world entries) and `scratch` (kStepElements floats) must outlive
-  /// the op; `geometry` too.
+  /// `ranks` and `sources` (world entries each; `sources` is filled here
+  /// with the ranks' gradients) and `scratch` (kStepElements floats, for the
+  /// in-place all-reduce) must outlive the op; `geometry` too.
   HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry, std::span<const RankBuffers> ranks,
-                 std::span<float> scratch, const kernels::Options& options);
+                 std::span<kernels::ConstBuffer> sources, std::span<float> scratch, const kernels::Options& options);
 
   /// Runs one step; true when the op is complete. An error ends the op.
   [[nodiscard]] Result<bool> step();
@@ -58,13 +59,13 @@ class HostCollective {
   /// Copies [first, first + count) elements of rank `from`'s params (and for
   /// fp8 the scales of `from_rank_blocks`) into rank `to`'s; one step.
   Result<void> copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count);
-  /// scratch[0, count) = sum over ranks of pre * grads_r[first, first + count), in rank order.
-  Result<void> reduceInto(std::int64_t first, std::int64_t count);
-  [[nodiscard]] float finalScale() const noexcept;
+  /// The reduction's scales: factor = post, or post / world for avg.
+  [[nodiscard]] kernels::ReduceOptions reduction(bool accumulate) const noexcept;
 
   CollectiveArgs args_;
   const GroupGeometry* geometry_ = nullptr;
   std::span<const RankBuffers> ranks_;
+  std::span<kernels::ConstBuffer> sources_;
   std::span<float> scratch_;
   kernels::Options options_;
   // Cursor: phase, then an index (rank or rank pair), then an element offset.
