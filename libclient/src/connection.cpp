@@ -161,7 +161,8 @@ Result<bool> Connection::awaitCompletion(ipc::Clock::time_point deadline) {
 }
 
 Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& options) {
-  if (auto alive = lost_.empty() && segment_.valid() ? Result<void>{} : checkAlive(); !alive) return alive.error();
+  if (!lost_.empty()) return makeError(ErrorCode::kUnavailable, lost_);
+  if (!segment_.valid()) return makeError(ErrorCode::kUnavailable, "not attached to dbufd");
   const auto deadline = ipc::Clock::now() + options.timeout.value_or(timeout_);
   while (in_flight_ == rings_.capacity()) {
     // Back-pressure: room comes back as completions are reaped.
