@@ -19,9 +19,10 @@
 // shard is P / 2 elements. Rows:
 //   allGather bf16->bf16     every rank's shard -> every rank's unsharded params
 //   reduceScatter bf16       every rank's unsharded grads -> sum into each rank's shard grad
-//   allGather, cold slot     reshard + acquireSlot before each op: the slot's
-//                            pages were given back, so the op faults them in
-//                            (what an FSDP step that reshards each layer sees)
+//   allGather after reshard  reshard + acquireSlot before each op (what an FSDP
+//                            step that reshards each layer does): the released
+//                            slot keeps its pages in the rank's pool, so this
+//                            should match the allGather row (faults/op 0)
 //   fp32->bf16 rows          the same at one size (64 MiB), sharded fp32
 // Bytes moved, per op (defined in docs/collectives.md too):
 //   allGather:     W * W * P bytes written into the W destination buffers
@@ -58,11 +59,12 @@
 // Part 2, diagnostics (in this process, no daemon): a jthread start + join;
 // kernels::copy of daemon-sized steps (HostCollective::kStepElements = 4 Mi
 // bf16 elements = 8 MiB per call) against the pool memcpy of the same bytes;
-// one reduce-scatter step of 8 ranks done as HostCollective does it (zero,
-// 8 x accumulate, cast through an fp32 scratch of 16 MiB) against one fused
-// pass with the same arithmetic (checked bitwise equal); and a memcpy into a
-// memfd whose pages were just given back (fallocate punch hole, what
-// reshard does to a slot) against the same into resident pages.
+// one reduce-scatter step of 8 ranks done as HostCollective did it before
+// kernels::reduce (zero, 8 x accumulate, cast through an fp32 scratch of
+// 16 MiB) against one fused pass with the same arithmetic (checked bitwise
+// equal); and a memcpy into a memfd whose pages were just given back
+// (fallocate punch hole: what the first all-gather into a new slot file sees,
+// e.g. a slot replaced by a larger one) against the same into resident pages.
 //
 // Part 3, unsharded memory: 2 ranks step a 32-layer model (the decoder layers
 // of --model, default models/llama3-8b.json, every dimension >= 256 divided
@@ -266,7 +268,7 @@ std::vector<std::uint64_t> parseList(const std::string& text) {
 constexpr int kMaxRepeats = 16;
 constexpr int kMaxRanks = 8;
 enum OpKind : int { kAllGather = 0, kReduceScatter = 1, kAllGatherCold = 2, kOpKinds = 3 };
-constexpr const char* kOpNames[kOpKinds] = {"allGather", "reduceScatter", "allGather, cold slot"};
+constexpr const char* kOpNames[kOpKinds] = {"allGather", "reduceScatter", "allGather after reshard"};
 
 struct Sample {
   std::int64_t submit_ns = 0;
@@ -399,8 +401,8 @@ int bandwidthRankBody(const Case& c, std::uint32_t rank, Shared& shared) {
       ::usleep(1000);
     }
     if (kind == kAllGatherCold) {
-      // The slot's pages go back to the kernel; the next acquire maps the same
-      // (now empty) file, so the allGather faults every page in again.
+      // The slot goes back to the rank's pool with its pages; the next
+      // acquire gets the same slot file, so nothing is faulted in again.
       if (auto released = group->reshard(); !released)
         return fail(report, "reshard: " + released.error().message), false;
       if (auto acquired = group->acquireSlot(); !acquired) {
@@ -614,7 +616,7 @@ std::vector<Row> rows;
 int failures = 0;
 
 void printRowsHeader() {
-  std::printf("%-22s %5s %9s %-10s %10s %9s %9s %9s %9s %9s %8s %8s %9s %6s\n", "op", "ranks", "per rank", "dtypes",
+  std::printf("%-23s %5s %9s %-10s %10s %9s %9s %9s %9s %9s %8s %8s %9s %6s\n", "op", "ranks", "per rank", "dtypes",
               "bytes", "run ms", "wall ms", "run GB/s", "wall GB/s", "cpy GB/s", "run/cpy", "wall/cpy", "faults/op",
               "cores");
 }
@@ -623,7 +625,7 @@ void printRow(const Row& row) {
   const auto gbs = [&](double seconds) { return seconds > 0 ? static_cast<double>(row.bytes) / seconds / 1e9 : 0.0; };
   char cores[16] = "-";
   if (row.cores >= 0) std::snprintf(cores, sizeof(cores), "%.2f", row.cores);
-  std::printf("%-22s %5u %9s %-10s %10s %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.2f %9.0f %6s\n", row.op.c_str(),
+  std::printf("%-23s %5u %9s %-10s %10s %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.2f %9.0f %6s\n", row.op.c_str(),
               row.world, sizeText(row.part).c_str(), row.dtypes.c_str(), sizeText(row.bytes).c_str(), row.run_s * 1e3,
               row.wall_s * 1e3, gbs(row.run_s), gbs(row.wall_s), gbs(row.memcpy_s), row.run_ratio, row.wall_ratio,
               row.faults, cores);
@@ -641,7 +643,7 @@ void bandwidthCase(const dbuf::bench::DaemonProcess& daemon, std::uint32_t world
   const std::uint64_t need = job_bytes + baseline_bytes;
   if (need > budget || need > available) {
     std::printf(
-        "%-22s %5u %9s %-10s skipped: needs %s (memfds: slots 2*W*W*P + shards 2*W*P_sharded = %s; "
+        "%-23s %5u %9s %-10s skipped: needs %s (memfds: slots 2*W*W*P + shards 2*W*P_sharded = %s; "
         "memcpy buffers W*W*P + W*P = %s), over %s\n",
         "allGather/reduceScatter", world, sizeText(part).c_str(), dtypes.c_str(), sizeText(need).c_str(),
         sizeText(job_bytes).c_str(), sizeText(baseline_bytes).c_str(),
@@ -845,11 +847,12 @@ void diagnostics() {
         median(pool_s) / median(kernel_s));
   }
   // 3. Reduce-scatter steps of 8 ranks (4 Mi bf16 elements from each, sum
-  // into a bf16 shard) as HostCollective does them (kernels::zero of the fp32
-  // scratch, one kernels::accumulate per rank, kernels::cast out; each call
-  // starting its own threads) against one fused pass (fusedReduce8: the same
-  // fp32 adds in rank order, the accumulator in a register, then the bf16
-  // rounding; checked bitwise equal) on the pool.
+  // into a bf16 shard) as HostCollective did them before kernels::reduce
+  // (kernels::zero of the fp32 scratch, one kernels::accumulate per rank,
+  // kernels::cast out; each call starting its own threads) against one fused
+  // pass (fusedReduce8: the same fp32 adds in rank order, the accumulator in
+  // a register, then the bf16 rounding, as kernels::reduce does now; checked
+  // bitwise equal) on the pool.
   {
     constexpr std::uint32_t kRanks = 8;
     constexpr std::int64_t kStep = std::int64_t{1} << 22;
@@ -914,8 +917,8 @@ void diagnostics() {
     const bool same = std::memcmp(out_kernels.data, out_fused.data, out_kernels.bytes) == 0;
     const double read = static_cast<double>(kBytes) * kSteps * kRanks;
     std::printf(
-        "reduce of %u ranks' bf16 grads (%d steps of 4 Mi elements; GB/s of grads read): kernels as "
-        "HostCollective (zero + %u accumulate + cast, fp32 scratch) %.2f GB/s, fused one pass (%d threads) "
+        "reduce of %u ranks' bf16 grads (%d steps of 4 Mi elements; GB/s of grads read): old HostCollective "
+        "path (zero + %u accumulate + cast, fp32 scratch) %.2f GB/s, fused one pass (%d threads) "
         "%.2f GB/s, ratio %.2f; results %s\n",
         kRanks, kSteps, kRanks, read / median(kernel_s) / 1e9, threads, read / median(fused_s) / 1e9,
         median(kernel_s) / median(fused_s), same ? "bitwise equal" : "DIFFER");
@@ -1236,13 +1239,15 @@ bool modelMemory(const dbuf::bench::DaemonProcess& daemon) {
       static_cast<double>(r0.step_peak_slot) / static_cast<double>(kMiB), r0.steps_sampled,
       static_cast<double>(sampler_peak) / static_cast<double>(kMiB), sampler_samples);
   // Forward: every held slot has its params written, no grads. Backward: the
-  // layer being reduced has params + grads, the prefetched one params only.
+  // layer being reduced has params + grads; a released slot keeps its pages
+  // (grads included) in the rank's pool, so once each of a rank's slots has
+  // held a layer's grads, all of its slots are resident: the bound.
   const double half = static_cast<double>(unit_slot) / 2 / static_cast<double>(kMiB);
   std::printf(
       "  forward %.1f MiB (expected W * (depth + 1) * params = %.1f), backward %.1f MiB (expected W * "
-      "((depth + 1) * params + grads) = %.1f)\n",
+      "(depth + 1) * (params + grads) = %.1f: released slots keep their pages)\n",
       static_cast<double>(r0.phase_peak[0]) / static_cast<double>(kMiB), kWorld * (kDepth + 1) * half,
-      static_cast<double>(r0.phase_peak[1]) / static_cast<double>(kMiB), kWorld * (kDepth + 2) * half);
+      static_cast<double>(r0.phase_peak[1]) / static_cast<double>(kMiB), kWorld * (kDepth + 1) * 2 * half);
   std::printf(
       "bound ranks * (depth + 1) * layer slot = %u * %u * %.1f MiB = %.1f MiB: peak / bound = %.3f; peak / "
       "whole model = %.4f (1/%.0f) -> %s\n",
@@ -1256,7 +1261,7 @@ bool modelMemory(const dbuf::bench::DaemonProcess& daemon) {
               sizeText(sampler_shards).c_str());
   const double gather_s = static_cast<double>(r0.gather_run_ns) / 1e9;
   std::printf(
-      "forward %.2f s, backward %.2f s; %lld allGathers on slots given back by the previous reshard: "
+      "forward %.2f s, backward %.2f s; %lld allGathers into slots released by a previous reshard: "
       "%.1f ms each (daemon run), %.2f GB/s; reduceScatters %.1f ms each\n",
       static_cast<double>(r0.forward_ns) / 1e9, static_cast<double>(r0.backward_ns) / 1e9,
       static_cast<long long>(r0.gather_count),
