@@ -75,14 +75,23 @@ DataPlane::DataPlane(asio::io_context& io, const Config& config)
   kernel_options_.threads = kernels::defaultThreads();
 }
 
-void DataPlane::armDoorbell(SessionPlane* plane) {
-  // The handler only drains the eventfd: waking the loop is its purpose. A
-  // destroyed plane cancels the wait (operation_aborted) before it is freed.
-  plane->doorbell->async_wait(asio::posix::stream_descriptor::wait_read, [plane](const asio::error_code& error) {
-    if (error) return;
+SessionPlane::~SessionPlane() {
+  if (doorbell) {
+    asio::error_code ignored;
+    doorbell->close(ignored);
+  }
+}
+
+void DataPlane::armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell) {
+  // The handler only drains the eventfd: waking the loop is its purpose. It
+  // holds the descriptor, not the plane: a wake-up that completed before its
+  // session ended may still run after the plane is freed, and then finds the
+  // descriptor closed.
+  doorbell->async_wait(asio::posix::stream_descriptor::wait_read, [doorbell](const asio::error_code& error) {
+    if (error || !doorbell->is_open()) return;
     std::uint64_t count = 0;
-    [[maybe_unused]] const auto drained = ::read(plane->doorbell->native_handle(), &count, sizeof(count));
-    armDoorbell(plane);
+    [[maybe_unused]] const auto drained = ::read(doorbell->native_handle(), &count, sizeof(count));
+    armDoorbell(doorbell);
   });
 }
 
@@ -100,8 +109,8 @@ Result<std::unique_ptr<SessionPlane>> DataPlane::openSession(const std::string& 
   plane->segment_fd = std::move(*fd);
   plane->segment = std::move(*mapping);
   plane->rings = *rings;
-  plane->doorbell = std::make_unique<asio::posix::stream_descriptor>(io_, doorbell);
-  armDoorbell(plane.get());
+  plane->doorbell = std::make_shared<asio::posix::stream_descriptor>(io_, doorbell);
+  armDoorbell(plane->doorbell);
   return plane;
 }
 
@@ -152,9 +161,12 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
                     " not attached again");
     return;
   }
-  // Cannot fail: the queue holds as many ops as the ring, and in_flight
-  // bounds what was taken.
-  [[maybe_unused]] const bool queued = state.ops.push({submission, now});
+  // The queue holds as many ops as the ring, and in_flight bounds what was
+  // taken: a full queue is a daemon bug, reported rather than losing the op.
+  if (!state.ops.push({submission, now})) {
+    completion.status = status(ipc::WireError::kInternal);
+    completeOne(job, rank, completion, "dbufd: a rank's op queue overflowed (a bug); the op was not run");
+  }
 }
 
 void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion,

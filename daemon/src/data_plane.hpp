@@ -32,10 +32,18 @@ using SteadyClock = std::chrono::steady_clock;
 /// A session's end of the rings: its segment and the eventfd its client
 /// writes when the daemon sleeps.
 struct SessionPlane {
+  SessionPlane() = default;
+  SessionPlane(const SessionPlane&) = delete;
+  SessionPlane& operator=(const SessionPlane&) = delete;
+  /// Closes the doorbell: a wake-up already queued for it finds it closed.
+  ~SessionPlane();
+
   UniqueFd segment_fd;
   Mapping segment;
   ipc::DaemonRings rings;
-  std::unique_ptr<asio::posix::stream_descriptor> doorbell;  // owns the eventfd
+  /// Owns the eventfd. Shared with its pending wait's handler, which may run
+  /// after the plane is gone (a doorbell and the session's EOF in one batch).
+  std::shared_ptr<asio::posix::stream_descriptor> doorbell;
   std::uint32_t in_flight = 0;  ///< taken from the ring, not completed yet
 };
 
@@ -66,6 +74,13 @@ class OpQueue {
   void pop() noexcept {
     head_ = (head_ + 1) % entries_.size();
     --size_;
+  }
+  template <typename Predicate>
+  [[nodiscard]] bool any(Predicate predicate) const {
+    for (std::size_t i = 0; i < size_; ++i) {
+      if (predicate(entries_[(head_ + i) % entries_.size()])) return true;
+    }
+    return false;
   }
   void clear() noexcept {
     head_ = 0;
@@ -121,7 +136,7 @@ class DataPlane {
   void stop();
 
  private:
-  static void armDoorbell(SessionPlane* plane);
+  static void armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell);
   void enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
   void start(Job& job, SteadyClock::time_point now);
   void finish(Job& job, std::uint16_t status, const std::string& message, SteadyClock::time_point now);

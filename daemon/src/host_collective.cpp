@@ -56,41 +56,83 @@ Result<void> HostCollective::copyParams(std::uint32_t from, std::uint32_t to, st
 }
 
 Result<bool> HostCollective::allGatherStep() {
-  const GroupGeometry& g = *geometry_;
-  const std::int64_t elements = g.world * g.shard_elems;
   if (phase_ == 0) {
-    // Each rank's own part of its unsharded params, from its shard: a cast,
-    // or a block quantization whose scales land beside the data.
-    const auto rank = static_cast<std::uint32_t>(index_);
-    const RankBuffers& mine = ranks_[rank];
-    const ConstBuffer shard{mine.shard, g.sharded, g.shard_elems};
-    const MutBuffer params{mine.params, g.unsharded, elements};
-    if (g.quantized()) {
-      const auto& segments = g.ranks[rank].segments;
-      if (auto done = kernels::quantizeE4m3(shard, params, MutBuffer{mine.scales, DType::kF32, g.total_blocks},
-                                            segments, options_);
-          !done) {
-        return std::move(done).error();
-      }
-      written_ += static_cast<std::uint64_t>(g.shard_elems);
-      offset_ = g.shard_elems;
-    } else {
-      const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
-      const Segment segment = run(offset_, rank * g.shard_elems + offset_, count);
-      if (auto done = kernels::cast(shard, params, {&segment, 1}, options_); !done) return std::move(done).error();
-      written_ += static_cast<std::uint64_t>(count * sizeBytes(g.unsharded));
-      offset_ += count;
-    }
-    if (offset_ >= g.shard_elems) {
+    auto rank_done = geometry_->quantized() ? quantizeOwnPartStep() : castOwnPartStep();
+    if (!rank_done) return std::move(rank_done).error();
+    if (*rank_done) {
       offset_ = 0;
-      if (++index_ == g.world) {
+      segment_ = 0;
+      if (++index_ == geometry_->world) {
         phase_ = 1;
         index_ = 0;
       }
     }
     return false;
   }
-  // Then every part to every other rank: plain copies in the unsharded dtype.
+  return copyPartStep();
+}
+
+Result<bool> HostCollective::castOwnPartStep() {
+  // Rank `index_`'s own part of its unsharded params, cast from its shard.
+  const GroupGeometry& g = *geometry_;
+  const auto rank = static_cast<std::uint32_t>(index_);
+  const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
+  const Segment segment = run(offset_, rank * g.shard_elems + offset_, count);
+  if (auto done = kernels::cast(ConstBuffer{ranks_[rank].shard, g.sharded, g.shard_elems},
+                                MutBuffer{ranks_[rank].params, g.unsharded, g.world * g.shard_elems}, {&segment, 1},
+                                options_);
+      !done) {
+    return std::move(done).error();
+  }
+  written_ += static_cast<std::uint64_t>(count * sizeBytes(g.unsharded));
+  offset_ += count;
+  return offset_ >= g.shard_elems;
+}
+
+Result<bool> HostCollective::quantizeOwnPartStep() {
+  // Rank `index_`'s own part, block-quantized with its scales beside it: the
+  // rank's tensor slices (segments), a run of whole ones per step, or a
+  // piece of whole blocks of one larger than a step.
+  const GroupGeometry& g = *geometry_;
+  const auto rank = static_cast<std::uint32_t>(index_);
+  const std::vector<Segment>& segments = g.ranks[rank].segments;
+  if (segment_ == segments.size()) return true;
+  Segment piece;
+  std::span<const Segment> batch;
+  std::int64_t count = 0;
+  const Segment& next = segments[segment_];
+  if (offset_ > 0 || next.count > kStepElements) {
+    const std::int64_t step = std::max(next.block, kStepElements / next.block * next.block);
+    count = std::min(step, next.count - offset_);
+    piece = Segment{next.src_offset + offset_, next.dst_offset + offset_, count, next.block,
+                    next.scale_offset + offset_ / next.block};
+    batch = {&piece, 1};
+    offset_ += count;
+    if (offset_ == next.count) {
+      offset_ = 0;
+      ++segment_;
+    }
+  } else {
+    std::size_t end = segment_;
+    while (end < segments.size() && count + segments[end].count <= kStepElements) count += segments[end++].count;
+    batch = std::span(segments).subspan(segment_, end - segment_);
+    segment_ = end;
+  }
+  const RankBuffers& mine = ranks_[rank];
+  if (auto done = kernels::quantizeE4m3(ConstBuffer{mine.shard, g.sharded, g.shard_elems},
+                                        MutBuffer{mine.params, g.unsharded, g.world * g.shard_elems},
+                                        MutBuffer{mine.scales, DType::kF32, g.total_blocks}, batch, options_);
+      !done) {
+    return std::move(done).error();
+  }
+  written_ += static_cast<std::uint64_t>(count);  // one byte per fp8 element
+  return segment_ == segments.size();
+}
+
+Result<bool> HostCollective::copyPartStep() {
+  // Every rank's part to every other rank: plain copies in the unsharded
+  // dtype (and, for fp8, the part's scales).
+  const GroupGeometry& g = *geometry_;
   const std::uint64_t pairs = std::uint64_t{g.world} * g.world;
   while (index_ < pairs && index_ / g.world == index_ % g.world) ++index_;  // a rank has its own part
   if (index_ == pairs) return true;

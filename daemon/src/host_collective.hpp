@@ -53,11 +53,17 @@ class HostCollective {
 
  private:
   Result<bool> allGatherStep();
+  /// One step of the all-gather's first phase for rank index_; true when
+  /// that rank's own part is done.
+  Result<bool> castOwnPartStep();
+  Result<bool> quantizeOwnPartStep();
+  /// One step of the second phase (parts copied between ranks).
+  Result<bool> copyPartStep();
   Result<bool> reduceScatterStep();
   Result<bool> allReduceStep();
   Result<bool> broadcastStep();
-  /// Copies [first, first + count) elements of rank `from`'s params (and for
-  /// fp8 the scales of `from_rank_blocks`) into rank `to`'s; one step.
+  /// Copies [first, first + count) elements of rank `from`'s params into rank
+  /// `to`'s.
   Result<void> copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count);
   /// The reduction's scales: factor = post, or post / world for avg.
   [[nodiscard]] kernels::ReduceOptions reduction(bool accumulate) const noexcept;
@@ -72,6 +78,7 @@ class HostCollective {
   int phase_ = 0;
   std::uint64_t index_ = 0;
   std::int64_t offset_ = 0;
+  std::size_t segment_ = 0;  // fp8 quantization: the next segment of the rank
   std::uint64_t written_ = 0;
 };
 

@@ -10,7 +10,8 @@
 namespace dbuf::daemon {
 namespace {
 
-constexpr std::uint32_t kMaxWorldSize = 1U << 16;
+// A reduction sums every rank in one kernel call.
+constexpr std::uint32_t kMaxWorldSize = kernels::kMaxReduceSources;
 constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
@@ -119,8 +120,9 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   RankState& rank = attached.ranks[hello.rank];
   rank.session = session;
   rank.plane = std::move(*plane);
+  // `owed` stays: ops this rank missed before attaching (its job-mates' k-th
+  // op timed out without it) fail first, so its k-th op stays theirs.
   rank.ops.reset(config_.ring_entries);
-  rank.owed.clear();
   attachments_[session->id()] = {attached.id, hello.rank};
   session->markAttached();
   ipc::Welcome welcome;
@@ -417,10 +419,11 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
     session->sendError(ipc::WireError::kNotFound, "group " + std::to_string(group_id) + " holds no slot", request);
     return;
   }
-  if (!rank.ops.empty()) {
-    // A queued or running collective may still read or write the slot.
+  if (rank.ops.any([&](const PendingOp& op) { return op.submission.group_id == group_id; })) {
+    // A queued or running collective of this group may still read or write the slot.
     session->sendError(ipc::WireError::kConflict,
-                       "rank " + std::to_string(attachment->rank) + " has collectives in flight; wait for them first",
+                       "rank " + std::to_string(attachment->rank) + " has collectives of group " +
+                           std::to_string(group_id) + " in flight; wait for them first",
                        request);
     return;
   }
@@ -527,7 +530,7 @@ std::size_t JobTable::pollDataPlane() {
     corrupt->close();  // onClosed releases the rank; the job list may change
     return work + 1;
   }
-  // Jobs take turns, starting one further each pass, one step each: a job
+  // Jobs take turns, starting one further each pass, one turn each: a job
   // with a long op cannot starve another one's ops.
   const std::size_t count = job_order_.size();
   for (std::size_t i = 0; i < count; ++i) {

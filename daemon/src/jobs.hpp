@@ -54,8 +54,8 @@ struct PendingGroup {
   std::unique_ptr<asio::steady_timer> timer;
 };
 
-/// One unsharded slot of a rank: a memfd mapped by the trainer while a group
-/// is unsharded; its pages are given back on release.
+/// One unsharded slot of a rank's pool: a memfd mapped by the trainer while
+/// a group holds it; released slots keep their pages for the next group.
 struct Slot {
   UniqueFd fd;
   Mapping mapping;  // the daemon's view, for the data plane
@@ -114,7 +114,8 @@ class JobTable {
   void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header, ipc::Message message);
   void onClosed(const std::shared_ptr<Session>& session);
   /// One pass of the data plane over every job: take submissions, progress
-  /// collectives (jobs in turn, one step each). Returns the work done.
+  /// collectives (jobs in turn, one turn of up to DataPlane::kTurnBytes
+  /// each). Returns the work done.
   std::size_t pollDataPlane();
   /// See DataPlane::prepareSleep / endSleep.
   [[nodiscard]] bool prepareSleep();

@@ -26,8 +26,10 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) <= kLine);
 
-// Offsets of the index and doorbell lines; each word sits alone on its line
-// so producer and consumer never share one.
+// Offsets of the index and doorbell lines: each index sits alone on its line
+// so producer and consumer never share one. The client doorbell and the
+// client's waiting flag share a line: both are touched only on the sleeping
+// path.
 constexpr std::size_t kSubmitHead = 1 * kLine;      // client writes
 constexpr std::size_t kSubmitTail = 2 * kLine;      // daemon writes
 constexpr std::size_t kCompleteHead = 3 * kLine;    // daemon writes
@@ -157,8 +159,14 @@ std::uint32_t DaemonRings::completionSpace() const noexcept {
 
 void DaemonRings::complete(Completion entry, std::string_view message) noexcept {
   const std::size_t slot = complete_head_ % capacity_;
+  std::byte* text = base_ + messagesOffset(capacity_) + slot * kCompletionMessageBytes;
   const std::size_t length = std::min(message.size(), kCompletionMessageBytes);
-  std::memcpy(base_ + messagesOffset(capacity_) + slot * kCompletionMessageBytes, message.data(), length);
+  std::memcpy(text, message.data(), length);
+  if (message.size() > kCompletionMessageBytes) {
+    // Cut: say so, so that nobody mistakes the rest for the whole story.
+    constexpr std::string_view kCut = " [...]";
+    std::memcpy(text + length - kCut.size(), kCut.data(), kCut.size());
+  }
   entry.message_bytes = static_cast<std::uint32_t>(length);
   std::memcpy(base_ + completionsOffset(capacity_) + slot * kRingEntryBytes, &entry, sizeof(entry));
   ++complete_head_;

@@ -182,9 +182,9 @@ dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t t
   return done ? DBUF_OK : fail(client, done.error());
 }
 
-dbuf_status dbuf_group_scales(const dbuf_group* group, const float** scales, size_t* count) {
+dbuf_status dbuf_group_scales(const dbuf_group* group, float** scales, size_t* count) {
   if (group == nullptr || scales == nullptr || count == nullptr) return DBUF_INVALID_ARGUMENT;
-  const std::span<const float> all = group->group.unshardedScales();
+  const std::span<float> all = group->group.unshardedScales();
   *scales = all.empty() ? nullptr : all.data();
   *count = all.size();
   return DBUF_OK;

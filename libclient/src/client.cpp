@@ -231,10 +231,11 @@ Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout
 
 Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {
   if (!state_->slot.valid()) return {};
-  // Ops in flight may still read or write the slot (the daemon refuses the
-  // release while they are queued).
-  if (auto drained = state_->connection->drain(timeout); !drained) return drained;
-  state_->slot.reset();  // unmap first: the daemon is about to drop the pages
+  // This group's ops in flight may still read or write the slot (the daemon
+  // refuses the release while they are queued); other groups' ops, a
+  // prefetched all-gather for instance, go on.
+  if (auto drained = state_->connection->drain(state_->plan.group_id, timeout); !drained) return drained;
+  state_->slot.reset();  // unmap first: the slot goes back to the pool
   auto reply = state_->connection->call(ipc::ReleaseSlot{state_->plan.group_id}, timeout);
   if (!reply) return std::move(reply).error();
   return {};

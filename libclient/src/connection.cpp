@@ -185,6 +185,7 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
   entry.handle = next_handle_++;
   record = OpRecord{};
   record.handle = entry.handle;
+  record.group_id = entry.group_id;
   // Cannot fail: at most capacity ops are in flight, and the daemon takes a
   // submission only once it has room to complete it.
   if (!rings_.trySubmit(entry)) return makeError(ErrorCode::kInternal, "submission ring full with room reported");
@@ -219,14 +220,23 @@ Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::mi
   return record.result;
 }
 
-Result<void> Connection::drain(std::optional<std::chrono::milliseconds> timeout) {
+Result<void> Connection::drain(std::uint32_t group_id, std::optional<std::chrono::milliseconds> timeout) {
   const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
+  const auto pending = [&] {
+    return std::count_if(records_.begin(), records_.end(), [&](const OpRecord& record) {
+      return record.handle != 0 && !record.done && record.group_id == group_id;
+    });
+  };
   for (;;) {
     reap();
-    if (in_flight_ == 0) return {};
+    const auto left = pending();
+    if (left == 0) return {};
     auto arrived = awaitCompletion(deadline);
     if (!arrived) return std::move(arrived).error();
-    if (!*arrived) return makeError(ErrorCode::kTimeout, std::to_string(in_flight_) + " ops still in flight");
+    if (!*arrived) {
+      return makeError(ErrorCode::kTimeout, std::to_string(left) + " ops of group " + std::to_string(group_id) +
+                                                " still in flight");
+    }
   }
 }
 

@@ -36,8 +36,8 @@ class Connection {
   /// Puts `entry` (its handle is filled in) on the submission ring.
   [[nodiscard]] Result<OpHandle> submit(ipc::Submission entry, const SubmitOptions& options);
   [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout);
-  /// Waits until nothing this client submitted is in flight.
-  [[nodiscard]] Result<void> drain(std::optional<std::chrono::milliseconds> timeout);
+  /// Waits until none of this client's ops on `group_id` is in flight.
+  [[nodiscard]] Result<void> drain(std::uint32_t group_id, std::optional<std::chrono::milliseconds> timeout);
   [[nodiscard]] std::uint32_t inFlight() const noexcept { return in_flight_; }
 
   /// Called on detach, after the daemon was told: every group of this
@@ -54,6 +54,7 @@ class Connection {
   /// What became of a submitted op; slot handle % capacity.
   struct OpRecord {
     std::uint64_t handle = 0;
+    std::uint32_t group_id = 0;
     bool done = false;
     std::uint16_t status = 0;
     std::string message;  // only for failed ops

@@ -828,7 +828,7 @@ TEST(CollectiveFailures, RawBadRequestsFailOnEveryRankAndTheJobGoesOn) {
   r1->send(ipc::AcquireSlot{1});
   ASSERT_TRUE(r1->receive().ok());
   r0->send(ipc::ReleaseSlot{1});
-  EXPECT_TRUE(contains(expectErrorReply(r0->socket(), ipc::WireError::kConflict), "collectives in flight"));
+  EXPECT_TRUE(contains(expectErrorReply(r0->socket(), ipc::WireError::kConflict), "collectives of group 1 in flight"));
   ASSERT_TRUE(r1->submit(rawOp(ipc::OpCode::kAllGather, 1)));
   for (RawRingClient* raw : {r0.get(), r1.get()}) {
     const auto gathered = raw->nextCompletion();
@@ -947,7 +947,7 @@ TEST(CollectiveFailures, ReshardWaitsForTheRanksOpsInFlight) {
     }
     ASSERT_TRUE(client->detach().ok());
   });
-  EXPECT_TRUE(failedWith(early_reshard, ErrorCode::kTimeout, {"1 ops still in flight"}));
+  EXPECT_TRUE(failedWith(early_reshard, ErrorCode::kTimeout, {"1 ops of group 1 still in flight"}));
   EXPECT_TRUE(kept_slot) << "a reshard that timed out must keep the slot";
   EXPECT_TRUE(reshard.ok) << reshard;
   EXPECT_TRUE(gather_of_rank0.ok) << gather_of_rank0;
@@ -995,6 +995,46 @@ TEST(CollectiveFailures, ShutdownWhileARankWaitsGivesItUnavailablePromptly) {
   const auto told_ms = std::chrono::duration_cast<milliseconds>(told - stop_began).count();
   EXPECT_LT(told_ms, stop_ms + 150) << "the waiter heard " << told_ms << " ms after the stop began; the stop took "
                                     << stop_ms << " ms";
+}
+
+// Prefetch: the next unit's all-gather is in flight (rank 1 has not
+// submitted it yet) while rank 0 reshards the current unit. The reshard
+// waits for the current unit's ops only, so it returns at once, and the
+// prefetched gather completes afterwards.
+TEST(CollectiveFailures, ReshardDoesNotWaitForAnotherGroupsPrefetch) {
+  EmbeddedDaemon daemon(failureConfig(milliseconds(20000)));
+  ASSERT_TRUE(daemon.started());
+  std::barrier<> resharded(2);
+  Outcome reshard_of_current;
+  Outcome prefetch;
+  onRanks(2, [&](std::uint32_t rank) {
+    Phases phases({&resharded});
+    auto client = daemon.attach(rankOf("prefetch", rank, 2), kClientTimeout);
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto current = client->registerGroup(oneTensor("current", 64));
+    auto next = client->registerGroup(oneTensor("next", 64));
+    ASSERT_TRUE(current.ok() && next.ok());
+    fillShard(*next, static_cast<float>(rank + 1) * 5.0F);
+    ASSERT_TRUE(current->unshard().ok());
+    if (rank == 0) {
+      ASSERT_TRUE(next->acquireSlot().ok());
+      auto handle = next->submitAllGather();
+      ASSERT_TRUE(handle.ok());
+      const auto start = Clock::now();
+      reshard_of_current = outcomeOf(current->reshard(milliseconds(2000)), start);
+      phases.next();  // resharded: only now does rank 1 submit its part of the prefetch
+      prefetch = outcomeOf(client->wait(*handle), Clock::now());
+      EXPECT_TRUE(gatheredFrom(*next, 5.0F));
+    } else {
+      phases.next();
+      ASSERT_TRUE(next->unshard().ok());
+      ASSERT_TRUE(current->reshard().ok());
+    }
+    ASSERT_TRUE(client->detach().ok());
+  });
+  EXPECT_TRUE(reshard_of_current.ok) << reshard_of_current;
+  EXPECT_LT(reshard_of_current.elapsed_ms, 1000) << "the reshard waited for the other group's gather";
+  EXPECT_TRUE(prefetch.ok) << prefetch;
 }
 
 }  // namespace

@@ -177,8 +177,10 @@ class Group {
   [[nodiscard]] Result<void> acquireSlot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// Collective: acquireSlot() if needed, then allGather() and wait for it.
   [[nodiscard]] Result<void> unshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
-  /// Waits for this client's ops in flight, then unmaps the slot, which goes
-  /// back to the rank's pool (pages kept for the next group). Not a collective.
+  /// Waits for this group's ops in flight (not other groups': a prefetched
+  /// all-gather of the next unit keeps running), then unmaps the slot, which
+  /// goes back to the rank's pool (pages kept for the next group). Not a
+  /// collective.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   [[nodiscard]] bool unsharded() const noexcept;
 

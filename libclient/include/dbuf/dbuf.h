@@ -77,7 +77,7 @@ dbuf_status dbuf_group_view(dbuf_client* client, const dbuf_group* group, size_t
 /* fp8 groups, while the slot is held: the gathered per-block scales (one
  * float per granularity block; tensor i's blocks start at
  * dbuf_group_scale_index(group, i)). *scales is NULL and *count 0 otherwise. */
-dbuf_status dbuf_group_scales(const dbuf_group* group, const float** scales, size_t* count);
+dbuf_status dbuf_group_scales(const dbuf_group* group, float** scales, size_t* count);
 int64_t dbuf_group_scale_index(const dbuf_group* group, size_t index);
 
 /* Maps an unsharded slot without gathering (not a collective). */
