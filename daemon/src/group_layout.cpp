@@ -103,10 +103,6 @@ ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::Uni
   return ready;
 }
 
-DType gradientDType(DType unsharded) noexcept {
-  return unsharded == DType::kF8E4M3 ? DType::kBF16 : unsharded;
-}
-
 SlotLayout slotLayout(const ipc::GroupReady& group) {
   const DType unsharded = *parseDType(group.unsharded_dtype);
   const auto elements = static_cast<std::uint64_t>(group.devices) * static_cast<std::uint64_t>(group.shard_elems);

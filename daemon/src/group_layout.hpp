@@ -30,10 +30,6 @@ inline constexpr std::uint64_t kPageBytes = 4096;
 [[nodiscard]] ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::UnitPlan& plan,
                                             std::uint32_t group_id);
 
-/// Gradients are kept in the unsharded dtype, except for fp8 groups, whose
-/// parameters are gathered as fp8 but whose gradients are bf16.
-[[nodiscard]] DType gradientDType(DType unsharded) noexcept;
-
 /// Layout of one unsharded slot for a group: params, grads, then (fp8 only)
 /// one fp32 scale per granularity block.
 struct SlotLayout {

@@ -157,9 +157,7 @@ Result<TensorView> Group::unshardedView(std::size_t index) const {
   return state_->slotPart(index, state_->slot_params, state_->unsharded_dtype);
 }
 Result<TensorView> Group::unshardedGradView(std::size_t index) const {
-  // fp8 groups gather fp8 parameters but keep bf16 gradients.
-  const DType grad = state_->unsharded_dtype == DType::kF8E4M3 ? DType::kBF16 : state_->unsharded_dtype;
-  return state_->slotPart(index, state_->slot_grads, grad);
+  return state_->slotPart(index, state_->slot_grads, gradientDType(state_->unsharded_dtype));
 }
 
 std::span<float> Group::unshardedScales() const noexcept {

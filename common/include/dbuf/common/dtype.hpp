@@ -59,4 +59,11 @@ inline constexpr std::array<DTypeInfo, 10> kDTypes{{
   return std::nullopt;
 }
 
+/// The dtype of a group's unsharded gradients: its unsharded dtype, except
+/// for fp8 groups, whose parameters are gathered as fp8 but whose gradients
+/// are bf16. Shared by the daemon's slot layout and libdbuf's views.
+[[nodiscard]] constexpr DType gradientDType(DType unsharded) noexcept {
+  return unsharded == DType::kF8E4M3 ? DType::kBF16 : unsharded;
+}
+
 }  // namespace dbuf
