@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "jobs.hpp"
+#include "rank_text.hpp"
 
 namespace dbuf::daemon {
 namespace {
@@ -31,25 +32,6 @@ std::string shortFloat(float value) {
   std::array<char, 32> text{};
   std::snprintf(text.data(), text.size(), "%g", static_cast<double>(value));
   return text.data();
-}
-
-/// "0-6, 9": sorted ranks with consecutive runs collapsed.
-std::string rankRanges(const std::vector<std::uint32_t>& ranks) {
-  std::string text;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
-    if (j > i) text += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return text;
-}
-
-std::string rankList(const std::vector<std::uint32_t>& ranks) {
-  std::string text;
-  for (const std::uint32_t rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
-  return text;
 }
 
 bool isGroupOp(ipc::OpCode op) {
@@ -156,9 +138,7 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
     const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     completion.status = status(ipc::WireError::kConflict);
     completeOne(job, rank, completion,
-                describe(job, submission) + " cannot run: rank" + (gone.size() > 1 ? "s " : " ") + rankList(gone) +
-                    " of job " + job.id + " disconnected and " + (gone.size() > 1 ? "have" : "has") +
-                    " not attached again");
+                describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
     return;
   }
   // The queue holds as many ops as the ring, and in_flight bounds what was
@@ -289,8 +269,8 @@ std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
     }
   }
   return "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-         describe(job, job.ranks.front().ops.front().submission) + ": rank" + (without_slot.size() > 1 ? "s " : " ") +
-         rankList(without_slot) + " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
+         describe(job, job.ranks.front().ops.front().submission) + ": " + ranksPhrase(without_slot) +
+         " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
 }
 
 void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message, SteadyClock::time_point now) {
@@ -337,9 +317,8 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
   }
   const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
                               describe(job, *example) + " timed out after " +
-                              std::to_string(config_.collective_timeout.count()) + " ms: rank" +
-                              (missing.size() > 1 ? "s " : " ") + rankList(missing) + " of job " + job.id +
-                              (missing.size() > 1 ? " have" : " has") + " not submitted it";
+                              std::to_string(config_.collective_timeout.count()) + " ms: " +
+                              ranksPhrase(missing) + " of job " + job.id + " " + hasOrHave(missing) + " not submitted it";
   spdlog::warn("job {}: {}", job.id, message);
   for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(message);
   failFronts(job, status(ipc::WireError::kTimeout), message);

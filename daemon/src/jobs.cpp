@@ -6,6 +6,7 @@
 
 #include "dbuf/common/shared_memory.hpp"
 #include "group_layout.hpp"
+#include "rank_text.hpp"
 
 namespace dbuf::daemon {
 namespace {
@@ -15,12 +16,6 @@ constexpr std::uint32_t kMaxWorldSize = kernels::kMaxReduceSources;
 constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
-
-std::string rankList(const std::vector<std::uint32_t>& ranks) {
-  std::string text;
-  for (const std::uint32_t rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
-  return text;
-}
 
 ipc::WireError wireCode(const Error& error) {
   return error.code == ErrorCode::kInfeasible ? ipc::WireError::kQuotaExceeded : ipc::WireError::kBadRequest;
@@ -219,12 +214,9 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
   }
   if (reportEarlierMismatch(job, rank, spec.name, session, request)) return;
   if (!job.gone.empty()) {
-    std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
+    const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     session->sendError(ipc::WireError::kConflict,
-                       "group '" + spec.name + "' cannot be registered: rank" + (gone.size() > 1 ? "s " : " ") +
-                           rankList(gone) + " of job " + job.id + " disconnected and " +
-                           (gone.size() > 1 ? "have" : "has") + " not attached again",
-                       request);
+                       "group '" + spec.name + "' cannot be registered: " + goneRanksText(gone, job.id), request);
     return;
   }
   auto [entry, created] = job.pending.try_emplace(spec.name);

@@ -90,15 +90,6 @@ struct Group::State {
     return connection->submit(entry, options);
   }
 
-  Result<void> submitAndWait(ipc::OpCode op, std::optional<std::chrono::milliseconds> timeout,
-                             const ReduceOptions& reduce = {}, std::uint32_t root = 0) const {
-    auto handle = submit(op, {true, timeout}, reduce, root);
-    if (!handle) return std::move(handle).error();
-    auto done = connection->wait(*handle, timeout);
-    if (!done) return std::move(done).error();
-    return {};
-  }
-
   /// This rank's part of tensor `index` within a region of the shard file.
   TensorView shardPart(std::size_t index, const ipc::Region& region) const {
     const PlacedTensor& tensor = plan.tensors.at(index);
@@ -187,19 +178,16 @@ Result<OpHandle> Group::submitBroadcast(std::uint32_t root, const SubmitOptions&
 }
 
 Result<void> Group::allGather(std::optional<std::chrono::milliseconds> timeout) {
-  if (!state_->slot.valid()) {
-    return makeError(ErrorCode::kInvalidArgument, "group '" + state_->name + "' holds no slot: acquireSlot() first");
-  }
-  return state_->submitAndWait(ipc::OpCode::kAllGather, timeout);
+  return state_->connection->complete(submitAllGather({true, timeout}), timeout);
 }
 Result<void> Group::reduceScatter(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->submitAndWait(ipc::OpCode::kReduceScatter, timeout, reduce);
+  return state_->connection->complete(submitReduceScatter(reduce, {true, timeout}), timeout);
 }
 Result<void> Group::allReduce(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->submitAndWait(ipc::OpCode::kAllReduce, timeout, reduce);
+  return state_->connection->complete(submitAllReduce(reduce, {true, timeout}), timeout);
 }
 Result<void> Group::broadcast(std::uint32_t root, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->submitAndWait(ipc::OpCode::kBroadcast, timeout, {}, root);
+  return state_->connection->complete(submitBroadcast(root, {true, timeout}), timeout);
 }
 
 Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
@@ -332,11 +320,7 @@ Result<OpHandle> Client::submitBarrier(const SubmitOptions& options) {
 }
 
 Result<void> Client::barrier(std::optional<std::chrono::milliseconds> timeout) {
-  auto handle = submitBarrier({true, timeout});
-  if (!handle) return std::move(handle).error();
-  auto done = connection_->wait(*handle, timeout);
-  if (!done) return std::move(done).error();
-  return {};
+  return connection_->complete(submitBarrier({true, timeout}), timeout);
 }
 
 Result<OpHandle> Client::submitNoop(const SubmitOptions& options) {

@@ -220,6 +220,13 @@ Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::mi
   return record.result;
 }
 
+Result<void> Connection::complete(Result<OpHandle> submitted, std::optional<std::chrono::milliseconds> timeout) {
+  if (!submitted) return std::move(submitted).error();
+  auto done = wait(*submitted, timeout);
+  if (!done) return std::move(done).error();
+  return {};
+}
+
 Result<void> Connection::drain(std::uint32_t group_id, std::optional<std::chrono::milliseconds> timeout) {
   const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
   const auto pending = [&] {

@@ -36,6 +36,9 @@ class Connection {
   /// Puts `entry` (its handle is filled in) on the submission ring.
   [[nodiscard]] Result<OpHandle> submit(ipc::Submission entry, const SubmitOptions& options);
   [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout);
+  /// The blocking form of every op: waits for what `submitted` returned, or
+  /// passes on why it could not be submitted.
+  [[nodiscard]] Result<void> complete(Result<OpHandle> submitted, std::optional<std::chrono::milliseconds> timeout);
   /// Waits until none of this client's ops on `group_id` is in flight.
   [[nodiscard]] Result<void> drain(std::uint32_t group_id, std::optional<std::chrono::milliseconds> timeout);
   [[nodiscard]] std::uint32_t inFlight() const noexcept { return in_flight_; }
