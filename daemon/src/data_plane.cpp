@@ -103,14 +103,13 @@ Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, Ste
   std::size_t taken = 0;
   // Take only what can be answered: every op taken has a completion entry
   // reserved, so the daemon never has to hold a completion back.
-  while (plane.in_flight < plane.rings.completionSpace()) {
+  while (plane.rings.roomToAnswer()) {
     ipc::Submission submission;
     const ipc::TakeResult result = plane.rings.take(submission);
     if (result == ipc::TakeResult::kEmpty) break;
     if (result == ipc::TakeResult::kCorrupt) {
       return makeError(ErrorCode::kInvalidArgument, "its submission ring indices are corrupt");
     }
-    ++plane.in_flight;
     ++taken;
     enqueue(job, rank, submission, now);
   }
@@ -141,7 +140,7 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
                 describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
     return;
   }
-  // The queue holds as many ops as the ring, and in_flight bounds what was
+  // The queue holds as many ops as the ring, and roomToAnswer() bounds what was
   // taken: a full queue is a daemon bug, reported rather than losing the op.
   if (!state.ops.push({submission, now})) {
     completion.status = status(ipc::WireError::kInternal);
@@ -154,7 +153,6 @@ void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion&
   SessionPlane* plane = job.ranks[rank].plane.get();
   if (plane == nullptr) return;  // the rank is gone; nobody to tell
   plane->rings.complete(completion, message);
-  --plane->in_flight;
   plane->rings.wakeClient();
 }
 
@@ -358,7 +356,7 @@ bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
       plane.rings.setSleeping(true);
       // A submission that cannot be taken yet (its client has not reaped its
       // completions) is no reason to stay awake: reaping needs no daemon.
-      if (plane.rings.hasSubmission() && plane.in_flight < plane.rings.completionSpace()) return false;
+      if (plane.rings.hasSubmission() && plane.rings.roomToAnswer()) return false;
     }
   }
   if (deadline != SteadyClock::time_point::max() && deadline != armed_deadline_) {

@@ -44,7 +44,6 @@ struct SessionPlane {
   /// Owns the eventfd. Shared with its pending wait's handler, which may run
   /// after the plane is gone (a doorbell and the session's EOF in one batch).
   std::shared_ptr<asio::posix::stream_descriptor> doorbell;
-  std::uint32_t in_flight = 0;  ///< taken from the ring, not completed yet
 };
 
 struct PendingOp {

@@ -123,6 +123,11 @@ class DaemonRings {
   /// Free completion entries, as far as the client's tail says (0 if the
   /// client's tail is impossible).
   [[nodiscard]] std::uint32_t completionSpace() const noexcept;
+  /// Submissions taken and not completed yet.
+  [[nodiscard]] std::uint64_t inFlight() const noexcept { return submit_tail_ - complete_head_; }
+  /// True if one more submission can be taken with a completion entry kept
+  /// for it: taking only then means a completion never has to wait.
+  [[nodiscard]] bool roomToAnswer() const noexcept { return inFlight() < completionSpace(); }
   /// Publishes a completion (the caller checked completionSpace() > 0);
   /// `message` (cut to kCompletionMessageBytes) goes in the entry's slot.
   void complete(Completion entry, std::string_view message = {}) noexcept;
