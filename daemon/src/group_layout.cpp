@@ -18,6 +18,15 @@ bool isFloatingCompute(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
+/// The plan's tensors back from their wire form.
+std::vector<planner::PlannedTensor> plannedTensors(const ipc::GroupReady& group) {
+  std::vector<planner::PlannedTensor> tensors;
+  for (const auto& tensor : group.tensors) {
+    tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
+  }
+  return tensors;
+}
+
 std::uint64_t alignUp(std::uint64_t value, std::uint64_t multiple) {
   return static_cast<std::uint64_t>(roundUp(static_cast<std::int64_t>(value), static_cast<std::int64_t>(multiple)));
 }
@@ -112,11 +121,7 @@ SlotLayout slotLayout(const ipc::GroupReady& group) {
                   elements * static_cast<std::uint64_t>(sizeBytes(gradientDType(unsharded)))};
   std::uint64_t end = layout.grads.offset + layout.grads.bytes;
   if (unsharded == DType::kF8E4M3) {
-    std::vector<planner::PlannedTensor> tensors;
-    for (const auto& tensor : group.tensors) {
-      tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
-    }
-    const auto blocks = static_cast<std::uint64_t>(planner::numberBlocks(tensors).total);
+    const auto blocks = static_cast<std::uint64_t>(planner::numberBlocks(plannedTensors(group)).total);
     layout.scales = {alignUp(end, kRegionAlign), blocks * sizeof(float)};
     end = layout.scales.offset + layout.scales.bytes;
   }
@@ -132,10 +137,7 @@ GroupGeometry groupGeometry(const ipc::GroupReady& group) {
   geometry.unsharded = *parseDType(group.unsharded_dtype);
   geometry.grad = gradientDType(geometry.unsharded);
   if (!geometry.quantized()) return geometry;
-  std::vector<planner::PlannedTensor> tensors;
-  for (const auto& tensor : group.tensors) {
-    tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
-  }
+  const std::vector<planner::PlannedTensor> tensors = plannedTensors(group);
   const planner::BlockNumbering blocks = planner::numberBlocks(tensors);
   geometry.total_blocks = blocks.total;
   geometry.ranks.resize(group.devices);
