@@ -14,47 +14,19 @@
 #include <vector>
 
 #include "dbuf/kernels/convert.hpp"
+#include "dbuf/kernels/detail/checks.hpp"
+#include "dbuf/kernels/detail/dispatch.hpp"
+#include "dbuf/kernels/detail/tiles.hpp"
 
 namespace dbuf::kernels {
 namespace {
 
 // ---- element types ------------------------------------------------------------
 
-struct F32T {
-  using T = float;
-  static float load(float v) noexcept { return v; }
-  static float store(float f) noexcept { return f; }
-};
-struct BF16T {
-  using T = std::uint16_t;
-  static float load(T v) noexcept { return bf16ToFloat(v); }
-  static T store(float f) noexcept { return floatToBf16(f); }
-};
-struct F16T {
-  using T = std::uint16_t;
-  static float load(T v) noexcept { return halfToFloat(v); }
-  static T store(float f) noexcept { return floatToHalf(f); }
-};
-
-bool isFloatType(DType t) {
-  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
-}
-
-/// Calls fn(Tag{}) for fp32 / bf16 / fp16; the caller has checked isFloatType.
-template <typename Fn>
-void withFloatType(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::kBF16:
-      fn(BF16T{});
-      return;
-    case DType::kF16:
-      fn(F16T{});
-      return;
-    default:
-      fn(F32T{});
-      return;
-  }
-}
+using F32T = Fp32Element;
+using BF16T = Bf16Element;
+using F16T = Fp16Element;
+using detail::withFloatType;
 
 template <typename T>
 const T* at(const void* base, std::int64_t offset) {
@@ -74,74 +46,10 @@ constexpr std::array<float, 256> makeE4m3Table() {
 }
 constexpr std::array<float, 256> kE4m3Table = makeE4m3Table();
 
-// ---- validation -----------------------------------------------------------------
-
-struct Checks {
-  const char* op = "";
-  bool has_src = false;
-  const void* src = nullptr;
-  std::int64_t src_len = 0;
-  const void* dst = nullptr;
-  std::int64_t dst_len = 0;
-  bool blocked = false;  // quantize / dequantize: block > 0, scales in range
-  const void* scales = nullptr;
-  std::int64_t scales_len = 0;
-};
-
-Error bad(const Checks& c, std::size_t index, const std::string& what) {
-  return makeError(ErrorCode::kInvalidArgument,
-                   std::string("kernels::") + c.op + ": segment " + std::to_string(index) + ": " + what);
-}
-
-Result<void> validate(const Checks& c, std::span<const Segment> segments) {
-  if (c.src_len < 0 || c.dst_len < 0 || c.scales_len < 0) {
-    return makeError(ErrorCode::kInvalidArgument, std::string("kernels::") + c.op + ": negative buffer length");
-  }
-  bool any = false;
-  for (std::size_t i = 0; i < segments.size(); ++i) {
-    const Segment& s = segments[i];
-    if (s.count < 0) return bad(c, i, "negative count " + std::to_string(s.count));
-    if (s.dst_offset < 0 || s.dst_offset > c.dst_len - s.count) {
-      return bad(c, i,
-                 "destination [" + std::to_string(s.dst_offset) + ", +" + std::to_string(s.count) +
-                     ") outside the buffer of " + std::to_string(c.dst_len) + " elements");
-    }
-    if (c.has_src && (s.src_offset < 0 || s.src_offset > c.src_len - s.count)) {
-      return bad(c, i,
-                 "source [" + std::to_string(s.src_offset) + ", +" + std::to_string(s.count) +
-                     ") outside the buffer of " + std::to_string(c.src_len) + " elements");
-    }
-    if (c.blocked) {
-      if (s.block <= 0) return bad(c, i, "block must be > 0, got " + std::to_string(s.block));
-      const std::int64_t blocks = s.count / s.block + (s.count % s.block != 0 ? 1 : 0);
-      if (s.scale_offset < 0 || s.scale_offset > c.scales_len - blocks) {
-        return bad(c, i,
-                   "scales [" + std::to_string(s.scale_offset) + ", +" + std::to_string(blocks) +
-                       ") outside the buffer of " + std::to_string(c.scales_len) + " scales");
-      }
-    }
-    any = any || s.count > 0;
-  }
-  if (any && (c.dst == nullptr || (c.has_src && c.src == nullptr) || (c.blocked && c.scales == nullptr))) {
-    return makeError(ErrorCode::kInvalidArgument, std::string("kernels::") + c.op + ": null buffer");
-  }
-  return {};
-}
-
-Error badType(const char* op, const std::string& what) {
-  return makeError(ErrorCode::kInvalidArgument, std::string("kernels::") + op + ": " + what);
-}
-
 // ---- work splitting ---------------------------------------------------------------
 
-struct Item {
-  const Segment* seg;
-  std::int64_t begin;
-  std::int64_t end;
-};
-
 /// Runs fn(segment, begin, end) over every element of every segment, cut in
-/// chunks of whole blocks (blocked) or elements and shared by up to
+/// tiles of whole blocks (blocked) or elements and shared by up to
 /// options.threads threads. Each element (and each block) is handled by
 /// exactly one fn call whose result does not depend on the cut, so the output
 /// is the same for any thread count.
@@ -149,26 +57,19 @@ template <typename Fn>
 void forEachChunk(std::span<const Segment> segments, const Options& options, bool blocked, Fn&& fn) {
   const int threads = options.threads > 0 ? options.threads : defaultThreads();
   const std::int64_t chunk = std::max<std::int64_t>(options.chunk_elements, 1);
-  std::int64_t total = 0;
-  for (const Segment& s : segments) total += s.count;
-  if (threads <= 1 || total < 2 * chunk) {
+  if (threads <= 1 || detail::totalElements(segments) < 2 * chunk) {
     for (const Segment& s : segments) {
       if (s.count > 0) fn(s, std::int64_t{0}, s.count);
     }
     return;
   }
-  std::vector<Item> items;
-  items.reserve(static_cast<std::size_t>(total / chunk) + segments.size());
-  for (const Segment& s : segments) {
-    std::int64_t step = chunk;
-    if (blocked) step = std::max<std::int64_t>(1, (chunk + s.block - 1) / s.block) * s.block;
-    for (std::int64_t b = 0; b < s.count; b += step) items.push_back({&s, b, std::min(s.count, b + step)});
-  }
+  const std::vector<detail::Tile> items = detail::planTiles(segments, chunk, blocked);
   std::atomic<std::size_t> next{0};
   auto drain = [&] {
     for (std::size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      fn(*items[i].seg, items[i].begin, items[i].end);
+      const detail::Tile& t = items[i];
+      fn(segments[static_cast<std::size_t>(t.segment)], t.begin, t.end);
     }
   };
   const std::size_t workers = std::min(static_cast<std::size_t>(threads), items.size()) - 1;
@@ -203,42 +104,38 @@ DBUF_KERNEL_CLONES void castLoop(const typename S::T* __restrict src, typename D
 
 template <typename E>
 DBUF_KERNEL_CLONES void scaleLoop(typename E::T* __restrict data, float factor, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) data[i] = E::store(E::load(data[i]) * factor);
+  for (std::int64_t i = 0; i < n; ++i) data[i] = E::store(mulRn(E::load(data[i]), factor));
 }
 
 template <typename S>
 DBUF_KERNEL_CLONES void accumulateLoop(const typename S::T* __restrict src, float* __restrict dst, float alpha,
                                        std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = dst[i] + S::load(src[i]) * alpha;
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = addProduct(dst[i], mulRn(S::load(src[i]), alpha));
 }
 
 template <typename S>
 DBUF_KERNEL_CLONES float blockScale(const typename S::T* __restrict src, std::int64_t n) {
-  // amax on the magnitude bits: for finite floats the order of |x| is the
-  // order of its bits, and an integer max reduction vectorises (a float one
-  // needs -ffast-math). Non-finite elements count as 0.
-  // (Signed ints: GCC 12 does not vectorise the unsigned select + max form.)
+  // amax as an integer max of magnitude bits: it vectorises (a float max
+  // needs -ffast-math). (Signed ints: GCC 12 does not vectorise the unsigned
+  // select + max form; the bits are below 2^31 either way.)
   std::int32_t amax = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    auto bits = static_cast<std::int32_t>(floatBits(S::load(src[i])) & 0x7fffffffU);
-    bits = bits < 0x7f800000 ? bits : 0;
+    const auto bits = static_cast<std::int32_t>(finiteMagnitudeBits(S::load(src[i])));
     amax = amax > bits ? amax : bits;
   }
-  float a = bitsFloat(static_cast<std::uint32_t>(amax));
-  if (a < kAmaxFloor) a = kAmaxFloor;
-  return a / kE4m3Max;
+  return blockScaleFromAmaxBits(static_cast<std::uint32_t>(amax));
 }
 
 template <typename S>
 DBUF_KERNEL_CLONES void quantizeLoop(const typename S::T* __restrict src, std::uint8_t* __restrict dst, float scale,
                                      std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = floatToE4m3(S::load(src[i]) / scale);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = floatToE4m3(divRn(S::load(src[i]), scale));
 }
 
 template <typename D>
 DBUF_KERNEL_CLONES void dequantizeLoop(const std::uint8_t* __restrict src, typename D::T* __restrict dst, float scale,
                                        std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = D::store(kE4m3Table[src[i]] * scale);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = D::store(mulRn(kE4m3Table[src[i]], scale));
 }
 
 // ---- reduce ---------------------------------------------------------------------------
@@ -256,18 +153,6 @@ enum class ReduceOut {
   kScaleStore,  // dst = round(acc * factor)
   kAccumulate,  // dst(fp32) = dst + (acc * factor)
 };
-
-/// acc + p, where p is a product being added (x * pre, or sum * factor). When
-/// both are NaN, the result is p's NaN: the NaN that the unfused ops give on
-/// x86, where the compiler makes the product the first operand of the add
-/// (IEEE leaves the choice open; spelled out here so that keeping the
-/// accumulator in a register cannot change it). Otherwise it is acc + p.
-/// (p's second use also keeps GCC from contracting x * pre + acc to an FMA,
-/// -ffp-contract=off or not.)
-inline float addProduct(float acc, float p) noexcept {
-  const float sum = acc + p;
-  return p != p ? p : sum;  // NOLINT(misc-redundant-expression): NaN test
-}
 
 /// dst[0, n) from srcs[r].data + src_offset, r = 0..w-1 (see reduce()). Each
 /// element gets the operations of the unfused composition (zero, W
@@ -292,28 +177,28 @@ DBUF_KERNEL_CLONES void reduceChunk(const ConstBuffer* srcs, std::size_t w, std:
     if (w >= 2) {
       const ST* s1 = at<ST>(srcs[1].data, src_offset + b);
       for (std::int64_t i = 0; i < m; ++i) {
-        acc[i] = addProduct(0.0F + S::load(s0[i]) * pre, S::load(s1[i]) * pre);
+        acc[i] = addProduct(addRn(0.0F, mulRn(S::load(s0[i]), pre)), mulRn(S::load(s1[i]), pre));
       }
       r = 2;
     } else {
-      for (std::int64_t i = 0; i < m; ++i) acc[i] = 0.0F + S::load(s0[i]) * pre;
+      for (std::int64_t i = 0; i < m; ++i) acc[i] = addRn(0.0F, mulRn(S::load(s0[i]), pre));
     }
     for (; r + 1 < w; r += 2) {
       const ST* sa = at<ST>(srcs[r].data, src_offset + b);
       const ST* sb = at<ST>(srcs[r + 1].data, src_offset + b);
       for (std::int64_t i = 0; i < m; ++i) {
-        acc[i] = addProduct(addProduct(acc[i], S::load(sa[i]) * pre), S::load(sb[i]) * pre);
+        acc[i] = addProduct(addProduct(acc[i], mulRn(S::load(sa[i]), pre)), mulRn(S::load(sb[i]), pre));
       }
     }
     if (r < w) {
       const ST* sa = at<ST>(srcs[r].data, src_offset + b);
-      for (std::int64_t i = 0; i < m; ++i) acc[i] = addProduct(acc[i], S::load(sa[i]) * pre);
+      for (std::int64_t i = 0; i < m; ++i) acc[i] = addProduct(acc[i], mulRn(S::load(sa[i]), pre));
     }
     typename D::T* out = dst + b;
     if constexpr (kOut == ReduceOut::kAccumulate) {
-      for (std::int64_t i = 0; i < m; ++i) out[i] = addProduct(out[i], acc[i] * factor);
+      for (std::int64_t i = 0; i < m; ++i) out[i] = addProduct(out[i], mulRn(acc[i], factor));
     } else if constexpr (kOut == ReduceOut::kScaleStore) {
-      for (std::int64_t i = 0; i < m; ++i) out[i] = D::store(acc[i] * factor);
+      for (std::int64_t i = 0; i < m; ++i) out[i] = D::store(mulRn(acc[i], factor));
     } else {
       for (std::int64_t i = 0; i < m; ++i) out[i] = D::store(acc[i]);
     }
@@ -328,8 +213,7 @@ int defaultThreads() noexcept {
 }
 
 Result<void> copy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments, const Options& options) {
-  if (src.dtype != dst.dtype) return badType("copy", "source and destination dtypes differ (use cast)");
-  if (auto r = validate({"copy", true, src.data, src.elements, dst.data, dst.elements}, segments); !r) return r;
+  if (auto r = detail::checkCopy(src, dst, segments); !r) return r;
   const auto size = static_cast<std::size_t>(sizeBytes(src.dtype));
   forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
     std::memcpy(at<unsigned char>(dst.data, (s.dst_offset + b) * sizeBytes(dst.dtype)),
@@ -340,12 +224,8 @@ Result<void> copy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segme
 }
 
 Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments, const Options& options) {
-  if (!isFloatType(src.dtype) || !isFloatType(dst.dtype)) {
-    return badType("cast", std::string("unsupported ") + std::string(toString(src.dtype)) + " -> " +
-                               std::string(toString(dst.dtype)) + " (fp32, bf16, fp16 only)");
-  }
+  if (auto r = detail::checkCast(src, dst, segments); !r) return r;
   if (src.dtype == dst.dtype) return copy(src, dst, segments, options);
-  if (auto r = validate({"cast", true, src.data, src.elements, dst.data, dst.elements}, segments); !r) return r;
   withFloatType(src.dtype, [&](auto s_tag) {
     using S = decltype(s_tag);
     withFloatType(dst.dtype, [&](auto d_tag) {
@@ -360,8 +240,7 @@ Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segme
 }
 
 Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segments, const Options& options) {
-  if (!isFloatType(data.dtype)) return badType("scale", "dtype must be fp32, bf16 or fp16");
-  if (auto r = validate({"scale", false, nullptr, 0, data.data, data.elements}, segments); !r) return r;
+  if (auto r = detail::checkScale(data, segments); !r) return r;
   withFloatType(data.dtype, [&](auto tag) {
     using E = decltype(tag);
     forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
@@ -372,7 +251,7 @@ Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segmen
 }
 
 Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Options& options) {
-  if (auto r = validate({"zero", false, nullptr, 0, data.data, data.elements}, segments); !r) return r;
+  if (auto r = detail::checkZero(data, segments); !r) return r;
   const std::int64_t size = sizeBytes(data.dtype);
   forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
     std::memset(at<unsigned char>(data.data, (s.dst_offset + b) * size), 0, static_cast<std::size_t>((e - b) * size));
@@ -382,10 +261,7 @@ Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Optio
 
 Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                         const Options& options) {
-  if (!isFloatType(src.dtype) || dst.dtype != DType::kF32) {
-    return badType("accumulate", "source must be fp32, bf16 or fp16 and destination fp32");
-  }
-  if (auto r = validate({"accumulate", true, src.data, src.elements, dst.data, dst.elements}, segments); !r) return r;
+  if (auto r = detail::checkAccumulate(src, dst, segments); !r) return r;
   withFloatType(src.dtype, [&](auto tag) {
     using S = decltype(tag);
     forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
@@ -398,45 +274,8 @@ Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<c
 
 Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const ReduceOptions& reduction,
                     std::span<const Segment> segments, const Options& options) {
-  if (srcs.empty() || srcs.size() > kMaxReduceSources) {
-    return badType("reduce",
-                   "needs 1 to " + std::to_string(kMaxReduceSources) + " sources, got " + std::to_string(srcs.size()));
-  }
+  if (auto r = detail::checkReduce(srcs, dst, reduction, segments); !r) return r;
   const DType src_type = srcs[0].dtype;
-  for (std::size_t r = 0; r < srcs.size(); ++r) {
-    if (srcs[r].dtype != src_type) return badType("reduce", "source " + std::to_string(r) + " has another dtype");
-    if (srcs[r].elements < 0) return badType("reduce", "source " + std::to_string(r) + ": negative buffer length");
-  }
-  if (!isFloatType(src_type) || !isFloatType(dst.dtype)) {
-    return badType("reduce", "sources and destination must be fp32, bf16 or fp16");
-  }
-  if (reduction.accumulate && dst.dtype != DType::kF32) {
-    return badType("reduce", "accumulate needs an fp32 destination");
-  }
-  // The destination, then the sources against the shortest one (which
-  // covers them all); nulls last, as only non-empty tables need buffers.
-  if (auto r = validate({"reduce", false, nullptr, 0, dst.data, dst.elements}, segments); !r) return r;
-  std::size_t shortest = 0;
-  for (std::size_t r = 1; r < srcs.size(); ++r) {
-    if (srcs[r].elements < srcs[shortest].elements) shortest = r;
-  }
-  const std::int64_t src_len = srcs[shortest].elements;
-  bool any = false;
-  for (std::size_t i = 0; i < segments.size(); ++i) {
-    const Segment& s = segments[i];
-    if (s.src_offset < 0 || s.src_offset > src_len - s.count) {
-      return makeError(ErrorCode::kInvalidArgument, "kernels::reduce: segment " + std::to_string(i) + ": source " +
-                                                        std::to_string(shortest) + " [" + std::to_string(s.src_offset) +
-                                                        ", +" + std::to_string(s.count) + ") outside the buffer of " +
-                                                        std::to_string(src_len) + " elements");
-    }
-    any = any || s.count > 0;
-  }
-  if (any) {
-    for (std::size_t r = 0; r < srcs.size(); ++r) {
-      if (srcs[r].data == nullptr) return badType("reduce", "source " + std::to_string(r) + ": null buffer");
-    }
-  }
   const ConstBuffer* in = srcs.data();
   const std::size_t w = srcs.size();
   const float pre = reduction.pre;
@@ -467,15 +306,7 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
 
 Result<void> quantizeE4m3(ConstBuffer src, MutBuffer dst, MutBuffer scales, std::span<const Segment> segments,
                           const Options& options) {
-  if (!isFloatType(src.dtype) || dst.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32) {
-    return badType("quantizeE4m3", "source must be fp32, bf16 or fp16, destination fp8_e4m3, scales fp32");
-  }
-  if (auto r = validate(
-          {"quantizeE4m3", true, src.data, src.elements, dst.data, dst.elements, true, scales.data, scales.elements},
-          segments);
-      !r) {
-    return r;
-  }
+  if (auto r = detail::checkQuantize(src, dst, scales, segments); !r) return r;
   withFloatType(src.dtype, [&](auto tag) {
     using S = decltype(tag);
     forEachChunk(segments, options, true, [&](const Segment& s, std::int64_t b, std::int64_t e) {
@@ -493,15 +324,7 @@ Result<void> quantizeE4m3(ConstBuffer src, MutBuffer dst, MutBuffer scales, std:
 
 Result<void> dequantizeE4m3(ConstBuffer src, ConstBuffer scales, MutBuffer dst, std::span<const Segment> segments,
                             const Options& options) {
-  if (src.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32 || !isFloatType(dst.dtype)) {
-    return badType("dequantizeE4m3", "source must be fp8_e4m3, scales fp32, destination fp32, bf16 or fp16");
-  }
-  if (auto r = validate(
-          {"dequantizeE4m3", true, src.data, src.elements, dst.data, dst.elements, true, scales.data, scales.elements},
-          segments);
-      !r) {
-    return r;
-  }
+  if (auto r = detail::checkDequantize(src, scales, dst, segments); !r) return r;
   withFloatType(dst.dtype, [&](auto tag) {
     using D = decltype(tag);
     forEachChunk(segments, options, true, [&](const Segment& s, std::int64_t b, std::int64_t e) {

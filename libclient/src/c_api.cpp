@@ -40,6 +40,8 @@ dbuf_status toStatus(dbuf::ErrorCode code) {
       return DBUF_UNAVAILABLE;
     case dbuf::ErrorCode::kWouldBlock:
       return DBUF_WOULD_BLOCK;
+    case dbuf::ErrorCode::kDevice:
+      return DBUF_DEVICE;
   }
   return DBUF_INTERNAL;
 }

@@ -27,7 +27,8 @@ typedef enum dbuf_status {
   DBUF_CONFLICT = 7,
   DBUF_TIMEOUT = 8,
   DBUF_UNAVAILABLE = 9, /* daemon gone or shutting down */
-  DBUF_WOULD_BLOCK = 10 /* ring full and the caller asked not to wait */
+  DBUF_WOULD_BLOCK = 10, /* ring full and the caller asked not to wait */
+  DBUF_DEVICE = 11       /* the GPU, its driver or NCCL failed */
 } dbuf_status;
 
 typedef struct dbuf_client dbuf_client;

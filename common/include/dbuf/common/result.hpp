@@ -16,16 +16,17 @@ namespace dbuf {
 
 /// Broad error classes; the message carries the specifics for a human.
 enum class ErrorCode : std::uint8_t {
-  kInvalidArgument,  ///< the caller's input is malformed or out of range
-  kNotFound,         ///< a named thing (file, unit, tensor) does not exist
-  kIo,               ///< reading or writing a file or socket failed
-  kInfeasible,       ///< the request is well formed but cannot be satisfied (e.g. over quota)
-  kInternal,         ///< a bug in dbuf; the message says which invariant broke
-  kPermissionDenied, ///< the caller is not allowed to do this
-  kConflict,         ///< clashes with the state of others (rank taken, specs disagree)
-  kTimeout,          ///< a deadline passed
-  kUnavailable,      ///< the peer (daemon) is gone or shutting down
-  kWouldBlock,       ///< no room now (a full ring) and the caller asked not to wait
+  kInvalidArgument,   ///< the caller's input is malformed or out of range
+  kNotFound,          ///< a named thing (file, unit, tensor) does not exist
+  kIo,                ///< reading or writing a file or socket failed
+  kInfeasible,        ///< the request is well formed but cannot be satisfied (e.g. over quota)
+  kInternal,          ///< a bug in dbuf; the message says which invariant broke
+  kPermissionDenied,  ///< the caller is not allowed to do this
+  kConflict,          ///< clashes with the state of others (rank taken, specs disagree)
+  kTimeout,           ///< a deadline passed
+  kUnavailable,       ///< the peer (daemon) is gone or shutting down
+  kWouldBlock,        ///< no room now (a full ring) and the caller asked not to wait
+  kDevice,            ///< the GPU, its driver or NCCL failed (the message has their error name)
 };
 
 [[nodiscard]] constexpr std::string_view toString(ErrorCode code) noexcept {
@@ -50,6 +51,8 @@ enum class ErrorCode : std::uint8_t {
       return "unavailable";
     case ErrorCode::kWouldBlock:
       return "would block";
+    case ErrorCode::kDevice:
+      return "device error";
   }
   return "unknown error";
 }

@@ -114,4 +114,96 @@ DBUF_HD constexpr std::uint8_t floatToE4m3(float f) noexcept {
   return static_cast<std::uint8_t>(sign | r);
 }
 
+// ---- fp32 arithmetic shared by the CPU and CUDA kernels ------------------------
+
+/// On the CPU these are plain IEEE operations (the kernels are compiled with
+/// -ffp-contract=off, so nothing is fused into an FMA). On the GPU they are
+/// the round-to-nearest intrinsics, which nvcc never contracts, plus a NaN
+/// fix-up: CUDA returns one canonical NaN (0x7fffffff) from every op with a
+/// NaN result, whereas x86 returns the NaN operand, quieted, or its default
+/// NaN 0xffc00000 for an invalid op (inf - inf, 0 * inf). The fix-up gives
+/// the x86 answer, so the two backends agree bit for bit, NaNs included.
+DBUF_HD constexpr float quietNan(float a) noexcept {
+  return bitsFloat(floatBits(a) | 0x00400000U);
+}
+/// The NaN x86 gives for `a op b` when the result is NaN.
+DBUF_HD constexpr float x86Nan(float a, float b) noexcept {
+  // NOLINTNEXTLINE(misc-redundant-expression): NaN tests
+  return a != a ? quietNan(a) : (b != b ? quietNan(b) : bitsFloat(0xffc00000U));
+}
+
+DBUF_HD inline float mulRn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  const float r = __fmul_rn(a, b);
+  return r != r ? x86Nan(a, b) : r;
+#else
+  return a * b;
+#endif
+}
+DBUF_HD inline float addRn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  const float r = __fadd_rn(a, b);
+  return r != r ? x86Nan(a, b) : r;
+#else
+  return a + b;
+#endif
+}
+DBUF_HD inline float divRn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  const float r = __fdiv_rn(a, b);
+  return r != r ? x86Nan(a, b) : r;
+#else
+  return a / b;
+#endif
+}
+
+/// acc + p, where p is a product being added (x * pre, or sum * factor).
+/// When both are NaN the result is p's NaN, whichever operand order the
+/// compiler picks for the add (IEEE leaves it open; spelled out so the CPU
+/// and GPU kernels agree). Otherwise it is acc + p. (p's second use also
+/// keeps GCC from contracting x * pre + acc into an FMA.)
+DBUF_HD inline float addProduct(float acc, float p) noexcept {
+  const float sum = addRn(acc, p);
+  return p != p ? p : sum;  // NOLINT(misc-redundant-expression): NaN test
+}
+
+// ---- element types ------------------------------------------------------------
+
+/// Load / store of one element of a floating-point buffer through fp32; the
+/// kernels of both backends are templates over these.
+struct Fp32Element {
+  using T = float;
+  DBUF_HD static float load(float v) noexcept { return v; }
+  DBUF_HD static float store(float f) noexcept { return f; }
+};
+struct Bf16Element {
+  using T = std::uint16_t;
+  DBUF_HD static float load(T v) noexcept { return bf16ToFloat(v); }
+  DBUF_HD static T store(float f) noexcept { return floatToBf16(f); }
+};
+struct Fp16Element {
+  using T = std::uint16_t;
+  DBUF_HD static float load(T v) noexcept { return halfToFloat(v); }
+  DBUF_HD static T store(float f) noexcept { return floatToHalf(f); }
+};
+
+/// The smallest amax used for a block scale, so an all-zero block has a
+/// finite, positive scale (its elements quantize to 0).
+inline constexpr float kAmaxFloor = 1e-12F;
+
+/// Block scale of fp8 quantization from the largest finite magnitude's bits:
+/// amax clamped below at kAmaxFloor, divided by 448.
+DBUF_HD inline float blockScaleFromAmaxBits(std::uint32_t amax_bits) noexcept {
+  float a = bitsFloat(amax_bits);
+  a = a < kAmaxFloor ? kAmaxFloor : a;
+  return divRn(a, kE4m3Max);
+}
+
+/// |x|'s bits for finite x, 0 for infinities and NaNs: for finite floats the
+/// order of |x| is the order of these bits, so amax is an integer max.
+DBUF_HD constexpr std::uint32_t finiteMagnitudeBits(float x) noexcept {
+  const std::uint32_t bits = floatBits(x) & 0x7fffffffU;
+  return bits < 0x7f800000U ? bits : 0U;
+}
+
 }  // namespace dbuf::kernels

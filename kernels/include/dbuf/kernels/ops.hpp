@@ -24,6 +24,7 @@
 
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/common/result.hpp"
+#include "dbuf/kernels/convert.hpp"
 
 namespace dbuf::kernels {
 
@@ -63,10 +64,6 @@ struct Options {
   std::int64_t chunk_elements = std::int64_t{1} << 16;
 };
 
-/// The smallest amax used for a block scale, so an all-zero block has a
-/// finite, positive scale (its elements quantize to 0).
-inline constexpr float kAmaxFloor = 1e-12F;
-
 /// dst[dst_offset + i] = src[src_offset + i]; any dtype, src.dtype == dst.dtype.
 [[nodiscard]] Result<void> copy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments,
                                 const Options& options = {});
@@ -83,7 +80,8 @@ inline constexpr float kAmaxFloor = 1e-12F;
 [[nodiscard]] Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Options& options = {});
 
 /// dst(fp32) += float(src) * alpha, computed as two roundings (no FMA):
-/// d = d + (s * alpha). src in {fp32, bf16, fp16}.
+/// d = addProduct(d, s * alpha) (convert.hpp: when both are NaN, the
+/// product's NaN). src in {fp32, bf16, fp16}.
 [[nodiscard]] Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                                       const Options& options = {});
 

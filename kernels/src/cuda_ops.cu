@@ -1,0 +1,357 @@
+// CUDA twins of the fused ops. Each op is one launch over the whole segment
+// table: one thread block per tile (detail/tiles.hpp), 256 threads, the
+// per-thread work in detail/tile_body.hpp (shared with the host emulation the
+// unit tests run). The table (segments, tiles, reduce's source pointers)
+// lives in device memory, cached in a DeviceTable between calls.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dbuf/common/cuda_status.hpp"
+#include "dbuf/kernels/cuda_ops.hpp"
+#include "dbuf/kernels/detail/checks.hpp"
+#include "dbuf/kernels/detail/dispatch.hpp"
+#include "dbuf/kernels/detail/tile_body.hpp"
+#include "dbuf/kernels/detail/tiles.hpp"
+
+namespace dbuf::kernels::cuda {
+
+using detail::ReduceOut;
+using detail::Tile;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpSize = 32;
+
+/// The table as the kernels see it: three arrays in one device allocation.
+struct TableView {
+  const Segment* segments = nullptr;
+  const Tile* tiles = nullptr;
+  const void* const* sources = nullptr;
+};
+
+/// The host image of a table: segments, then tiles, then source pointers.
+struct HostTable {
+  std::vector<std::byte> bytes;
+  std::size_t tiles_at = 0;
+  std::size_t sources_at = 0;
+  std::size_t tile_count = 0;
+};
+
+template <typename T>
+void append(std::vector<std::byte>& bytes, std::span<const T> items) {
+  const std::size_t at = bytes.size();
+  bytes.resize(at + items.size_bytes());
+  if (!items.empty()) std::memcpy(bytes.data() + at, items.data(), items.size_bytes());
+}
+
+HostTable makeTable(std::span<const Segment> segments, std::int64_t tile_elements, bool blocked,
+                    std::span<const void* const> sources = {}) {
+  HostTable table;
+  const std::vector<Tile> tiles = detail::planTiles(segments, tile_elements, blocked);
+  append(table.bytes, segments);
+  table.tiles_at = table.bytes.size();
+  append(table.bytes, std::span<const Tile>(tiles));
+  table.sources_at = table.bytes.size();
+  append(table.bytes, sources);
+  table.tile_count = tiles.size();
+  return table;
+}
+
+TableView viewAt(const void* device, const HostTable& table) {
+  const auto* base = static_cast<const std::byte*>(device);
+  return {reinterpret_cast<const Segment*>(base), reinterpret_cast<const Tile*>(base + table.tiles_at),
+          reinterpret_cast<const void* const*>(base + table.sources_at)};
+}
+
+// ---- kernels ---------------------------------------------------------------------------
+
+template <typename Op>
+__global__ void __launch_bounds__(kThreads) elementwiseKernel(TableView table, Op op, const void* src, void* dst) {
+  const Tile tile = table.tiles[blockIdx.x];
+  const Segment s = table.segments[tile.segment];
+  detail::elementwiseTile(op, s, tile, src, dst, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
+template <typename S, typename D, ReduceOut kOut>
+__global__ void __launch_bounds__(kThreads) reduceKernel(TableView table, detail::ReduceSources sources, void* dst) {
+  const Tile tile = table.tiles[blockIdx.x];
+  const Segment s = table.segments[tile.segment];
+  sources.data = table.sources;
+  detail::reduceTile<S, D, kOut>(sources, s, tile, dst, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
+/// The lanes of one warp, for the block ops' amax: a shuffle reduction.
+struct DeviceWarp {
+  int lane_index = 0;
+  __device__ int lane() const { return lane_index; }
+  __device__ int size() const { return kWarpSize; }
+  __device__ std::uint32_t max(std::uint32_t v) const {
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      const std::uint32_t other = __shfl_xor_sync(0xffffffffU, v, offset);
+      v = v > other ? v : other;
+    }
+    return v;
+  }
+};
+
+/// Warp w of the thread block quantizes the tile's blocks w, w + 8, ...
+/// (the loop bound is the same for all lanes of a warp, so the shuffles see
+/// every lane).
+template <typename S>
+__global__ void __launch_bounds__(kThreads) quantizeKernel(TableView table, const void* src, void* dst, float* scales) {
+  const Tile tile = table.tiles[blockIdx.x];
+  const Segment s = table.segments[tile.segment];
+  const detail::TileBlocks blocks{s, tile};
+  DeviceWarp warp{static_cast<int>(threadIdx.x) % kWarpSize};
+  const auto warps = static_cast<std::int64_t>(blockDim.x / kWarpSize);
+  for (std::int64_t b = threadIdx.x / kWarpSize; b < blocks.count(); b += warps) {
+    detail::quantizeBlock<S>(blocks, b, src, dst, scales, warp);
+  }
+}
+
+template <typename D>
+__global__ void __launch_bounds__(kThreads)
+    dequantizeKernel(TableView table, const void* src, const float* scales, void* dst) {
+  const Tile tile = table.tiles[blockIdx.x];
+  const Segment s = table.segments[tile.segment];
+  const detail::TileBlocks blocks{s, tile};
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const auto warps = static_cast<std::int64_t>(blockDim.x / kWarpSize);
+  for (std::int64_t b = threadIdx.x / kWarpSize; b < blocks.count(); b += warps) {
+    detail::dequantizeBlock<D>(blocks, b, src, scales, dst, lane, kWarpSize);
+  }
+}
+
+// ---- table upload and launch -------------------------------------------------------------------
+
+Result<void> check(cudaError_t status, const char* what) {
+  return cudaStatus(status, std::string("kernels::cuda: ") + what);
+}
+
+/// Runs `launch_kernel(view, grid)` with the table on the device, through
+/// `launch.table` or a temporary stream-ordered copy.
+template <typename LaunchKernel>
+Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKernel&& launch_kernel);
+
+}  // namespace
+
+// ---- DeviceTable -------------------------------------------------------------------------------
+
+struct DeviceTable::Impl {
+  std::vector<std::byte> current;  // what the device copy holds
+  void* device = nullptr;
+  void* staging = nullptr;  // pinned, the same capacity
+  std::size_t capacity = 0;
+  cudaEvent_t uploaded = nullptr;  // after the last upload: staging reusable, copy valid
+  cudaEvent_t used = nullptr;      // after the last kernel that read the copy
+
+  ~Impl() {
+    if (used != nullptr) static_cast<void>(cudaEventSynchronize(used));
+    if (uploaded != nullptr) static_cast<void>(cudaEventSynchronize(uploaded));
+    static_cast<void>(cudaFree(device));
+    static_cast<void>(cudaFreeHost(staging));
+    if (used != nullptr) static_cast<void>(cudaEventDestroy(used));
+    if (uploaded != nullptr) static_cast<void>(cudaEventDestroy(uploaded));
+  }
+
+  Result<void> makeEvents() {
+    if (uploaded != nullptr) return {};
+    if (auto r = check(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming), "cudaEventCreate"); !r) return r;
+    return check(cudaEventCreateWithFlags(&used, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  Result<void> grow(std::size_t bytes) {
+    // Kernels may still read the old copy and the last upload may still read
+    // the staging: both must finish before the memory goes.
+    if (auto r = check(cudaEventSynchronize(used), "cudaEventSynchronize"); !r) return r;
+    if (auto r = check(cudaEventSynchronize(uploaded), "cudaEventSynchronize"); !r) return r;
+    const std::size_t want = std::max<std::size_t>(bytes, 2 * capacity);
+    static_cast<void>(cudaFree(device));
+    static_cast<void>(cudaFreeHost(staging));
+    device = staging = nullptr;
+    capacity = 0;
+    current.clear();
+    if (auto r = check(cudaMalloc(&device, want), "cudaMalloc (segment table)"); !r) return r;
+    if (auto r = check(cudaMallocHost(&staging, want), "cudaMallocHost (segment table staging)"); !r) return r;
+    capacity = want;
+    return {};
+  }
+
+  /// The device copy of `bytes`, valid for work queued on `stream` next.
+  Result<const void*> prepare(const std::vector<std::byte>& bytes, cudaStream_t stream) {
+    if (auto r = makeEvents(); !r) return r.error();
+    if (bytes == current) {
+      // Uploaded before, perhaps on another stream: wait for that copy.
+      if (auto r = check(cudaStreamWaitEvent(stream, uploaded, 0), "cudaStreamWaitEvent"); !r) return r.error();
+      return static_cast<const void*>(device);
+    }
+    if (bytes.size() > capacity) {
+      if (auto r = grow(bytes.size()); !r) return r.error();
+    }
+    if (auto r = check(cudaEventSynchronize(uploaded), "cudaEventSynchronize"); !r) return r.error();
+    std::memcpy(staging, bytes.data(), bytes.size());
+    current.clear();  // until the copy below is queued, the device holds neither table
+    if (auto r = check(cudaStreamWaitEvent(stream, used, 0), "cudaStreamWaitEvent"); !r) return r.error();
+    if (auto r = check(cudaMemcpyAsync(device, staging, bytes.size(), cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync (segment table)");
+        !r) {
+      return r.error();
+    }
+    if (auto r = check(cudaEventRecord(uploaded, stream), "cudaEventRecord"); !r) return r.error();
+    current = bytes;
+    return static_cast<const void*>(device);
+  }
+
+  Result<void> markUsed(cudaStream_t stream) { return check(cudaEventRecord(used, stream), "cudaEventRecord"); }
+};
+
+DeviceTable::DeviceTable() : impl_(std::make_unique<Impl>()) {}
+DeviceTable::~DeviceTable() = default;
+
+namespace {
+
+template <typename LaunchKernel>
+Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKernel&& launch_kernel) {
+  if (table.tile_count == 0) return {};
+  if (table.tile_count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return makeError(ErrorCode::kInvalidArgument, "kernels::cuda: " + std::to_string(table.tile_count) +
+                                                      " tiles do not fit one grid; raise Launch::tile_elements");
+  }
+  cudaStream_t stream = launch.stream;
+  const auto grid = static_cast<unsigned>(table.tile_count);
+  if (launch.table != nullptr) {
+    DeviceTable::Impl& cache = launch.table->impl();
+    auto device = cache.prepare(table.bytes, stream);
+    if (!device) return device.error();
+    launch_kernel(viewAt(*device, table), grid, stream);
+    if (auto r = check(cudaGetLastError(), "kernel launch"); !r) return r;
+    return cache.markUsed(stream);
+  }
+  void* device = nullptr;
+  if (auto r = check(cudaMallocAsync(&device, table.bytes.size(), stream), "cudaMallocAsync (segment table)"); !r) {
+    return r;
+  }
+  const auto upload_and_launch = [&]() -> Result<void> {
+    if (auto r = check(cudaMemcpyAsync(device, table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync (segment table)");
+        !r) {
+      return r;
+    }
+    launch_kernel(viewAt(device, table), grid, stream);
+    return check(cudaGetLastError(), "kernel launch");
+  };
+  Result<void> result = upload_and_launch();
+  static_cast<void>(cudaFreeAsync(device, stream));
+  return result;
+}
+
+template <typename Op>
+Result<void> runElementwise(const Op& op, const void* src, void* dst, std::span<const Segment> segments,
+                            const Launch& launch) {
+  const HostTable table = makeTable(segments, launch.tile_elements, false);
+  return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+    elementwiseKernel<Op><<<grid, kThreads, 0, stream>>>(view, op, src, dst);
+  });
+}
+
+}  // namespace
+
+DeviceCheck checkDevice() {
+  int count = 0;
+  if (auto r = cudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !r) return {false, r.error().message};
+  if (count == 0) return {false, "no CUDA device"};
+  return {true, {}};
+}
+
+Result<void> copy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments, const Launch& launch) {
+  if (auto r = detail::checkCopy(src, dst, segments); !r) return r;
+  return detail::withElementBits(src.dtype, [&](auto raw) {
+    using T = typename decltype(raw)::Type;
+    return runElementwise(detail::CopyOp<T>{}, src.data, dst.data, segments, launch);
+  });
+}
+
+Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments, const Launch& launch) {
+  if (auto r = detail::checkCast(src, dst, segments); !r) return r;
+  if (src.dtype == dst.dtype) return copy(src, dst, segments, launch);
+  return detail::withFloatType(src.dtype, [&](auto s_tag) {
+    return detail::withFloatType(dst.dtype, [&](auto d_tag) {
+      using Op = detail::CastOp<decltype(s_tag), decltype(d_tag)>;
+      return runElementwise(Op{}, src.data, dst.data, segments, launch);
+    });
+  });
+}
+
+Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segments, const Launch& launch) {
+  if (auto r = detail::checkScale(data, segments); !r) return r;
+  return detail::withFloatType(data.dtype, [&](auto tag) {
+    return runElementwise(detail::ScaleOp<decltype(tag)>{factor}, data.data, data.data, segments, launch);
+  });
+}
+
+Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Launch& launch) {
+  if (auto r = detail::checkZero(data, segments); !r) return r;
+  return detail::withElementBits(data.dtype, [&](auto raw) {
+    using T = typename decltype(raw)::Type;
+    return runElementwise(detail::ZeroOp<T>{}, data.data, data.data, segments, launch);
+  });
+}
+
+Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
+                        const Launch& launch) {
+  if (auto r = detail::checkAccumulate(src, dst, segments); !r) return r;
+  return detail::withFloatType(src.dtype, [&](auto tag) {
+    return runElementwise(detail::AccumulateOp<decltype(tag)>{alpha}, src.data, dst.data, segments, launch);
+  });
+}
+
+Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const ReduceOptions& reduction,
+                    std::span<const Segment> segments, const Launch& launch) {
+  if (auto r = detail::checkReduce(srcs, dst, reduction, segments); !r) return r;
+  std::vector<const void*> pointers;
+  pointers.reserve(srcs.size());
+  for (const ConstBuffer& src : srcs) pointers.push_back(src.data);
+  const HostTable table = makeTable(segments, launch.tile_elements, false, pointers);
+  const detail::ReduceSources sources{nullptr, static_cast<int>(srcs.size()), reduction.pre, reduction.factor,
+                                      detail::sourcesCongruent(srcs)};
+  return detail::withFloatType(srcs[0].dtype, [&](auto s_tag) {
+    return detail::withReduceOutput(dst.dtype, reduction, [&](auto d_tag, auto out) {
+      return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+        reduceKernel<decltype(s_tag), decltype(d_tag), decltype(out)::value>
+            <<<grid, kThreads, 0, stream>>>(view, sources, dst.data);
+      });
+    });
+  });
+}
+
+Result<void> quantizeE4m3(ConstBuffer src, MutBuffer dst, MutBuffer scales, std::span<const Segment> segments,
+                          const Launch& launch) {
+  if (auto r = detail::checkQuantize(src, dst, scales, segments); !r) return r;
+  const HostTable table = makeTable(segments, launch.tile_elements, true);
+  return detail::withFloatType(src.dtype, [&](auto tag) {
+    return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+      quantizeKernel<decltype(tag)>
+          <<<grid, kThreads, 0, stream>>>(view, src.data, dst.data, static_cast<float*>(scales.data));
+    });
+  });
+}
+
+Result<void> dequantizeE4m3(ConstBuffer src, ConstBuffer scales, MutBuffer dst, std::span<const Segment> segments,
+                            const Launch& launch) {
+  if (auto r = detail::checkDequantize(src, scales, dst, segments); !r) return r;
+  const HostTable table = makeTable(segments, launch.tile_elements, true);
+  return detail::withFloatType(dst.dtype, [&](auto tag) {
+    return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+      dequantizeKernel<decltype(tag)>
+          <<<grid, kThreads, 0, stream>>>(view, src.data, static_cast<const float*>(scales.data), dst.data);
+    });
+  });
+}
+
+}  // namespace dbuf::kernels::cuda

@@ -1,0 +1,190 @@
+// The CUDA kernels' per-thread bodies (detail/tile_body.hpp) run on the host:
+// each thread block is emulated by calling the body for every lane (256 per
+// block, as the kernels launch), and fp8 quantization's warp, whose lanes
+// exchange their amax, by 32 real threads meeting at a barrier. Compared bit
+// for bit with the CPU ops on the twin harness's calls, this checks the
+// indexing, the alignment split and the 16-byte vector paths on a machine
+// without a GPU; tests/gpu runs the same calls through the real kernels.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <thread>
+#include <vector>
+
+#include "dbuf/kernels/detail/checks.hpp"
+#include "dbuf/kernels/detail/dispatch.hpp"
+#include "dbuf/kernels/detail/tile_body.hpp"
+#include "twin_harness.hpp"
+
+namespace dbuf::kernels {
+namespace {
+
+using detail::planTiles;
+using detail::Tile;
+
+constexpr int kThreads = 256;  // as in src/cuda_ops.cu
+constexpr int kWarpSize = 32;
+constexpr int kWarps = kThreads / kWarpSize;
+
+template <typename Body>
+void forEachLane(std::span<const Segment> segments, std::int64_t tile_elements, bool blocked, Body&& body) {
+  for (const Tile& t : planTiles(segments, tile_elements, blocked)) {
+    for (int lane = 0; lane < kThreads; ++lane) body(segments[static_cast<std::size_t>(t.segment)], t, lane);
+  }
+}
+
+/// One warp's lanes as host threads; max() is a barrier-synchronised
+/// exchange, like the kernel's shuffle.
+struct HostWarp {
+  struct Shared {
+    std::barrier<> barrier{kWarpSize};
+    std::uint32_t values[kWarpSize] = {};
+  };
+  Shared& shared;
+  int lane_index;
+  int lane() const { return lane_index; }
+  int size() const { return kWarpSize; }
+  std::uint32_t max(std::uint32_t v) {
+    shared.values[lane_index] = v;
+    shared.barrier.arrive_and_wait();
+    std::uint32_t m = 0;
+    for (const std::uint32_t x : shared.values) m = m > x ? m : x;
+    shared.barrier.arrive_and_wait();  // everyone has read before the next block writes
+    return m;
+  }
+};
+
+/// The emulated kernels, with the CPU ops' signatures (checks included).
+struct EmulatedOps {
+  std::int64_t tile;
+
+  template <typename Op>
+  void elementwise(const Op& op, const void* src, void* dst, std::span<const Segment> g) const {
+    forEachLane(g, tile, false, [&](const Segment& s, const Tile& t, int lane) {
+      detail::elementwiseTile(op, s, t, src, dst, lane, kThreads);
+    });
+  }
+  Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+    if (auto r = detail::checkCopy(s, d, g); !r) return r;
+    detail::withElementBits(
+        s.dtype, [&](auto raw) { elementwise(detail::CopyOp<typename decltype(raw)::Type>{}, s.data, d.data, g); });
+    return {};
+  }
+  Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+    if (auto r = detail::checkCast(s, d, g); !r) return r;
+    detail::withFloatType(s.dtype, [&](auto st) {
+      detail::withFloatType(
+          d.dtype, [&](auto dt) { elementwise(detail::CastOp<decltype(st), decltype(dt)>{}, s.data, d.data, g); });
+    });
+    return {};
+  }
+  Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) const {
+    if (auto r = detail::checkScale(d, g); !r) return r;
+    detail::withFloatType(d.dtype, [&](auto t) { elementwise(detail::ScaleOp<decltype(t)>{f}, d.data, d.data, g); });
+    return {};
+  }
+  Result<void> zero(MutBuffer d, std::span<const Segment> g) const {
+    if (auto r = detail::checkZero(d, g); !r) return r;
+    detail::withElementBits(
+        d.dtype, [&](auto raw) { elementwise(detail::ZeroOp<typename decltype(raw)::Type>{}, d.data, d.data, g); });
+    return {};
+  }
+  Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) const {
+    if (auto r = detail::checkAccumulate(s, d, g); !r) return r;
+    detail::withFloatType(s.dtype,
+                          [&](auto t) { elementwise(detail::AccumulateOp<decltype(t)>{a}, s.data, d.data, g); });
+    return {};
+  }
+  Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
+                      std::span<const Segment> g) const {
+    if (auto c = detail::checkReduce(s, d, r, g); !c) return c;
+    std::vector<const void*> pointers;
+    for (const ConstBuffer& b : s) pointers.push_back(b.data);
+    const detail::ReduceSources sources{pointers.data(), static_cast<int>(s.size()), r.pre, r.factor,
+                                        detail::sourcesCongruent(s)};
+    detail::withFloatType(s[0].dtype, [&](auto st) {
+      detail::withReduceOutput(d.dtype, r, [&](auto dt, auto out) {
+        forEachLane(g, tile, false, [&](const Segment& seg, const Tile& t, int lane) {
+          detail::reduceTile<decltype(st), decltype(dt), decltype(out)::value>(sources, seg, t, d.data, lane, kThreads);
+        });
+      });
+    });
+    return {};
+  }
+  Result<void> quantize(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) const {
+    if (auto r = detail::checkQuantize(s, d, sc, g); !r) return r;
+    const std::vector<Tile> tiles = planTiles(g, tile, true);
+    detail::withFloatType(s.dtype, [&](auto t) {
+      using S = decltype(t);
+      HostWarp::Shared shared;
+      std::vector<std::jthread> lanes;
+      for (int lane = 0; lane < kWarpSize; ++lane) {
+        lanes.emplace_back([&, lane] {
+          HostWarp warp{shared, lane};
+          // Every lane walks the same tiles and blocks, so the barriers pair up.
+          for (const Tile& tl : tiles) {
+            const detail::TileBlocks blocks{g[static_cast<std::size_t>(tl.segment)], tl};
+            for (int w = 0; w < kWarps; ++w) {
+              for (std::int64_t b = w; b < blocks.count(); b += kWarps) {
+                detail::quantizeBlock<S>(blocks, b, s.data, d.data, static_cast<float*>(sc.data), warp);
+              }
+            }
+          }
+        });
+      }
+    });
+    return {};
+  }
+  Result<void> dequantize(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) const {
+    if (auto r = detail::checkDequantize(s, sc, d, g); !r) return r;
+    detail::withFloatType(d.dtype, [&](auto t) {
+      forEachLane(g, tile, true, [&](const Segment& seg, const Tile& tl, int thread) {
+        const detail::TileBlocks blocks{seg, tl};
+        for (std::int64_t b = thread / kWarpSize; b < blocks.count(); b += kWarps) {
+          detail::dequantizeBlock<decltype(t)>(blocks, b, s.data, static_cast<const float*>(sc.data), d.data,
+                                               thread % kWarpSize, kWarpSize);
+        }
+      });
+    });
+    return {};
+  }
+};
+
+TEST(TileEmulation, EveryOpMatchesTheCpuOpsBitForBit) {
+  const std::vector<twin::OpCall> calls = twin::allCalls();
+  int checked = 0;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const twin::OpCall& call = calls[i];
+    const auto emulated = [](const twin::OpCall& c, twin::Buffers& b) {
+      std::vector<void*> srcs;
+      for (auto& s : b.srcs) srcs.push_back(s.data());
+      return twin::dispatch(c, twin::viewsOf(c, b, srcs, b.dst.data(), b.scales.data()), EmulatedOps{c.tile});
+    };
+    EXPECT_EQ(twin::compareWithCpu(call, emulated, static_cast<unsigned>(i)), "");
+    ++checked;
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(TileEmulation, AlignedRangesTakeTheVectorPath) {
+  alignas(16) float in[64] = {};
+  alignas(16) std::uint16_t out[64] = {};
+  // Both aligned: no head, 8-element units (16 bytes of bf16 out).
+  const detail::VectorSplit<float, std::uint16_t> aligned(in, out, 64);
+  EXPECT_EQ(aligned.head, 0);
+  EXPECT_EQ(aligned.units, 8);
+  // Output 1 element in: 7 head elements, then the input is aligned too.
+  const detail::VectorSplit<float, std::uint16_t> shifted(in + 1, out + 1, 63);
+  EXPECT_EQ(shifted.head, 7);
+  EXPECT_EQ(shifted.units, 7);
+  // Misaligned against each other: all scalar.
+  const detail::VectorSplit<float, std::uint16_t> skewed(in + 1, out, 63);
+  EXPECT_EQ(skewed.head, 63);
+  EXPECT_EQ(skewed.units, 0);
+  // Other sources not congruent: all scalar.
+  const detail::VectorSplit<float, std::uint16_t> others(in, out, 64, false);
+  EXPECT_EQ(others.units, 0);
+}
+
+}  // namespace
+}  // namespace dbuf::kernels

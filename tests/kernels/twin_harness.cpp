@@ -1,0 +1,236 @@
+#include "twin_harness.hpp"
+
+#include <array>
+#include <cstring>
+#include <random>
+
+namespace dbuf::kernels::twin {
+namespace {
+
+constexpr std::array<DType, 3> kFloats{DType::kF32, DType::kBF16, DType::kF16};
+/// Segment sizes around the 16-byte unit of every dtype, one past, one
+/// short, and several tiles long.
+constexpr std::array<std::int64_t, 17> kCounts{0,  1,   3,   7,    8,    15,   16,   17,  31,
+                                               33, 100, 257, 1000, 1001, 2048, 4099, 9000};
+constexpr std::array<std::int64_t, 5> kBlocks{1, 3, 16, 128, 1000};
+
+std::string name(DType t) {
+  return std::string(toString(t));
+}
+
+/// Segments of every size in kCounts, each at a fresh place in src, dst and
+/// scales. ragged: random gaps (0-5 elements), so most starts are unaligned
+/// and src / dst are misaligned against each other; otherwise no gaps and
+/// sizes rounded up to 16 elements, so both stay 16-element aligned and the
+/// vector paths run.
+std::vector<Segment> makeSegments(bool ragged, bool blocked, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::int64_t> gap(0, 5);
+  std::vector<Segment> segments;
+  std::int64_t src = 0;
+  std::int64_t dst = 0;
+  std::int64_t scale = 0;
+  std::size_t i = 0;
+  for (std::int64_t count : kCounts) {
+    if (!ragged) count = (count + 15) / 16 * 16;
+    Segment s;
+    s.count = count;
+    s.src_offset = src + (ragged ? gap(rng) : 0);
+    s.dst_offset = dst + (ragged ? gap(rng) : 0);
+    if (blocked) {
+      s.block = kBlocks[i++ % kBlocks.size()];
+      s.scale_offset = scale + gap(rng);
+      scale = s.scale_offset + (count + s.block - 1) / s.block;
+    }
+    src = s.src_offset + count;
+    dst = s.dst_offset + count;
+    segments.push_back(s);
+  }
+  return segments;
+}
+
+void addCalls(std::vector<OpCall>& calls, OpCall call, bool blocked) {
+  for (const bool ragged : {true, false}) {
+    call.segments = makeSegments(ragged, blocked, static_cast<unsigned>(calls.size()));
+    call.name += ragged ? " ragged" : " aligned";
+    calls.push_back(call);
+    call.name.resize(call.name.size() - (ragged ? 7 : 8));
+  }
+}
+
+std::int64_t end(const std::vector<Segment>& segments, std::int64_t Segment::*offset) {
+  std::int64_t e = 0;
+  for (const Segment& s : segments) e = std::max(e, s.*offset + s.count);
+  return e;
+}
+
+void randomBits(std::vector<unsigned char>& bytes, std::mt19937& rng) {
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+}
+
+}  // namespace
+
+namespace {
+
+OpCall op(OpKind kind, DType src, DType dst, std::string label, float value = 1.0F) {
+  OpCall call;
+  call.kind = kind;
+  call.src_type = src;
+  call.dst_type = dst;
+  call.value = value;
+  call.name = std::move(label);
+  return call;
+}
+
+}  // namespace
+
+std::vector<OpCall> allCalls() {
+  std::vector<OpCall> calls;
+  for (const DType t : {DType::kF32, DType::kBF16, DType::kF8E4M3, DType::kF64}) {
+    addCalls(calls, op(OpKind::kCopy, t, t, "copy " + name(t)), false);
+    addCalls(calls, op(OpKind::kZero, t, t, "zero " + name(t)), false);
+  }
+  for (const DType s : kFloats) {
+    for (const DType d : kFloats) {
+      if (s != d) addCalls(calls, op(OpKind::kCast, s, d, "cast " + name(s) + "->" + name(d)), false);
+    }
+    // factor 0: inf * 0 makes the default NaN, which the GPU must match.
+    for (const float factor : {0.37F, 0.0F}) {
+      addCalls(calls, op(OpKind::kScale, s, s, "scale " + name(s) + " by " + std::to_string(factor), factor), false);
+    }
+    addCalls(calls, op(OpKind::kAccumulate, s, DType::kF32, "accumulate " + name(s), -1.5F), false);
+    addCalls(calls, op(OpKind::kQuantize, s, DType::kF8E4M3, "quantize " + name(s)), true);
+    addCalls(calls, op(OpKind::kDequantize, DType::kF8E4M3, s, "dequantize to " + name(s)), true);
+  }
+  const std::array<ReduceOptions, 3> reductions{ReduceOptions{}, ReduceOptions{0.5F, 0.25F, false},
+                                                ReduceOptions{1.0F, 0.125F, true}};
+  for (const DType s : kFloats) {
+    for (const DType d : kFloats) {
+      for (const ReduceOptions& r : reductions) {
+        if (r.accumulate && d != DType::kF32) continue;
+        for (const int sources : {1, 2, 3, 5}) {
+          for (const bool congruent : {true, false}) {
+            if (!congruent && sources == 1) continue;
+            OpCall call = op(OpKind::kReduce, s, d,
+                             "reduce " + std::to_string(sources) + " x " + name(s) + "->" + name(d) +
+                                 (r.accumulate ? " accumulate" : (r.factor != 1.0F ? " scaled" : "")) +
+                                 (congruent ? "" : " unaligned sources"));
+            call.reduction = r;
+            call.sources = sources;
+            call.congruent = congruent;
+            addCalls(calls, call, false);
+          }
+        }
+      }
+    }
+  }
+  return calls;
+}
+
+Buffers makeBuffers(const OpCall& call, unsigned seed) {
+  std::mt19937 rng(seed);
+  Buffers b;
+  b.src_elements = end(call.segments, &Segment::src_offset);
+  b.dst_elements = std::max(end(call.segments, &Segment::dst_offset), std::int64_t{1});
+  for (const Segment& s : call.segments) {
+    if (s.block > 0) b.scale_count = std::max(b.scale_count, s.scale_offset + (s.count + s.block - 1) / s.block);
+  }
+  const auto src_size = static_cast<std::size_t>(sizeBytes(call.src_type));
+  for (int r = 0; r < call.sources; ++r) {
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(b.src_elements) * src_size + 16);
+    randomBits(bytes, rng);
+    b.srcs.push_back(std::move(bytes));
+    b.src_shift.push_back(call.congruent ? 0 : static_cast<std::size_t>(r) * src_size % 16);
+  }
+  b.dst.resize(static_cast<std::size_t>(b.dst_elements * sizeBytes(call.dst_type)));
+  randomBits(b.dst, rng);
+  b.scales.resize(static_cast<std::size_t>(std::max<std::int64_t>(b.scale_count, 1)) * sizeof(float));
+  // Dequantize reads the scales: random finite positive ones, like quantize's.
+  std::uniform_real_distribution<float> scale(1e-6F, 4.0F);
+  for (std::size_t i = 0; i < b.scales.size() / sizeof(float); ++i) {
+    const float v = call.kind == OpKind::kDequantize ? scale(rng) : -1.0F;
+    std::memcpy(&b.scales[i * sizeof(float)], &v, sizeof v);
+  }
+  return b;
+}
+
+Views viewsOf(const OpCall& call, const Buffers& sizes, const std::vector<void*>& src_bases, void* dst_base,
+              void* scales_base) {
+  Views v;
+  for (std::size_t r = 0; r < src_bases.size(); ++r) {
+    v.srcs.push_back(
+        {static_cast<unsigned char*>(src_bases[r]) + sizes.src_shift[r], call.src_type, sizes.src_elements});
+  }
+  v.dst = {dst_base, call.dst_type, sizes.dst_elements};
+  v.scales = {scales_base, DType::kF32, sizes.scale_count};
+  return v;
+}
+
+Result<void> runCpu(const OpCall& call, Buffers& b) {
+  struct CpuOps {
+    Options options;
+    Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+      return kernels::copy(s, d, g, options);
+    }
+    Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+      return kernels::cast(s, d, g, options);
+    }
+    Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) const {
+      return kernels::scale(d, f, g, options);
+    }
+    Result<void> zero(MutBuffer d, std::span<const Segment> g) const { return kernels::zero(d, g, options); }
+    Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) const {
+      return kernels::accumulate(s, d, a, g, options);
+    }
+    Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
+                        std::span<const Segment> g) const {
+      return kernels::reduce(s, d, r, g, options);
+    }
+    Result<void> quantize(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) const {
+      return kernels::quantizeE4m3(s, d, sc, g, options);
+    }
+    Result<void> dequantize(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) const {
+      return kernels::dequantizeE4m3(s, sc, d, g, options);
+    }
+  };
+  std::vector<void*> srcs;
+  for (auto& s : b.srcs) srcs.push_back(s.data());
+  const Views v = viewsOf(call, b, srcs, b.dst.data(), b.scales.data());
+  return dispatch(call, v, CpuOps{Options{2, call.tile}});
+}
+
+namespace {
+
+std::string firstDifference(const char* what, const std::vector<unsigned char>& want,
+                            const std::vector<unsigned char>& got, std::int64_t element_size) {
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (want[i] == got[i]) continue;
+    const auto e = static_cast<std::int64_t>(i) / element_size;
+    const auto at = static_cast<std::size_t>(e * element_size);
+    std::uint64_t w = 0;
+    std::uint64_t g = 0;
+    std::memcpy(&w, &want[at], static_cast<std::size_t>(element_size));
+    std::memcpy(&g, &got[at], static_cast<std::size_t>(element_size));
+    char line[160];
+    std::snprintf(line, sizeof line, "%s element %lld: CPU 0x%llx, twin 0x%llx", what, static_cast<long long>(e),
+                  static_cast<unsigned long long>(w), static_cast<unsigned long long>(g));
+    return line;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string compareWithCpu(const OpCall& call, const Twin& twin, unsigned seed) {
+  Buffers cpu = makeBuffers(call, seed);
+  Buffers other = cpu;
+  if (auto r = runCpu(call, cpu); !r) return call.name + ": CPU op failed: " + r.error().message;
+  if (auto r = twin(call, other); !r) return call.name + ": twin failed: " + r.error().message;
+  if (auto d = firstDifference("dst", cpu.dst, other.dst, sizeBytes(call.dst_type)); !d.empty()) {
+    return call.name + ": " + d;
+  }
+  if (auto d = firstDifference("scale", cpu.scales, other.scales, 4); !d.empty()) return call.name + ": " + d;
+  return {};
+}
+
+}  // namespace dbuf::kernels::twin
