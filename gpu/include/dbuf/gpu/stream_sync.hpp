@@ -1,0 +1,88 @@
+#pragma once
+/// \file
+/// Ordering between a trainer's CUDA stream and the daemon's without
+/// blocking either host: monotonic 64-bit counters in host shared memory
+/// (e.g. the session segment), registered for device access in each process
+/// that uses them. A stream bumps a counter when its work up to that point is
+/// done (cuStreamWriteValue64) and another stream waits for a value
+/// (cuStreamWaitValue64, "greater or equal"); the hosts can read and publish
+/// too. When a peer dies, the survivor poisons the counter: every waiter is
+/// released and sees isPoisoned(), and reports an error instead of hanging.
+///
+/// Values: counters count up from 0 and stay below kPoisonOffset (2^62). The
+/// driver's GEQ test is (int64_t)(*addr - value) >= 0, so a poisoned counter
+/// is set to its value + 2^62: at or past every target a waiter can have
+/// (they are below 2^62 too), which an all-ones "poison" would not be.
+///
+/// Ownership: DeviceMappedHost owns the registration (unregistered on
+/// destruction); the memory itself belongs to the caller and must stay mapped
+/// while it is registered. StreamCounter is a view. Thread safety: host
+/// reads / publishes are atomic; signal / wait queue work on the given stream.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "dbuf/common/result.hpp"
+#include "dbuf/gpu/driver.hpp"
+
+namespace dbuf::gpu {
+
+inline constexpr std::uint64_t kPoisonOffset = std::uint64_t{1} << 62;
+
+[[nodiscard]] constexpr bool isPoisoned(std::uint64_t value) noexcept {
+  return value >= kPoisonOffset;
+}
+
+/// Whether `device` runs 64-bit stream memory operations (all GPUs from
+/// Volta on with a recent driver; where not, IPC events are the fallback).
+[[nodiscard]] Result<bool> streamMemOpsSupported(int device);
+
+/// Host memory (page aligned, whole pages) made addressable by the GPU.
+class DeviceMappedHost {
+ public:
+  [[nodiscard]] static Result<DeviceMappedHost> registerPages(void* pages, std::size_t bytes);
+
+  DeviceMappedHost(DeviceMappedHost&& other) noexcept;
+  DeviceMappedHost& operator=(DeviceMappedHost&& other) noexcept;
+  DeviceMappedHost(const DeviceMappedHost&) = delete;
+  DeviceMappedHost& operator=(const DeviceMappedHost&) = delete;
+  ~DeviceMappedHost();
+
+  /// The device address of host address `p` inside the registered pages.
+  [[nodiscard]] Result<CUdeviceptr> devicePointer(const void* p) const;
+
+ private:
+  DeviceMappedHost(void* pages, std::size_t bytes) noexcept : pages_(pages), bytes_(bytes) {}
+  void release() noexcept;
+
+  void* pages_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class StreamCounter {
+ public:
+  /// A view of the 8-byte aligned `word` inside `pages`.
+  [[nodiscard]] static Result<StreamCounter> at(const DeviceMappedHost& pages, std::uint64_t* word);
+
+  /// Queues "set the counter to `value`" on `stream`, after the work queued
+  /// before it.
+  [[nodiscard]] Result<void> signal(CUstream stream, std::uint64_t value) const;
+  /// Queues "wait until the counter is >= `value` (or poisoned)" on
+  /// `stream`, before the work queued after it.
+  [[nodiscard]] Result<void> wait(CUstream stream, std::uint64_t value) const;
+
+  /// Host side: the current value; publish a new one (release order, so
+  /// host writes before it are visible to whoever sees the value).
+  [[nodiscard]] std::uint64_t value() const noexcept;
+  void publish(std::uint64_t value) const noexcept;
+  /// Releases every waiter now and for good: value + 2^62.
+  void poison() const noexcept;
+
+ private:
+  StreamCounter(std::uint64_t* host, CUdeviceptr device) noexcept : host_(host), device_(device) {}
+  std::uint64_t* host_ = nullptr;
+  CUdeviceptr device_ = 0;
+};
+
+}  // namespace dbuf::gpu
