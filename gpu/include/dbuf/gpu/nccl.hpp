@@ -1,0 +1,101 @@
+#pragma once
+/// \file
+/// NCCL for the daemon's collectives among the node's local GPUs. NCCL is
+/// loaded at run time (dlopen of libnccl.so.2, found through the loader's
+/// path: the system's, or LD_LIBRARY_PATH pointing into a Python
+/// nvidia-nccl-cu13 install), so dbufd runs its host backend where NCCL is
+/// not installed and reports NCCL's absence only when a GPU job needs it.
+///
+/// LocalComms: one communicator per local GPU, created together in one
+/// ncclCommInitAll at job start and reused for every op; each op is issued
+/// for all local ranks inside one ncclGroupStart / ncclGroupEnd, in place
+/// (all-gather: rank r's part already at r * count of its buffer;
+/// reduce-scatter: rank r's result at r * count of its buffer). poll() asks
+/// every communicator for an asynchronous error; on one, every communicator
+/// is aborted (ncclCommAbort returns even with work stuck on the GPU), so
+/// the ranks get an error and never a hang.
+///
+/// Ownership: LocalComms owns its communicators (destroyed, or aborted after
+/// a failure, with it). Thread safety: one thread at a time per LocalComms.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dbuf/common/dtype.hpp"
+#include "dbuf/common/result.hpp"
+
+namespace dbuf::gpu {
+
+/// The NCCL entry points dbuf uses.
+struct Nccl {
+  decltype(&::ncclGetVersion) getVersion = nullptr;
+  decltype(&::ncclGetErrorString) getErrorString = nullptr;
+  decltype(&::ncclCommInitAll) commInitAll = nullptr;
+  decltype(&::ncclCommDestroy) commDestroy = nullptr;
+  decltype(&::ncclCommAbort) commAbort = nullptr;
+  decltype(&::ncclCommGetAsyncError) commGetAsyncError = nullptr;
+  decltype(&::ncclGroupStart) groupStart = nullptr;
+  decltype(&::ncclGroupEnd) groupEnd = nullptr;
+  decltype(&::ncclAllGather) allGather = nullptr;
+  decltype(&::ncclReduceScatter) reduceScatter = nullptr;
+  decltype(&::ncclAllReduce) allReduce = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
+  int version = 0;  ///< NCCL_VERSION_CODE style, e.g. 22809
+};
+
+/// NCCL, loaded on first use; kUnavailable (saying where it looked) when
+/// libnccl.so.2 cannot be loaded or lacks a symbol.
+[[nodiscard]] Result<const Nccl*> nccl();
+
+/// ncclSuccess -> {}; otherwise kDevice naming `what` and NCCL's error
+/// string. The one place an ncclResult_t becomes an Error.
+[[nodiscard]] Result<void> ncclStatus(ncclResult_t status, std::string_view what);
+
+/// NCCL's type for a dbuf dtype; kInvalidArgument for those NCCL lacks.
+[[nodiscard]] Result<ncclDataType_t> ncclType(DType dtype);
+
+class LocalComms {
+ public:
+  /// One communicator per entry of `devices` (distinct GPUs: NCCL refuses
+  /// two ranks on one GPU, which is what virtual ranks are for).
+  [[nodiscard]] static Result<LocalComms> create(std::span<const int> devices);
+
+  LocalComms(LocalComms&& other) noexcept;
+  LocalComms& operator=(LocalComms&& other) noexcept;
+  LocalComms(const LocalComms&) = delete;
+  LocalComms& operator=(const LocalComms&) = delete;
+  ~LocalComms();
+
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(comms_.size()); }
+
+  /// In place, every rank at once: buffers[r] holds size() * count elements
+  /// and rank r's own part is at r * count; afterwards every buffer holds all
+  /// parts. Queued on streams[r]; returns once queued.
+  [[nodiscard]] Result<void> allGather(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                       std::span<const cudaStream_t> streams);
+  /// In place: buffers[r] holds size() * count elements; afterwards rank r's
+  /// reduced part is at r * count of its buffer.
+  [[nodiscard]] Result<void> reduceScatter(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                           ncclRedOp_t op, std::span<const cudaStream_t> streams);
+
+  /// Asynchronous errors of any communicator; the first one aborts them all
+  /// and is returned now and by every later call.
+  [[nodiscard]] Result<void> poll();
+  [[nodiscard]] bool failed() const noexcept { return failure_.has_value(); }
+
+ private:
+  explicit LocalComms(std::vector<ncclComm_t> comms) noexcept : comms_(std::move(comms)) {}
+  [[nodiscard]] Result<void> checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const;
+  void abortAll() noexcept;
+  void release() noexcept;
+
+  std::vector<ncclComm_t> comms_;
+  std::optional<Error> failure_;
+};
+
+}  // namespace dbuf::gpu

@@ -1,0 +1,209 @@
+#include "dbuf/gpu/nccl.hpp"
+
+#include <dlfcn.h>
+
+#include <string>
+#include <utility>
+
+namespace dbuf::gpu {
+namespace {
+
+constexpr const char* kLibrary = "libnccl.so.2";
+
+template <typename Fn>
+Result<void> resolve(void* library, const char* name, Fn& fn) {
+  void* address = dlsym(library, name);
+  if (address == nullptr) {
+    return makeError(ErrorCode::kUnavailable, std::string(kLibrary) + " has no " + name + " (NCCL too old?)");
+  }
+  fn = reinterpret_cast<Fn>(address);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast): dlsym
+  return {};
+}
+
+Result<Nccl> load() {
+  // Never unloaded: NCCL keeps threads and state for the process's lifetime.
+  void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = dlerror();
+    return makeError(ErrorCode::kUnavailable,
+                     std::string("NCCL is not installed here: ") + (why != nullptr ? why : kLibrary) +
+                         " (install NCCL, or point LD_LIBRARY_PATH at a pip nvidia-nccl-cu13's nvidia/nccl/lib)");
+  }
+  Nccl n;
+  Result<void> r;
+  const auto get = [&](const char* name, auto& fn) {
+    if (r) r = resolve(library, name, fn);
+  };
+  get("ncclGetVersion", n.getVersion);
+  get("ncclGetErrorString", n.getErrorString);
+  get("ncclCommInitAll", n.commInitAll);
+  get("ncclCommDestroy", n.commDestroy);
+  get("ncclCommAbort", n.commAbort);
+  get("ncclCommGetAsyncError", n.commGetAsyncError);
+  get("ncclGroupStart", n.groupStart);
+  get("ncclGroupEnd", n.groupEnd);
+  get("ncclAllGather", n.allGather);
+  get("ncclReduceScatter", n.reduceScatter);
+  get("ncclAllReduce", n.allReduce);
+  get("ncclBroadcast", n.broadcast);
+  if (!r) return r.error();
+  if (n.getVersion(&n.version) != ncclSuccess) return makeError(ErrorCode::kUnavailable, "ncclGetVersion failed");
+  return n;
+}
+
+}  // namespace
+
+Result<const Nccl*> nccl() {
+  static const Result<Nccl> loaded = load();  // thread-safe once
+  if (!loaded) return loaded.error();
+  return &*loaded;
+}
+
+Result<void> ncclStatus(ncclResult_t status, std::string_view what) {
+  if (status == ncclSuccess) return {};
+  std::string text = "ncclResult " + std::to_string(static_cast<int>(status));
+  if (auto n = nccl(); n) text = (*n)->getErrorString(status);
+  return makeError(ErrorCode::kDevice, std::string(what) + ": " + text);
+}
+
+Result<ncclDataType_t> ncclType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF8E4M3:
+      return ncclFloat8e4m3;
+    case DType::kF8E5M2:
+      return ncclFloat8e5m2;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kI8:
+      return ncclInt8;
+    case DType::kU8:
+      return ncclUint8;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+  }
+  return makeError(ErrorCode::kInvalidArgument, "no NCCL type for dtype " + std::string(toString(dtype)));
+}
+
+// ---- LocalComms ---------------------------------------------------------------------
+
+Result<LocalComms> LocalComms::create(std::span<const int> devices) {
+  auto n = nccl();
+  if (!n) return n.error();
+  if (devices.empty()) return makeError(ErrorCode::kInvalidArgument, "nccl: no devices");
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  if (auto r = ncclStatus((*n)->commInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()),
+                          "ncclCommInitAll over " + std::to_string(devices.size()) + " GPUs");
+      !r) {
+    return r.error();
+  }
+  return LocalComms(std::move(comms));
+}
+
+LocalComms::LocalComms(LocalComms&& other) noexcept
+    : comms_(std::exchange(other.comms_, {})), failure_(std::exchange(other.failure_, std::nullopt)) {}
+
+LocalComms& LocalComms::operator=(LocalComms&& other) noexcept {
+  if (this != &other) {
+    release();
+    comms_ = std::exchange(other.comms_, {});
+    failure_ = std::exchange(other.failure_, std::nullopt);
+  }
+  return *this;
+}
+
+LocalComms::~LocalComms() {
+  release();
+}
+
+void LocalComms::release() noexcept {
+  if (comms_.empty()) return;
+  if (failure_) {
+    abortAll();
+  } else if (auto n = nccl(); n) {
+    for (ncclComm_t c : comms_) static_cast<void>((*n)->commDestroy(c));
+  }
+  comms_.clear();
+}
+
+void LocalComms::abortAll() noexcept {
+  if (auto n = nccl(); n) {
+    for (ncclComm_t& c : comms_) {
+      if (c != nullptr) static_cast<void>((*n)->commAbort(c));
+      c = nullptr;
+    }
+  }
+}
+
+Result<void> LocalComms::checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const {
+  if (failure_) return *failure_;
+  if (buffers.size() != comms_.size() || streams.size() != comms_.size()) {
+    return makeError(ErrorCode::kInvalidArgument, "nccl: " + std::to_string(comms_.size()) + " ranks but " +
+                                                      std::to_string(buffers.size()) + " buffers and " +
+                                                      std::to_string(streams.size()) + " streams");
+  }
+  return {};
+}
+
+Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                   std::span<const cudaStream_t> streams) {
+  if (auto r = checkShapes(buffers, streams); !r) return r;
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
+  const Nccl& n = **nccl();
+  const auto part_bytes = count * static_cast<std::size_t>(sizeBytes(dtype));
+  if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
+  Result<void> queued;
+  for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
+    // In place: the send buffer is this rank's part of the receive buffer.
+    const auto* own = static_cast<const unsigned char*>(buffers[r]) + r * part_bytes;
+    queued = ncclStatus(n.allGather(own, buffers[r], count, *type, comms_[r], streams[r]), "ncclAllGather");
+  }
+  if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
+  return queued;
+}
+
+Result<void> LocalComms::reduceScatter(std::span<void* const> buffers, std::size_t count, DType dtype, ncclRedOp_t op,
+                                       std::span<const cudaStream_t> streams) {
+  if (auto r = checkShapes(buffers, streams); !r) return r;
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
+  const Nccl& n = **nccl();
+  const auto part_bytes = count * static_cast<std::size_t>(sizeBytes(dtype));
+  if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
+  Result<void> queued;
+  for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
+    // In place: the receive buffer is this rank's part of the send buffer.
+    auto* own = static_cast<unsigned char*>(buffers[r]) + r * part_bytes;
+    queued = ncclStatus(n.reduceScatter(buffers[r], own, count, *type, op, comms_[r], streams[r]), "ncclReduceScatter");
+  }
+  if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
+  return queued;
+}
+
+Result<void> LocalComms::poll() {
+  if (failure_) return *failure_;
+  const Nccl& n = **nccl();
+  for (std::size_t r = 0; r < comms_.size(); ++r) {
+    ncclResult_t async = ncclSuccess;
+    Result<void> status = ncclStatus(n.commGetAsyncError(comms_[r], &async), "ncclCommGetAsyncError");
+    if (status && async != ncclSuccess && async != ncclInProgress) {
+      status = ncclStatus(async, "communicator of local rank " + std::to_string(r) + " failed");
+    }
+    if (!status) {
+      failure_ = status.error();
+      abortAll();
+      return status;
+    }
+  }
+  return {};
+}
+
+}  // namespace dbuf::gpu
