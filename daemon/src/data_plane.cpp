@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "jobs.hpp"
@@ -42,8 +42,8 @@ bool isGroupOp(ipc::OpCode op) {
 /// The fields every rank must agree on, compared bit for bit (scales too:
 /// ranks that disagree on a scale would silently diverge).
 bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
-  return a.op == b.op && a.group_id == b.group_id && a.reduce == b.reduce && a.flags == b.flags &&
-         a.root == b.root && std::memcmp(&a.pre_scale, &b.pre_scale, sizeof(float)) == 0 &&
+  return a.op == b.op && a.group_id == b.group_id && a.reduce == b.reduce && a.flags == b.flags && a.root == b.root &&
+         std::memcmp(&a.pre_scale, &b.pre_scale, sizeof(float)) == 0 &&
          std::memcmp(&a.post_scale, &b.post_scale, sizeof(float)) == 0;
 }
 
@@ -52,10 +52,8 @@ bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
 DataPlane::DataPlane(asio::io_context& io, const Config& config)
     : io_(io),
       config_(config),
-      scratch_(new float[HostCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
-      timeout_timer_(io) {
-  kernel_options_.threads = kernels::defaultThreads();
-}
+      scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
+      timeout_timer_(io) {}
 
 SessionPlane::~SessionPlane() {
   if (doorbell) {
@@ -116,8 +114,7 @@ Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, Ste
   return taken;
 }
 
-void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission,
-                        SteadyClock::time_point now) {
+void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {
   RankState& state = job.ranks[rank];
   ipc::Completion completion;
   completion.handle = submission.handle;
@@ -136,8 +133,7 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
   if (!job.gone.empty()) {
     const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     completion.status = status(ipc::WireError::kConflict);
-    completeOne(job, rank, completion,
-                describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
+    completeOne(job, rank, completion, describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
     return;
   }
   // The queue holds as many ops as the ring, and roomToAnswer() bounds what was
@@ -180,8 +176,8 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
     }
     return 1;
   }
-  const bool all_arrived = std::all_of(job.ranks.begin(), job.ranks.end(),
-                                       [](const RankState& rank) { return !rank.ops.empty(); });
+  const bool all_arrived =
+      std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) { return !rank.ops.empty(); });
   if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
   start(job, now);
   return 1;
@@ -201,8 +197,8 @@ void DataPlane::start(Job& job, SteadyClock::time_point now) {
     return;
   }
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
-  collectives.op = HostCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
-                                  {scratch_.get(), HostCollective::kStepElements}, kernel_options_);
+  collectives.op = LocalCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
+                                   {scratch_.get(), LocalCollective::kStepElements}, runner_);
   collectives.running = true;
 }
 
@@ -212,9 +208,8 @@ std::string DataPlane::validateFronts(Job& job) {
   const auto what = [&] {
     return "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first);
   };
-  const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const RankState& rank) {
-    return sameOp(rank.ops.front().submission, first);
-  });
+  const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(),
+                                 [&](const RankState& rank) { return sameOp(rank.ops.front().submission, first); });
   if (!agree) return mismatchMessage(job);
   ipc::OpCode op{};
   if (!ipc::opCodeFrom(first.op, op)) return what() + ": not an op this daemon knows";
@@ -223,8 +218,12 @@ std::string DataPlane::validateFronts(Job& job) {
     return what() + ": bad reduce mode, flags or scales";
   }
   CollectiveArgs& args = job.collectives.args;
-  args = {op, static_cast<ipc::ReduceMode>(first.reduce), (first.flags & ipc::kFlagAccumulate) != 0, first.root,
-          first.pre_scale, first.post_scale};
+  args = {op,
+          static_cast<ipc::ReduceMode>(first.reduce),
+          (first.flags & ipc::kFlagAccumulate) != 0,
+          first.root,
+          first.pre_scale,
+          first.post_scale};
   job.collectives.group_id = first.group_id;
   if (op == ipc::OpCode::kBarrier) return {};
   if (first.group_id == 0 || first.group_id > job.groups_by_id.size()) {
@@ -244,8 +243,8 @@ std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
   bool every_rank_has_a_slot = true;
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
     RankState& rank = job.ranks[r];
-    const auto slot = std::find_if(rank.slots.begin(), rank.slots.end(),
-                                   [&](const Slot& s) { return s.group == group.id; });
+    const auto slot =
+        std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group.id; });
     if (slot == rank.slots.end()) {
       every_rank_has_a_slot = false;
       continue;
@@ -315,8 +314,8 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
   }
   const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
                               describe(job, *example) + " timed out after " +
-                              std::to_string(config_.collective_timeout.count()) + " ms: " +
-                              ranksPhrase(missing) + " of job " + job.id + " " + hasOrHave(missing) + " not submitted it";
+                              std::to_string(config_.collective_timeout.count()) + " ms: " + ranksPhrase(missing) +
+                              " of job " + job.id + " " + hasOrHave(missing) + " not submitted it";
   spdlog::warn("job {}: {}", job.id, message);
   for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(message);
   failFronts(job, status(ipc::WireError::kTimeout), message);
@@ -331,10 +330,10 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   gone.owed.clear();
   gone.plane.reset();
   job.collectives.running = false;
-  const std::string message = "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
-                              (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) +
-                                                 " was running"
-                                           : (had_op ? " with collectives pending" : ""));
+  const std::string message =
+      "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
+      (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) + " was running"
+                   : (had_op ? " with collectives pending" : ""));
   // Every queued op of the others needs the dead rank: fail them all now.
   while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankState& r) { return !r.ops.empty(); })) {
     failFronts(job, status(ipc::WireError::kConflict), message);
@@ -418,9 +417,10 @@ std::string DataPlane::describe(const Job& job, const ipc::Submission& submissio
   text += "(group " + (known ? "'" + job.groups_by_id[submission.group_id - 1]->spec.name + "'"
                              : std::to_string(submission.group_id) + " (unknown)");
   if (op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) {
-    text += submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kSum)   ? ", sum"
-            : submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) ? ", avg"
-                                                                                    : ", reduce mode " + std::to_string(submission.reduce);
+    text += submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kSum) ? ", sum"
+            : submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kAvg)
+                ? ", avg"
+                : ", reduce mode " + std::to_string(submission.reduce);
     if (submission.pre_scale != 1.0F) text += ", pre " + shortFloat(submission.pre_scale);
     if (submission.post_scale != 1.0F) text += ", post " + shortFloat(submission.post_scale);
     if ((submission.flags & ipc::kFlagAccumulate) != 0) text += ", accumulate";

@@ -19,7 +19,7 @@
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/ring.hpp"
-#include "host_collective.hpp"
+#include "local_collective.hpp"
 
 namespace dbuf::daemon {
 
@@ -96,12 +96,12 @@ class OpQueue {
 struct JobCollectives {
   std::uint64_t next_sequence = 0;  ///< index of the next collective to match
   bool running = false;             ///< `op` is executing
-  HostCollective op;
+  LocalCollective op;
   CollectiveArgs args;
   std::uint32_t group_id = 0;
   SteadyClock::time_point matched;
-  SteadyClock::time_point finished;  ///< when the previous collective ended (timeouts count from it)
-  std::vector<RankBuffers> buffers;               ///< world entries, reused by every op
+  SteadyClock::time_point finished;                ///< when the previous collective ended (timeouts count from it)
+  std::vector<RankBuffers> buffers;                ///< world entries, reused by every op
   std::vector<kernels::ConstBuffer> grad_sources;  ///< world entries: the reductions' sources
 };
 
@@ -148,17 +148,16 @@ class DataPlane {
   /// Points the job's RankBuffers at `group`'s memory on every rank; why not
   /// (a rank holds no slot for it) or empty.
   [[nodiscard]] static std::string bindBuffers(Job& job, const GroupState& group);
-  static void completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion,
-                          const std::string& message);
+  static void completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion, const std::string& message);
   [[nodiscard]] static std::string describe(const Job& job, const ipc::Submission& submission);
   [[nodiscard]] static std::string mismatchMessage(const Job& job);
 
   asio::io_context& io_;
   const Config& config_;
-  // fp32 reduction scratch of HostCollective::kStepElements, left
+  // fp32 reduction scratch of LocalCollective::kStepElements, left
   // uninitialised so its pages cost nothing until a reduction touches them.
   std::unique_ptr<float[]> scratch_;
-  kernels::Options kernel_options_;
+  kernels::CpuRunner runner_{kernels::Options{kernels::defaultThreads()}};  // the host backend's kernels
   asio::steady_timer timeout_timer_;
   SteadyClock::time_point armed_deadline_ = SteadyClock::time_point::max();
 };

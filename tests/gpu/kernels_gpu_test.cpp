@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dbuf/kernels/cuda_ops.hpp"
+#include "dbuf/kernels/cuda_runner.hpp"
 #include "twin_harness.hpp"
 
 namespace dbuf::kernels {
@@ -24,32 +25,6 @@ namespace {
 void mustCuda(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
 }
-
-/// The cuda ops behind the harness's dispatch.
-struct CudaOps {
-  cuda::Launch launch;
-  Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
-    return cuda::copy(s, d, g, launch);
-  }
-  Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
-    return cuda::cast(s, d, g, launch);
-  }
-  Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) const { return cuda::scale(d, f, g, launch); }
-  Result<void> zero(MutBuffer d, std::span<const Segment> g) const { return cuda::zero(d, g, launch); }
-  Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) const {
-    return cuda::accumulate(s, d, a, g, launch);
-  }
-  Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
-                      std::span<const Segment> g) const {
-    return cuda::reduce(s, d, r, g, launch);
-  }
-  Result<void> quantize(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) const {
-    return cuda::quantizeE4m3(s, d, sc, g, launch);
-  }
-  Result<void> dequantize(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) const {
-    return cuda::dequantizeE4m3(s, sc, d, g, launch);
-  }
-};
 
 /// Device copies of a call's host buffers, copied back on download().
 class DeviceBuffers {
@@ -87,12 +62,12 @@ class DeviceBuffers {
   void* scales_ = nullptr;
 };
 
-/// Runs a call on the GPU with `table` (nullptr: temporary tables) on `stream`.
-twin::Twin onGpu(cuda::DeviceTable* table, cudaStream_t stream) {
+/// Runs a call on the GPU on `stream`, through a cached table or temporary ones.
+twin::Twin onGpu(cudaStream_t stream, bool cache_table) {
   return [=](const twin::OpCall& call, twin::Buffers& host) -> Result<void> {
     const DeviceBuffers device(host);
-    CudaOps ops{cuda::Launch{stream, table, call.tile}};
-    if (auto r = twin::dispatch(call, device.views(call, host), ops); !r) return r;
+    cuda::CudaRunner runner(stream, call.tile, cache_table);
+    if (auto r = twin::dispatch(call, device.views(call, host), runner); !r) return r;
     if (cudaStreamSynchronize(stream) != cudaSuccess || device.download(host) != cudaSuccess) {
       return makeError(ErrorCode::kDevice, std::string("CUDA: ") + cudaGetErrorString(cudaGetLastError()));
     }
@@ -104,10 +79,9 @@ TEST(CudaKernels, EveryOpMatchesTheCpuOpsBitForBit) {
   SKIP_WITHOUT_GPU();
   cudaStream_t stream = nullptr;
   mustCuda(cudaStreamCreate(&stream), "cudaStreamCreate");
-  cuda::DeviceTable table;
   const std::vector<twin::OpCall> calls = twin::allCalls();
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    EXPECT_EQ(twin::compareWithCpu(calls[i], onGpu(&table, stream), static_cast<unsigned>(i)), "");
+    EXPECT_EQ(twin::compareWithCpu(calls[i], onGpu(stream, true), static_cast<unsigned>(i)), "");
   }
   mustCuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }
@@ -116,7 +90,7 @@ TEST(CudaKernels, TemporaryTablesOnTheDefaultStreamGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   const std::vector<twin::OpCall> calls = twin::allCalls();
   for (std::size_t i = 0; i < calls.size(); i += 7) {
-    EXPECT_EQ(twin::compareWithCpu(calls[i], onGpu(nullptr, nullptr), static_cast<unsigned>(i)), "");
+    EXPECT_EQ(twin::compareWithCpu(calls[i], onGpu(nullptr, false), static_cast<unsigned>(i)), "");
   }
 }
 
@@ -138,8 +112,7 @@ TEST(CudaKernels, LargeTilesAndOneThousandSegments) {
     at += count;
     scale += (count + block - 1) / block;
   }
-  cuda::DeviceTable table;
-  EXPECT_EQ(twin::compareWithCpu(call, onGpu(&table, nullptr), 1), "");
+  EXPECT_EQ(twin::compareWithCpu(call, onGpu(nullptr, true), 1), "");
 }
 
 TEST(CudaKernels, BadTablesAreRefusedBeforeAnythingIsQueued) {

@@ -54,8 +54,10 @@ struct HostWarp {
   }
 };
 
-/// The emulated kernels, with the CPU ops' signatures (checks included).
-struct EmulatedOps {
+/// The emulated kernels (checks included, as the CUDA ops do them).
+class EmulatedRunner final : public Runner {
+ public:
+  explicit EmulatedRunner(std::int64_t tile_elements) : tile(tile_elements) {}
   std::int64_t tile;
 
   template <typename Op>
@@ -64,13 +66,13 @@ struct EmulatedOps {
       detail::elementwiseTile(op, s, t, src, dst, lane, kThreads);
     });
   }
-  Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+  Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) override {
     if (auto r = detail::checkCopy(s, d, g); !r) return r;
     detail::withElementBits(
         s.dtype, [&](auto raw) { elementwise(detail::CopyOp<typename decltype(raw)::Type>{}, s.data, d.data, g); });
     return {};
   }
-  Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
+  Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) override {
     if (auto r = detail::checkCast(s, d, g); !r) return r;
     detail::withFloatType(s.dtype, [&](auto st) {
       detail::withFloatType(
@@ -78,25 +80,25 @@ struct EmulatedOps {
     });
     return {};
   }
-  Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) const {
+  Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) override {
     if (auto r = detail::checkScale(d, g); !r) return r;
     detail::withFloatType(d.dtype, [&](auto t) { elementwise(detail::ScaleOp<decltype(t)>{f}, d.data, d.data, g); });
     return {};
   }
-  Result<void> zero(MutBuffer d, std::span<const Segment> g) const {
+  Result<void> zero(MutBuffer d, std::span<const Segment> g) override {
     if (auto r = detail::checkZero(d, g); !r) return r;
     detail::withElementBits(
         d.dtype, [&](auto raw) { elementwise(detail::ZeroOp<typename decltype(raw)::Type>{}, d.data, d.data, g); });
     return {};
   }
-  Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) const {
+  Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) override {
     if (auto r = detail::checkAccumulate(s, d, g); !r) return r;
     detail::withFloatType(s.dtype,
                           [&](auto t) { elementwise(detail::AccumulateOp<decltype(t)>{a}, s.data, d.data, g); });
     return {};
   }
   Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
-                      std::span<const Segment> g) const {
+                      std::span<const Segment> g) override {
     if (auto c = detail::checkReduce(s, d, r, g); !c) return c;
     std::vector<const void*> pointers;
     for (const ConstBuffer& b : s) pointers.push_back(b.data);
@@ -111,7 +113,7 @@ struct EmulatedOps {
     });
     return {};
   }
-  Result<void> quantize(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) const {
+  Result<void> quantizeE4m3(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) override {
     if (auto r = detail::checkQuantize(s, d, sc, g); !r) return r;
     const std::vector<Tile> tiles = planTiles(g, tile, true);
     detail::withFloatType(s.dtype, [&](auto t) {
@@ -135,7 +137,7 @@ struct EmulatedOps {
     });
     return {};
   }
-  Result<void> dequantize(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) const {
+  Result<void> dequantizeE4m3(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) override {
     if (auto r = detail::checkDequantize(s, sc, d, g); !r) return r;
     detail::withFloatType(d.dtype, [&](auto t) {
       forEachLane(g, tile, true, [&](const Segment& seg, const Tile& tl, int thread) {
@@ -156,9 +158,8 @@ TEST(TileEmulation, EveryOpMatchesTheCpuOpsBitForBit) {
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const twin::OpCall& call = calls[i];
     const auto emulated = [](const twin::OpCall& c, twin::Buffers& b) {
-      std::vector<void*> srcs;
-      for (auto& s : b.srcs) srcs.push_back(s.data());
-      return twin::dispatch(c, twin::viewsOf(c, b, srcs, b.dst.data(), b.scales.data()), EmulatedOps{c.tile});
+      EmulatedRunner runner(c.tile);
+      return twin::runOnHost(c, b, runner);
     };
     EXPECT_EQ(twin::compareWithCpu(call, emulated, static_cast<unsigned>(i)), "");
     ++checked;

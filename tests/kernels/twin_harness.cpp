@@ -166,37 +166,33 @@ Views viewsOf(const OpCall& call, const Buffers& sizes, const std::vector<void*>
   return v;
 }
 
-Result<void> runCpu(const OpCall& call, Buffers& b) {
-  struct CpuOps {
-    Options options;
-    Result<void> copy(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
-      return kernels::copy(s, d, g, options);
-    }
-    Result<void> cast(ConstBuffer s, MutBuffer d, std::span<const Segment> g) const {
-      return kernels::cast(s, d, g, options);
-    }
-    Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) const {
-      return kernels::scale(d, f, g, options);
-    }
-    Result<void> zero(MutBuffer d, std::span<const Segment> g) const { return kernels::zero(d, g, options); }
-    Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) const {
-      return kernels::accumulate(s, d, a, g, options);
-    }
-    Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
-                        std::span<const Segment> g) const {
-      return kernels::reduce(s, d, r, g, options);
-    }
-    Result<void> quantize(ConstBuffer s, MutBuffer d, MutBuffer sc, std::span<const Segment> g) const {
-      return kernels::quantizeE4m3(s, d, sc, g, options);
-    }
-    Result<void> dequantize(ConstBuffer s, ConstBuffer sc, MutBuffer d, std::span<const Segment> g) const {
-      return kernels::dequantizeE4m3(s, sc, d, g, options);
-    }
-  };
+Result<void> dispatch(const OpCall& call, const Views& v, Runner& runner) {
+  switch (call.kind) {
+    case OpKind::kCopy:
+      return runner.copy(v.srcs[0], v.dst, call.segments);
+    case OpKind::kCast:
+      return runner.cast(v.srcs[0], v.dst, call.segments);
+    case OpKind::kScale:
+      return runner.scale(v.dst, call.value, call.segments);
+    case OpKind::kZero:
+      return runner.zero(v.dst, call.segments);
+    case OpKind::kAccumulate:
+      return runner.accumulate(v.srcs[0], v.dst, call.value, call.segments);
+    case OpKind::kReduce:
+      return runner.reduce(v.srcs, v.dst, call.reduction, call.segments);
+    case OpKind::kQuantize:
+      return runner.quantizeE4m3(v.srcs[0], v.dst, v.scales, call.segments);
+    case OpKind::kDequantize:
+      return runner.dequantizeE4m3(v.srcs[0], ConstBuffer{v.scales.data, DType::kF32, v.scales.elements}, v.dst,
+                                   call.segments);
+  }
+  return makeError(ErrorCode::kInternal, "unknown op kind");
+}
+
+Result<void> runOnHost(const OpCall& call, Buffers& b, Runner& runner) {
   std::vector<void*> srcs;
   for (auto& s : b.srcs) srcs.push_back(s.data());
-  const Views v = viewsOf(call, b, srcs, b.dst.data(), b.scales.data());
-  return dispatch(call, v, CpuOps{Options{2, call.tile}});
+  return dispatch(call, viewsOf(call, b, srcs, b.dst.data(), b.scales.data()), runner);
 }
 
 namespace {
@@ -224,7 +220,8 @@ std::string firstDifference(const char* what, const std::vector<unsigned char>& 
 std::string compareWithCpu(const OpCall& call, const Twin& twin, unsigned seed) {
   Buffers cpu = makeBuffers(call, seed);
   Buffers other = cpu;
-  if (auto r = runCpu(call, cpu); !r) return call.name + ": CPU op failed: " + r.error().message;
+  CpuRunner runner(Options{2, call.tile});
+  if (auto r = runOnHost(call, cpu, runner); !r) return call.name + ": CPU op failed: " + r.error().message;
   if (auto r = twin(call, other); !r) return call.name + ": twin failed: " + r.error().message;
   if (auto d = firstDifference("dst", cpu.dst, other.dst, sizeBytes(call.dst_type)); !d.empty()) {
     return call.name + ": " + d;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dbuf/kernels/ops.hpp"
+#include "dbuf/kernels/runner.hpp"
 
 namespace dbuf::kernels::twin {
 
@@ -48,9 +49,6 @@ std::vector<OpCall> allCalls();
 /// Random bit patterns sized for the call (seeded, reproducible).
 Buffers makeBuffers(const OpCall& call, unsigned seed);
 
-/// The CPU op on host buffers.
-Result<void> runCpu(const OpCall& call, Buffers& buffers);
-
 /// Views of the buffers at the given base pointers (host or device copies).
 struct Views {
   std::vector<ConstBuffer> srcs;
@@ -66,31 +64,11 @@ Views viewsOf(const OpCall& call, const Buffers& sizes, const std::vector<void*>
 using Twin = std::function<Result<void>(const OpCall&, Buffers&)>;
 std::string compareWithCpu(const OpCall& call, const Twin& twin, unsigned seed);
 
-/// Dispatches a call on views to the matching member of `ops` (an adapter
-/// over the CPU ops, the CUDA ops or the emulation, each with the CPU ops'
-/// signatures minus their options).
-template <typename Ops>
-Result<void> dispatch(const OpCall& call, const Views& v, const Ops& ops) {
-  switch (call.kind) {
-    case OpKind::kCopy:
-      return ops.copy(v.srcs[0], v.dst, call.segments);
-    case OpKind::kCast:
-      return ops.cast(v.srcs[0], v.dst, call.segments);
-    case OpKind::kScale:
-      return ops.scale(v.dst, call.value, call.segments);
-    case OpKind::kZero:
-      return ops.zero(v.dst, call.segments);
-    case OpKind::kAccumulate:
-      return ops.accumulate(v.srcs[0], v.dst, call.value, call.segments);
-    case OpKind::kReduce:
-      return ops.reduce(v.srcs, v.dst, call.reduction, call.segments);
-    case OpKind::kQuantize:
-      return ops.quantize(v.srcs[0], v.dst, v.scales, call.segments);
-    case OpKind::kDequantize:
-      return ops.dequantize(v.srcs[0], ConstBuffer{v.scales.data, DType::kF32, v.scales.elements}, v.dst,
-                            call.segments);
-  }
-  return makeError(ErrorCode::kInternal, "unknown op kind");
-}
+/// Runs the call on views through `runner`.
+Result<void> dispatch(const OpCall& call, const Views& views, Runner& runner);
+
+/// Runs the call on host buffers through `runner` (the CPU, or a host
+/// emulation of the GPU kernels).
+Result<void> runOnHost(const OpCall& call, Buffers& buffers, Runner& runner);
 
 }  // namespace dbuf::kernels::twin

@@ -1,9 +1,13 @@
 #pragma once
-// The host backend's collectives: one matched op over every rank's shared
-// memory, run in steps of bounded size so that the scheduler can interleave
-// jobs (a 1 GiB all-gather of one job never holds another's barrier for
-// long). Uses the fused kernels of kernels/; allocates nothing per op (the
-// reduction's source table and fp32 scratch belong to the caller).
+// Collectives among ranks whose memory the daemon addresses itself: one
+// matched op over every rank's buffers, run in steps of bounded size so that
+// the scheduler can interleave jobs (a 1 GiB all-gather of one job never
+// holds another's barrier for long). Built from the fused ops through a
+// kernels::Runner, so the same algorithm serves the host backend (CPU ops
+// over shared memory) and virtual ranks on one GPU (CUDA ops over device
+// memory, queued on the runner's stream). Allocates nothing per op (the
+// reduction's source table and fp32 scratch belong to the caller, in the
+// runner's memory space).
 
 #include <cstdint>
 #include <span>
@@ -11,6 +15,7 @@
 
 #include "dbuf/common/result.hpp"
 #include "dbuf/ipc/ring.hpp"
+#include "dbuf/kernels/runner.hpp"
 #include "group_layout.hpp"
 
 namespace dbuf::daemon {
@@ -34,17 +39,17 @@ struct CollectiveArgs {
   float post_scale = 1.0F;
 };
 
-class HostCollective {
+class LocalCollective {
  public:
   /// Elements one step handles at most (per kernel call).
   static constexpr std::int64_t kStepElements = std::int64_t{1} << 22;
 
-  HostCollective() = default;
+  LocalCollective() = default;
   /// `ranks` and `sources` (world entries each; `sources` is filled here
   /// with the ranks' gradients) and `scratch` (kStepElements floats, for the
   /// in-place all-reduce) must outlive the op; `geometry` too.
-  HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry, std::span<const RankBuffers> ranks,
-                 std::span<kernels::ConstBuffer> sources, std::span<float> scratch, const kernels::Options& options);
+  LocalCollective(const CollectiveArgs& args, const GroupGeometry* geometry, std::span<const RankBuffers> ranks,
+                  std::span<kernels::ConstBuffer> sources, std::span<float> scratch, kernels::Runner& runner);
 
   /// Runs one step; true when the op is complete. An error ends the op.
   [[nodiscard]] Result<bool> step();
@@ -73,7 +78,7 @@ class HostCollective {
   std::span<const RankBuffers> ranks_;
   std::span<kernels::ConstBuffer> sources_;
   std::span<float> scratch_;
-  kernels::Options options_;
+  kernels::Runner* runner_ = nullptr;
   // Cursor: phase, then an index (rank or rank pair), then an element offset.
   int phase_ = 0;
   std::uint64_t index_ = 0;

@@ -1,4 +1,4 @@
-#include "host_collective.hpp"
+#include "local_collective.hpp"
 
 #include <algorithm>
 
@@ -15,16 +15,16 @@ Segment run(std::int64_t src, std::int64_t dst, std::int64_t count) {
 
 }  // namespace
 
-HostCollective::HostCollective(const CollectiveArgs& args, const GroupGeometry* geometry,
-                               std::span<const RankBuffers> ranks, std::span<kernels::ConstBuffer> sources,
-                               std::span<float> scratch, const kernels::Options& options)
-    : args_(args), geometry_(geometry), ranks_(ranks), sources_(sources), scratch_(scratch), options_(options) {
+LocalCollective::LocalCollective(const CollectiveArgs& args, const GroupGeometry* geometry,
+                                 std::span<const RankBuffers> ranks, std::span<kernels::ConstBuffer> sources,
+                                 std::span<float> scratch, kernels::Runner& runner)
+    : args_(args), geometry_(geometry), ranks_(ranks), sources_(sources), scratch_(scratch), runner_(&runner) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     sources_[r] = ConstBuffer{ranks[r].grads, geometry->grad, geometry->world * geometry->shard_elems};
   }
 }
 
-Result<bool> HostCollective::step() {
+Result<bool> LocalCollective::step() {
   switch (args_.op) {
     case ipc::OpCode::kAllGather:
       return allGatherStep();
@@ -41,13 +41,12 @@ Result<bool> HostCollective::step() {
   return makeError(ErrorCode::kInternal, "unknown collective");
 }
 
-Result<void> HostCollective::copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first,
-                                        std::int64_t count) {
+Result<void> LocalCollective::copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count) {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
   const Segment segment = run(first, first, count);
-  if (auto copied = kernels::copy(ConstBuffer{ranks_[from].params, g.unsharded, elements},
-                                  MutBuffer{ranks_[to].params, g.unsharded, elements}, {&segment, 1}, options_);
+  if (auto copied = runner_->copy(ConstBuffer{ranks_[from].params, g.unsharded, elements},
+                                  MutBuffer{ranks_[to].params, g.unsharded, elements}, {&segment, 1});
       !copied) {
     return copied;
   }
@@ -55,7 +54,7 @@ Result<void> HostCollective::copyParams(std::uint32_t from, std::uint32_t to, st
   return {};
 }
 
-Result<bool> HostCollective::allGatherStep() {
+Result<bool> LocalCollective::allGatherStep() {
   if (phase_ == 0) {
     auto rank_done = geometry_->quantized() ? quantizeOwnPartStep() : castOwnPartStep();
     if (!rank_done) return std::move(rank_done).error();
@@ -72,15 +71,14 @@ Result<bool> HostCollective::allGatherStep() {
   return copyPartStep();
 }
 
-Result<bool> HostCollective::castOwnPartStep() {
+Result<bool> LocalCollective::castOwnPartStep() {
   // Rank `index_`'s own part of its unsharded params, cast from its shard.
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
   const Segment segment = run(offset_, rank * g.shard_elems + offset_, count);
-  if (auto done = kernels::cast(ConstBuffer{ranks_[rank].shard, g.sharded, g.shard_elems},
-                                MutBuffer{ranks_[rank].params, g.unsharded, g.world * g.shard_elems}, {&segment, 1},
-                                options_);
+  if (auto done = runner_->cast(ConstBuffer{ranks_[rank].shard, g.sharded, g.shard_elems},
+                                MutBuffer{ranks_[rank].params, g.unsharded, g.world * g.shard_elems}, {&segment, 1});
       !done) {
     return std::move(done).error();
   }
@@ -89,7 +87,7 @@ Result<bool> HostCollective::castOwnPartStep() {
   return offset_ >= g.shard_elems;
 }
 
-Result<bool> HostCollective::quantizeOwnPartStep() {
+Result<bool> LocalCollective::quantizeOwnPartStep() {
   // Rank `index_`'s own part, block-quantized with its scales beside it: the
   // rank's tensor slices (segments), a run of whole ones per step, or a
   // piece of whole blocks of one larger than a step.
@@ -119,9 +117,9 @@ Result<bool> HostCollective::quantizeOwnPartStep() {
     segment_ = end;
   }
   const RankBuffers& mine = ranks_[rank];
-  if (auto done = kernels::quantizeE4m3(ConstBuffer{mine.shard, g.sharded, g.shard_elems},
+  if (auto done = runner_->quantizeE4m3(ConstBuffer{mine.shard, g.sharded, g.shard_elems},
                                         MutBuffer{mine.params, g.unsharded, g.world * g.shard_elems},
-                                        MutBuffer{mine.scales, DType::kF32, g.total_blocks}, batch, options_);
+                                        MutBuffer{mine.scales, DType::kF32, g.total_blocks}, batch);
       !done) {
     return std::move(done).error();
   }
@@ -129,7 +127,7 @@ Result<bool> HostCollective::quantizeOwnPartStep() {
   return segment_ == segments.size();
 }
 
-Result<bool> HostCollective::copyPartStep() {
+Result<bool> LocalCollective::copyPartStep() {
   // Every rank's part to every other rank: plain copies in the unsharded
   // dtype (and, for fp8, the part's scales).
   const GroupGeometry& g = *geometry_;
@@ -144,9 +142,8 @@ Result<bool> HostCollective::copyPartStep() {
   }
   if (g.quantized() && offset_ == 0 && g.ranks[from].scales > 0) {
     const Segment scales = run(g.ranks[from].first_scale, g.ranks[from].first_scale, g.ranks[from].scales);
-    if (auto copied = kernels::copy(ConstBuffer{ranks_[from].scales, DType::kF32, g.total_blocks},
-                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1},
-                                    options_);
+    if (auto copied = runner_->copy(ConstBuffer{ranks_[from].scales, DType::kF32, g.total_blocks},
+                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1});
         !copied) {
       return std::move(copied).error();
     }
@@ -159,21 +156,21 @@ Result<bool> HostCollective::copyPartStep() {
   return false;
 }
 
-kernels::ReduceOptions HostCollective::reduction(bool accumulate) const noexcept {
-  const float factor =
-      args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world) : args_.post_scale;
+kernels::ReduceOptions LocalCollective::reduction(bool accumulate) const noexcept {
+  const float factor = args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
+                                                             : args_.post_scale;
   return kernels::ReduceOptions{args_.pre_scale, factor, accumulate};
 }
 
-Result<bool> HostCollective::reduceScatterStep() {
+Result<bool> LocalCollective::reduceScatterStep() {
   // One fused pass: every rank's gradient part straight into this rank's
   // sharded gradient (summed in rank order, in fp32).
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
   const Segment segment = run(rank * g.shard_elems + offset_, offset_, count);
-  if (auto done = kernels::reduce(sources_, MutBuffer{ranks_[rank].shard_grad, g.sharded, g.shard_elems},
-                                  reduction(args_.accumulate), {&segment, 1}, options_);
+  if (auto done = runner_->reduce(sources_, MutBuffer{ranks_[rank].shard_grad, g.sharded, g.shard_elems},
+                                  reduction(args_.accumulate), {&segment, 1});
       !done) {
     return std::move(done).error();
   }
@@ -186,7 +183,7 @@ Result<bool> HostCollective::reduceScatterStep() {
   return index_ == g.world;
 }
 
-Result<bool> HostCollective::allReduceStep() {
+Result<bool> LocalCollective::allReduceStep() {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
   const std::int64_t count = std::min(kStepElements, elements - offset_);
@@ -194,15 +191,15 @@ Result<bool> HostCollective::allReduceStep() {
   // copy is overwritten, then written to every rank.
   const Segment reduced = run(offset_, 0, count);
   const auto scratch_elements = static_cast<std::int64_t>(scratch_.size());
-  if (auto done = kernels::reduce(sources_, MutBuffer{scratch_.data(), DType::kF32, scratch_elements},
-                                  reduction(false), {&reduced, 1}, options_);
+  if (auto done = runner_->reduce(sources_, MutBuffer{scratch_.data(), DType::kF32, scratch_elements}, reduction(false),
+                                  {&reduced, 1});
       !done) {
     return std::move(done).error();
   }
   const Segment segment = run(0, offset_, count);
   for (const RankBuffers& rank : ranks_) {
-    if (auto done = kernels::cast(ConstBuffer{scratch_.data(), DType::kF32, scratch_elements},
-                                  MutBuffer{rank.grads, g.grad, elements}, {&segment, 1}, options_);
+    if (auto done = runner_->cast(ConstBuffer{scratch_.data(), DType::kF32, scratch_elements},
+                                  MutBuffer{rank.grads, g.grad, elements}, {&segment, 1});
         !done) {
       return std::move(done).error();
     }
@@ -212,7 +209,7 @@ Result<bool> HostCollective::allReduceStep() {
   return offset_ >= elements;
 }
 
-Result<bool> HostCollective::broadcastStep() {
+Result<bool> LocalCollective::broadcastStep() {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
   if (index_ == args_.root) ++index_;
@@ -222,9 +219,8 @@ Result<bool> HostCollective::broadcastStep() {
   if (auto copied = copyParams(args_.root, to, offset_, count); !copied) return std::move(copied).error();
   if (g.quantized() && offset_ == 0) {
     const Segment scales = run(0, 0, g.total_blocks);
-    if (auto copied = kernels::copy(ConstBuffer{ranks_[args_.root].scales, DType::kF32, g.total_blocks},
-                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1},
-                                    options_);
+    if (auto copied = runner_->copy(ConstBuffer{ranks_[args_.root].scales, DType::kF32, g.total_blocks},
+                                    MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1});
         !copied) {
       return std::move(copied).error();
     }
