@@ -5,8 +5,9 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_MODEL ?= models/gpt-oss-120b.json
+GPU_BUILD_DIR ?= build-gpu
 
-.PHONY: all deps configure build demo test bench clean format
+.PHONY: all deps configure build demo test bench gpu-bundle clean format
 
 all: build
 
@@ -30,6 +31,14 @@ test: build
 
 bench: build
 	./scripts/bench.sh $(BUILD_DIR)
+
+# A CUDA build of its own (build-gpu/) packed into gpu-bundle/: copy that folder
+# to a machine with an NVIDIA GPU and run `gpu-bundle/run [RESULTS_DIR]` there
+# (gpu-bundle/README.txt).
+gpu-bundle: deps
+	cmake -S . -B $(GPU_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DDBUF_CUDA=ON $(CMAKE_FLAGS)
+	cmake --build $(GPU_BUILD_DIR) -j $(JOBS)
+	./scripts/make_gpu_bundle.sh $(GPU_BUILD_DIR) gpu-bundle
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp')

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# The GPU bundle's runner (copied to gpu-bundle/run by make_gpu_bundle.sh).
+#
+#   gpu-bundle/run [RESULTS_DIR]     # default ./gpu-results
+#
+# Runs every GPU test executable (bin/gpu_tests.txt), then every GPU benchmark
+# (bin/bench_gpu_*), each under `timeout` (GPU_TEST_TIMEOUT / GPU_BENCH_TIMEOUT
+# seconds, default 300), and writes into RESULTS_DIR: environment.txt,
+# <name>.log (stdout + stderr), <test>.xml (GoogleTest), <bench>.json and
+# summary.txt (also printed). Exits 0 when every executable exited 0, else 1.
+# Works from any working directory; executables run with the bundle's root as
+# theirs (benchmarks default to models/*.json).
+set -uo pipefail
+
+BUNDLE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
+BIN="$BUNDLE/bin"
+TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-300}
+BENCH_TIMEOUT=${GPU_BENCH_TIMEOUT:-300}
+
+RESULTS_DIR=${1:-./gpu-results}
+mkdir -p "$RESULTS_DIR" || {
+  echo "run: cannot create $RESULTS_DIR" >&2
+  exit 1
+}
+RESULTS_DIR=$(cd "$RESULTS_DIR" && pwd -P)
+ENV_FILE="$RESULTS_DIR/environment.txt"
+SUMMARY="$RESULTS_DIR/summary.txt"
+
+PYTHON=$(command -v python3 || true)
+
+# --- NCCL ---------------------------------------------------------------------
+# The folder holding libnccl.so.2: ldconfig's cache, then the pip package
+# nvidia-nccl-cu13 (nvidia.nccl, maybe a namespace package), then the usual
+# site-packages folders.
+nccl_candidates() {
+  local ldconfig line
+  ldconfig=$(command -v ldconfig || true)
+  [[ -z "$ldconfig" && -x /sbin/ldconfig ]] && ldconfig=/sbin/ldconfig
+  if [[ -n "$ldconfig" ]]; then
+    "$ldconfig" -p 2>/dev/null | awk '/^[[:space:]]*libnccl\.so\.2 / {print $NF}' |
+      while read -r line; do dirname "$line"; done
+  fi
+  if [[ -n "$PYTHON" ]]; then
+    "$PYTHON" - <<'EOF' 2>/dev/null
+import os
+try:
+    import nvidia.nccl as m
+    base = m.__file__ and os.path.dirname(m.__file__)
+    if not base:
+        base = list(m.__path__)[0]
+    print(os.path.join(base, "lib"))
+except Exception:
+    pass
+EOF
+    local user_site
+    user_site=$("$PYTHON" -m site --user-site 2>/dev/null || true)
+    [[ -n "$user_site" ]] && echo "$user_site/nvidia/nccl/lib"
+    "$PYTHON" -c 'import site
+for p in site.getsitepackages(): print(p + "/nvidia/nccl/lib")' 2>/dev/null
+  fi
+  local dir
+  for dir in /usr/local/lib/python3*/site-packages /usr/local/lib/python3*/dist-packages \
+    /usr/lib/python3*/site-packages /usr/lib/python3*/dist-packages /usr/lib/python3/dist-packages; do
+    [[ -d "$dir" ]] && echo "$dir/nvidia/nccl/lib"
+  done
+}
+
+NCCL_DIR=""
+while read -r dir; do
+  [[ -n "$dir" && -e "$dir/libnccl.so.2" ]] || continue
+  NCCL_DIR=$(cd "$dir" && pwd -P)
+  break
+done < <(nccl_candidates)
+
+LD_LIBRARY_PATH="$BUNDLE/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+export DBUF_BIN_DIR="$BIN"
+
+# --- environment.txt ------------------------------------------------------------
+{
+  echo "== date"
+  date
+  date -u
+  echo
+  echo "== uname -a"
+  uname -a
+  [[ -r /etc/os-release ]] && sed -n 's/^PRETTY_NAME=//p' /etc/os-release
+  echo "glibc: $(ldd --version 2>/dev/null | head -n 1)"
+  echo
+  echo "== bundle"
+  echo "$BUNDLE"
+  sed -n '/^Built from/,$p' "$BUNDLE/README.txt" 2>/dev/null
+  echo
+  echo "== NCCL"
+  if [[ -n "$NCCL_DIR" ]]; then
+    echo "libnccl.so.2: $NCCL_DIR/libnccl.so.2 -> $(readlink -f "$NCCL_DIR/libnccl.so.2")"
+  else
+    echo "libnccl.so.2: NOT FOUND (ldconfig, python3 nvidia.nccl, site-packages): NCCL tests will skip"
+  fi
+  if [[ -n "$PYTHON" ]]; then
+    "$PYTHON" -c 'import importlib.metadata as m
+for d in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+    try: print("pip", d, m.version(d))
+    except Exception: pass' 2>/dev/null
+  fi
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "DBUF_BIN_DIR=$DBUF_BIN_DIR"
+  echo
+  echo "== nvidia-smi"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi 2>&1
+    echo
+    echo "== nvidia-smi -q | head -50"
+    nvidia-smi -q 2>&1 | head -n 50
+  else
+    echo "nvidia-smi: not found"
+  fi
+  echo
+  echo "== nvcc --version"
+  if command -v nvcc >/dev/null; then nvcc --version 2>&1; else echo "nvcc: not on PATH"; fi
+  echo
+  echo "== CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}"
+} >"$ENV_FILE" 2>&1
+
+# --- running ---------------------------------------------------------------------
+: >"$SUMMARY"
+all_ok=1
+total_passed=0 total_failed=0 total_skipped=0
+
+# gtest_counts NAME: "passed failed skipped" from NAME.xml, else NAME.log.
+gtest_counts() {
+  local xml="$RESULTS_DIR/$1.xml" log="$RESULTS_DIR/$1.log" counts=""
+  if [[ -s "$xml" && -n "$PYTHON" ]]; then
+    counts=$("$PYTHON" - "$xml" <<'EOF' 2>/dev/null
+import sys, xml.etree.ElementTree as ET
+passed = failed = skipped = 0
+for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    if case.find("failure") is not None or case.find("error") is not None:
+        failed += 1
+    elif case.find("skipped") is not None or case.get("result") == "skipped":
+        skipped += 1
+    elif case.get("status", "run") == "run" and case.get("result", "completed") == "completed":
+        passed += 1
+print(passed, failed, skipped)
+EOF
+    )
+  fi
+  if [[ -z "$counts" && -s "$log" ]]; then
+    local p f s
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) tests\{0,1\}\..*/\1/p' "$log" | tail -n 1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$log" | tail -n 1)
+    s=$(sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$log" | tail -n 1)
+    [[ -n "$p$f$s" ]] && counts="${p:-0} ${f:-0} ${s:-0}"
+  fi
+  echo "${counts:-? ? ?}"
+}
+
+# run_one KIND NAME TIMEOUT ARGS...: one executable, one summary line.
+run_one() {
+  local kind=$1 name=$2 limit=$3
+  shift 3
+  local exe="$BIN/$name" log="$RESULTS_DIR/$name.log" rc status detail start secs
+  echo "run: $kind $name (timeout ${limit}s)"
+  if [[ ! -x "$exe" ]]; then
+    echo "run: $exe is missing or not executable" >"$log"
+    rc=127
+  else
+    start=$(date +%s)
+    (cd "$BUNDLE" && exec timeout --kill-after=10 "$limit" "$exe" "$@") >"$log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - start))
+  fi
+  case $rc in
+    0) status=PASS ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status=FAIL ;;
+  esac
+  ((rc == 0)) || all_ok=0
+  if [[ $kind == test ]]; then
+    local p f s
+    read -r p f s <<<"$(gtest_counts "$name")"
+    detail="gtest passed=$p failed=$f skipped=$s"
+    [[ $p =~ ^[0-9]+$ ]] && total_passed=$((total_passed + p))
+    [[ $f =~ ^[0-9]+$ ]] && total_failed=$((total_failed + f))
+    [[ $s =~ ^[0-9]+$ ]] && total_skipped=$((total_skipped + s))
+  else
+    if [[ -s "$RESULTS_DIR/$name.json" ]]; then
+      detail="bench json=$name.json"
+    else
+      detail="bench no json: $(grep -m 1 -i 'skipped' "$log" || tail -n 1 "$log")"
+    fi
+  fi
+  printf '%-32s rc=%-4s %-7s %5ss  %s\n' "$name" "$rc" "$status" "${secs:-0}" "$detail" >>"$SUMMARY"
+}
+
+tests=()
+if [[ -f "$BIN/gpu_tests.txt" ]]; then
+  while read -r name; do
+    [[ -n "$name" && "$name" != \#* ]] && tests+=("$name")
+  done <"$BIN/gpu_tests.txt"
+else
+  echo "run: $BIN/gpu_tests.txt is missing" | tee -a "$SUMMARY" >&2
+  all_ok=0
+fi
+for name in "${tests[@]}"; do
+  rm -f "$RESULTS_DIR/$name.xml"
+  run_one test "$name" "$TEST_TIMEOUT" "--gtest_output=xml:$RESULTS_DIR/$name.xml"
+done
+
+for exe in "$BIN"/bench_gpu_*; do
+  [[ -f "$exe" && -x "$exe" ]] || continue
+  name=$(basename "$exe")
+  rm -f "$RESULTS_DIR/$name.json"
+  run_one bench "$name" "$BENCH_TIMEOUT" --json "$RESULTS_DIR/$name.json"
+done
+
+{
+  echo "--"
+  echo "gtest cases: passed=$total_passed failed=$total_failed skipped=$total_skipped"
+  if ((all_ok)); then echo "result: PASS"; else echo "result: FAIL"; fi
+} >>"$SUMMARY"
+
+echo
+echo "== $SUMMARY"
+cat "$SUMMARY"
+((all_ok)) && exit 0
+exit 1

@@ -1,0 +1,246 @@
+// Virtual ranks at the engine level: the daemon's collective engine
+// (LocalCollective) driven through CUDA kernels over W ranks' buffers in one
+// GPU's memory, against the same engine through the CPU kernels over host
+// copies of the same bytes: every buffer of every rank must come out bit
+// for bit equal. Covers all-gather (cast fp32 -> bf16, plain bf16, fp8
+// block quantization with scales), reduce-scatter (sum, avg with pre / post
+// scales, accumulate into fp32), all-reduce and broadcast, with shards
+// larger than one engine step (4 Mi elements) and odd sizes. Label `gpu`.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dbuf/kernels/cuda_ops.hpp"
+#include "dbuf/kernels/cuda_runner.hpp"
+#include "dbuf/kernels/runner.hpp"
+#include "local_collective.hpp"
+
+namespace dbuf::daemon {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                          \
+  do {                                                                              \
+    const kernels::cuda::DeviceCheck device = kernels::cuda::checkDevice();         \
+    if (!device.usable) GTEST_SKIP() << "no usable CUDA device: " << device.reason; \
+  } while (false)
+
+constexpr std::int64_t kBlock = 128;
+
+/// A group of one tensor split evenly over `world` ranks.
+GroupGeometry geometry(std::uint32_t world, std::int64_t shard, DType sharded, DType unsharded) {
+  GroupGeometry g;
+  g.world = world;
+  g.shard_elems = shard;
+  g.sharded = sharded;
+  g.unsharded = unsharded;
+  g.grad = gradientDType(unsharded);
+  if (g.quantized()) {
+    const std::int64_t blocks = (shard + kBlock - 1) / kBlock;
+    g.total_blocks = blocks * world;
+    for (std::uint32_t r = 0; r < world; ++r) {
+      GroupGeometry::RankBlocks rank;
+      rank.segments.push_back({0, r * shard, shard, kBlock, r * blocks});
+      rank.first_scale = r * blocks;
+      rank.scales = blocks;
+      g.ranks.push_back(rank);
+    }
+  }
+  return g;
+}
+
+/// One rank's five buffers as byte vectors (host side of the comparison).
+struct HostRank {
+  std::vector<std::byte> shard, shard_grad, params, grads, scales;
+};
+
+std::vector<std::byte> randomBytes(std::size_t n, std::mt19937& rng) {
+  std::vector<std::byte> bytes(n);
+  // Finite values only where the engine reads them as numbers: random bits
+  // would make NaN-heavy sums; the kernel tests cover NaN bit patterns.
+  std::uniform_real_distribution<float> value(-4.0F, 4.0F);
+  for (std::size_t i = 0; i + 4 <= n; i += 4) {
+    const float v = value(rng);
+    std::memcpy(&bytes[i], &v, 4);
+  }
+  return bytes;
+}
+
+/// Bytes of each buffer, in the buffer's dtype, filled so that whatever the
+/// dtype the values are finite (fp32 patterns cast down on the host side).
+std::vector<HostRank> makeRanks(const GroupGeometry& g, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<HostRank> ranks(g.world);
+  const auto elems = static_cast<std::size_t>(g.shard_elems);
+  const auto all = elems * g.world;
+  for (HostRank& r : ranks) {
+    std::vector<std::byte> fp32 = randomBytes(all * 4, rng);
+    const auto castTo = [&](DType t, std::size_t n) {
+      std::vector<std::byte> out(n * static_cast<std::size_t>(sizeBytes(t)));
+      kernels::Segment s{0, 0, static_cast<std::int64_t>(n), 0, 0};
+      if (t == DType::kF8E4M3) {
+        std::vector<float> scales((n + kBlock - 1) / kBlock);
+        s.block = kBlock;
+        EXPECT_TRUE(kernels::quantizeE4m3({fp32.data(), DType::kF32, static_cast<std::int64_t>(all)},
+                                          {out.data(), t, static_cast<std::int64_t>(n)},
+                                          {scales.data(), DType::kF32, static_cast<std::int64_t>(scales.size())},
+                                          {&s, 1})
+                        .ok());
+      } else {
+        EXPECT_TRUE(kernels::cast({fp32.data(), DType::kF32, static_cast<std::int64_t>(all)},
+                                  {out.data(), t, static_cast<std::int64_t>(n)}, {&s, 1})
+                        .ok());
+      }
+      return out;
+    };
+    r.shard = castTo(g.sharded, elems);
+    r.shard_grad = castTo(g.sharded, elems);
+    r.params = castTo(g.unsharded, all);
+    r.grads = castTo(g.grad, all);
+    r.scales = randomBytes(static_cast<std::size_t>(std::max<std::int64_t>(g.total_blocks, 1)) * 4, rng);
+  }
+  return ranks;
+}
+
+RankBuffers viewOf(HostRank& r) {
+  return {r.shard.data(), r.shard_grad.data(), r.params.data(), r.grads.data(),
+          reinterpret_cast<float*>(r.scales.data())};
+}
+
+/// Runs `args` to completion through `runner` over `buffers`.
+void runEngine(const CollectiveArgs& args, const GroupGeometry& g, std::span<const RankBuffers> buffers,
+               std::span<float> scratch, kernels::Runner& runner) {
+  std::vector<kernels::ConstBuffer> sources(g.world);
+  LocalCollective op(args, &g, buffers, sources, scratch, runner);
+  for (int steps = 0; steps < 100000; ++steps) {
+    auto done = op.step();
+    ASSERT_TRUE(done.ok()) << done.error().message;
+    if (*done) return;
+  }
+  FAIL() << "the collective did not finish";
+}
+
+/// Device copies of the ranks' buffers.
+struct DeviceRanks {
+  std::vector<void*> allocations;
+  std::vector<RankBuffers> buffers;
+
+  explicit DeviceRanks(const std::vector<HostRank>& host) {
+    for (const HostRank& r : host) {
+      RankBuffers b;
+      b.shard = upload(r.shard);
+      b.shard_grad = upload(r.shard_grad);
+      b.params = upload(r.params);
+      b.grads = upload(r.grads);
+      b.scales = reinterpret_cast<float*>(upload(r.scales));
+      buffers.push_back(b);
+    }
+  }
+  ~DeviceRanks() {
+    for (void* p : allocations) cudaFree(p);
+  }
+  DeviceRanks(const DeviceRanks&) = delete;
+  DeviceRanks& operator=(const DeviceRanks&) = delete;
+
+  std::byte* upload(const std::vector<std::byte>& bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    allocations.push_back(p);
+    return static_cast<std::byte*>(p);
+  }
+};
+
+std::string firstDifference(const std::vector<std::byte>& want, const void* device, const char* what,
+                            std::size_t rank) {
+  std::vector<std::byte> got(want.size());
+  if (cudaMemcpy(got.data(), device, got.size(), cudaMemcpyDeviceToHost) != cudaSuccess) return "download failed";
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (want[i] != got[i]) {
+      return std::string("rank ") + std::to_string(rank) + " " + what + " byte " + std::to_string(i) + " differs";
+    }
+  }
+  return {};
+}
+
+void checkTwins(const CollectiveArgs& args, const GroupGeometry& g, unsigned seed) {
+  std::vector<HostRank> host = makeRanks(g, seed);
+  DeviceRanks device(host);  // the same starting bytes
+  std::vector<RankBuffers> host_buffers;
+  for (HostRank& r : host) host_buffers.push_back(viewOf(r));
+
+  std::vector<float> host_scratch(static_cast<std::size_t>(LocalCollective::kStepElements));
+  kernels::CpuRunner cpu(kernels::Options{2});
+  runEngine(args, g, host_buffers, host_scratch, cpu);
+
+  float* device_scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&device_scratch, host_scratch.size() * sizeof(float)), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    kernels::cuda::CudaRunner gpu(stream);
+    runEngine(args, g, device.buffers, {device_scratch, host_scratch.size()}, gpu);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    EXPECT_EQ(firstDifference(host[r].shard, device.buffers[r].shard, "shard", r), "");
+    EXPECT_EQ(firstDifference(host[r].shard_grad, device.buffers[r].shard_grad, "shard_grad", r), "");
+    EXPECT_EQ(firstDifference(host[r].params, device.buffers[r].params, "params", r), "");
+    EXPECT_EQ(firstDifference(host[r].grads, device.buffers[r].grads, "grads", r), "");
+    EXPECT_EQ(firstDifference(host[r].scales, device.buffers[r].scales, "scales", r), "");
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(device_scratch);
+}
+
+CollectiveArgs op(ipc::OpCode code) {
+  CollectiveArgs a;
+  a.op = code;
+  return a;
+}
+
+// Shards past one engine step, odd (and, for fp8, with a partial last block).
+constexpr std::int64_t kLargeShard = LocalCollective::kStepElements + 1001;
+
+TEST(VirtualRanks, AllGatherCastQuantizeAndCopyMatchTheHostEngine) {
+  SKIP_WITHOUT_GPU();
+  for (const std::uint32_t world : {2U, 4U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    checkTwins(op(ipc::OpCode::kAllGather), geometry(world, kLargeShard, DType::kF32, DType::kBF16), 1);
+    checkTwins(op(ipc::OpCode::kAllGather), geometry(world, 777, DType::kBF16, DType::kBF16), 2);
+    checkTwins(op(ipc::OpCode::kAllGather), geometry(world, kLargeShard, DType::kF32, DType::kF8E4M3), 3);
+  }
+}
+
+TEST(VirtualRanks, ReduceScatterSumAvgAndAccumulateMatchTheHostEngine) {
+  SKIP_WITHOUT_GPU();
+  for (const std::uint32_t world : {2U, 4U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    checkTwins(op(ipc::OpCode::kReduceScatter), geometry(world, kLargeShard, DType::kF32, DType::kBF16), 4);
+    CollectiveArgs avg = op(ipc::OpCode::kReduceScatter);
+    avg.reduce = ipc::ReduceMode::kAvg;
+    avg.pre_scale = 0.5F;
+    avg.post_scale = 3.0F;
+    checkTwins(avg, geometry(world, 4099, DType::kBF16, DType::kBF16), 5);
+    CollectiveArgs accumulate = op(ipc::OpCode::kReduceScatter);
+    accumulate.accumulate = true;
+    checkTwins(accumulate, geometry(world, 4099, DType::kF32, DType::kF8E4M3), 6);  // bf16 grads into fp32
+  }
+}
+
+TEST(VirtualRanks, AllReduceAndBroadcastMatchTheHostEngine) {
+  SKIP_WITHOUT_GPU();
+  for (const std::uint32_t world : {2U, 4U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    checkTwins(op(ipc::OpCode::kAllReduce), geometry(world, kLargeShard / world + 3, DType::kF32, DType::kBF16), 7);
+    CollectiveArgs broadcast = op(ipc::OpCode::kBroadcast);
+    broadcast.root = 1;
+    checkTwins(broadcast, geometry(world, 5000, DType::kF32, DType::kF8E4M3), 8);
+  }
+}
+
+}  // namespace
+}  // namespace dbuf::daemon
