@@ -60,7 +60,10 @@ dbuf::Result<Config> layeredConfig(const Flags& flags) {
   }
   if (auto applied = dbuf::daemon::applyOverrides(config, flags.overrides); !applied) return applied.error();
   if (config.backend == dbuf::daemon::Backend::kCuda) {
-    return dbuf::makeError(dbuf::ErrorCode::kInvalidArgument, "the cuda backend is not built yet; use host or auto");
+    // The GPU kernels, memory, ordering and NCCL layers exist (docs/gpu.md);
+    // the daemon does not serve GPU DBuffers with them yet.
+    return dbuf::makeError(dbuf::ErrorCode::kInvalidArgument,
+                           "backend \"cuda\": dbufd does not serve GPU DBuffers yet (docs/gpu.md); use host or auto");
   }
   config.tenants = dbuf::daemon::effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
   return config;

@@ -367,6 +367,14 @@ TEST_F(MultiProcess, SecondDaemonOnTheSameSocketRefusesAndNamesThePid) {
   expectCleanStop();
 }
 
+TEST(DbufdStart, TheCudaBackendIsRefusedWithAReasonNotACrash) {
+  // The GPU layers exist but dbufd does not serve GPU DBuffers yet: asking
+  // for them must fail at start, clearly, before any socket is made.
+  const auto result = dbuf::testing::runChild(DBUFD_EXE, {"--backend", "cuda", "--socket", "/nonexistent/dbufd.sock"});
+  EXPECT_EQ(result.exit_code, 2) << result.err;  // dbufd's exit code for a configuration error
+  EXPECT_TRUE(contains(result.err, "does not serve GPU DBuffers yet")) << result.err;
+}
+
 TEST_F(MultiProcess, StaleSocketOfAKilledDaemonIsReplaced) {
   ASSERT_NO_FATAL_FAILURE(startDaemon());
   Rank orphan("orphan");
