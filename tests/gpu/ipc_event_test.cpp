@@ -1,0 +1,90 @@
+// The fallback ordering: a producer process records a CUDA IPC event after
+// 300 ms of GPU work and sends the handle; a consumer process's stream waits
+// for it before its own work, which therefore cannot finish before the
+// producer's. Both processes are forked before anything touches CUDA; "no
+// GPU" is exit code 77. Label `gpu`.
+#include "dbuf/gpu/ipc_event.hpp"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "spin_kernel.hpp"
+
+namespace dbuf::gpu {
+namespace {
+
+constexpr int kNoGpu = 77;
+constexpr unsigned long long kSpinNs = 300'000'000ULL;
+
+bool gpuPresent() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+int producer(int socket) {
+  if (!gpuPresent()) return kNoGpu;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 2;
+  auto event = IpcEvent::create();
+  if (!event) return 3;
+  auto handle = event->handle();
+  if (!handle) return 4;
+  // Work, then the record, and only then the handle goes out (a wait queued
+  // before the record would not wait for it).
+  if (testing::spinFor(stream, kSpinNs) != cudaSuccess || !event->record(stream)) return 5;
+  if (write(socket, handle->data(), handle->size()) != static_cast<ssize_t>(handle->size())) return 6;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return 7;
+  char done = 0;
+  return read(socket, &done, 1) == 1 ? 0 : 8;  // keep the event alive until the consumer is done
+}
+
+int consumer(int socket) {
+  if (!gpuPresent()) return kNoGpu;
+  IpcEvent::Handle handle{};
+  if (read(socket, handle.data(), handle.size()) != static_cast<ssize_t>(handle.size())) return 12;
+  const auto received = std::chrono::steady_clock::now();
+  auto event = IpcEvent::open(handle);
+  if (!event) return 13;
+  cudaStream_t stream = nullptr;
+  void* buffer = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 14;
+  if (cudaMalloc(&buffer, 4096) != cudaSuccess) return 14;
+  if (!event->wait(stream) || cudaMemsetAsync(buffer, 1, 4096, stream) != cudaSuccess) return 15;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return 16;
+  const auto waited = std::chrono::steady_clock::now() - received;
+  const char done = 1;
+  if (write(socket, &done, 1) != 1) return 17;
+  // The memset could only run after the producer's 300 ms spin (less the
+  // time the handle took to arrive): well over 100 ms.
+  return waited > std::chrono::milliseconds(100) ? 0 : 18;
+}
+
+int exitCode(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(IpcEvent, AConsumersStreamWaitsForTheProducersRecordedWork) {
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  const pid_t p = fork();
+  if (p == 0) _exit(producer(sockets[0]));
+  const pid_t c = fork();
+  if (c == 0) _exit(consumer(sockets[1]));
+  close(sockets[0]);
+  close(sockets[1]);
+  const int producer_code = exitCode(p);
+  const int consumer_code = exitCode(c);
+  if (producer_code == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
+  EXPECT_EQ(producer_code, 0) << "producer failed at step " << producer_code;
+  EXPECT_EQ(consumer_code, 0) << "consumer failed at step " << consumer_code << " (18: did not wait)";
+}
+
+}  // namespace
+}  // namespace dbuf::gpu
