@@ -20,7 +20,7 @@
 // stream, host preparation included. "host us" is the host's time to queue one
 // call (for a per-tensor row: all 1000 of them).
 //
-// Without a usable GPU it prints "bench_gpu_kernels: skipped: <reason>" and
+// Without a usable GPU it prints "bench_gpu_kernels: skipped: no usable CUDA device: <reason>" and
 // exits 0; any CUDA error ends it with the error's name and exit status 1.
 #include <cuda_runtime.h>
 
@@ -489,7 +489,7 @@ void writeJson(const Args& args, const Group& group, const std::string& device, 
 int main(int argc, char** argv) {
   const Args args = parseArgs(argc, argv);
   if (const gpu::DeviceCheck check = gpu::checkDevice(); !check.usable) {
-    std::printf("%s: skipped: %s\n", kProgram, check.reason.c_str());
+    std::printf("%s: skipped: no usable CUDA device: %s\n", kProgram, check.reason.c_str());
     return 0;
   }
   const Group group = makeGroup(args);

@@ -80,9 +80,12 @@ struct Work {
   }
 };
 
-bool setUp(Work& work) {
+bool gpuPresent() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+bool setUp(Work& work) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
   work.compute_blocks = prop.multiProcessorCount * 8;
@@ -113,7 +116,8 @@ double runUnits(Work& work, long units) {
 [[noreturn]] void child(Role role, long units, double seconds, int report_fd, int go_fd) {
   Work work;
   work.role = role;
-  if (!setUp(work)) _exit(kNoGpu);
+  if (!gpuPresent()) _exit(kNoGpu);
+  if (!setUp(work)) _exit(1);  // a real failure (memory, launch), not a skip
   if (units == 0) {
     const double one = runUnits(work, 1);
     if (one <= 0) _exit(2);

@@ -239,10 +239,17 @@ fi
 {
   echo "--"
   echo "gtest cases: passed=$total_passed failed=$total_failed skipped=$total_skipped"
-  # Skips are right on a machine without a GPU; where nvidia-smi sees one they
-  # mean the binaries could not use it (driver, visibility): say so loudly.
-  if ((total_skipped > 0)) && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-    echo "WARNING: nvidia-smi lists a GPU but $total_skipped GPU test cases skipped: read their logs"
+  # Skips are right on a machine without a GPU. Where nvidia-smi sees one, a
+  # "no usable CUDA device" skip means the binaries could not use it (driver
+  # too old for the CUDA 13 runtime, visibility): that is a failure.
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    if grep -lq -e 'no usable CUDA device' -e 'skipped: no usable CUDA device' "$RESULTS_DIR"/*.log 2>/dev/null; then
+      echo "FAIL: nvidia-smi lists a GPU but tests or benchmarks found no usable CUDA device:"
+      grep -l -e 'no usable CUDA device' "$RESULTS_DIR"/*.log | sed 's/^/  /'
+      all_ok=0
+    elif ((total_skipped > 0)); then
+      echo "note: $total_skipped GPU test cases skipped for other reasons (e.g. no NCCL, one GPU): read their logs"
+    fi
   fi
   if ((all_ok)); then echo "result: PASS"; else echo "result: FAIL"; fi
 } >>"$SUMMARY"

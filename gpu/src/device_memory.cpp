@@ -1,7 +1,11 @@
 #include "dbuf/gpu/device_memory.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include <string>
 #include <utility>
+
+#include "dbuf/common/cuda_status.hpp"
 
 namespace dbuf::gpu {
 namespace {
@@ -21,9 +25,16 @@ std::string onDevice(const char* what, int device) {
 
 }  // namespace
 
+Result<void> useDevice(int device) {
+  return cudaStatus(cudaSetDevice(device), onDevice("cudaSetDevice", device));
+}
+
 Result<std::size_t> allocationGranularity(int device) {
   auto d = driver();
   if (!d) return d.error();
+  // Every VMM path starts here: make sure the driver is initialised and the
+  // device's context exists, whatever the caller did before.
+  if (auto r = useDevice(device); !r) return r.error();
   const CUmemAllocationProp prop = allocationProperties(device);
   std::size_t granularity = 0;
   if (auto r = cuStatus((*d)->memGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),

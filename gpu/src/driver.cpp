@@ -9,19 +9,25 @@
 namespace dbuf::gpu {
 namespace {
 
-/// Resolves `name` for the driver ABI of the headers we compiled against.
+/// The driver ABI the entry points are asked for: 12.0. The signatures used
+/// here (VMM, cuMemHostRegister_v2, cuStreamWrite/WaitValue64_v2) are the
+/// same in 12.0 and 13.x, and asking for a version newer than the installed
+/// driver fails, so the oldest that has them all is the one to name.
+constexpr unsigned kDriverAbi = 12000;
+
+/// Resolves `name` for kDriverAbi.
 template <typename Fn>
 Result<void> resolve(const char* name, Fn& fn) {
   void* address = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (auto r = cudaStatus(cudaGetDriverEntryPointByVersion(name, &address, CUDA_VERSION, cudaEnableDefault, &found),
+  if (auto r = cudaStatus(cudaGetDriverEntryPointByVersion(name, &address, kDriverAbi, cudaEnableDefault, &found),
                           std::string("resolving ") + name);
       !r) {
     return r;
   }
   if (found != cudaDriverEntryPointSuccess || address == nullptr) {
-    return makeError(ErrorCode::kUnavailable, std::string("the CUDA driver has no ") + name + " for CUDA " +
-                                                  std::to_string(CUDA_VERSION / 1000) + " (driver too old?)");
+    return makeError(ErrorCode::kUnavailable,
+                     std::string("the CUDA driver has no ") + name + " for CUDA 12.0 or later (driver too old?)");
   }
   fn = reinterpret_cast<Fn>(address);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast): driver entry point
   return {};

@@ -3,11 +3,14 @@
 #include <string>
 #include <utility>
 
+#include "dbuf/gpu/device_memory.hpp"
+
 namespace dbuf::gpu {
 
 Result<bool> streamMemOpsSupported(int device) {
   auto d = driver();
   if (!d) return d.error();
+  if (auto r = useDevice(device); !r) return r.error();
   int supported = 0;
   if (auto r = cuStatus((*d)->deviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device),
                         "cuDeviceGetAttribute(CAN_USE_64_BIT_STREAM_MEM_OPS)");
@@ -19,9 +22,10 @@ Result<bool> streamMemOpsSupported(int device) {
 
 // ---- DeviceMappedHost -------------------------------------------------------------------
 
-Result<DeviceMappedHost> DeviceMappedHost::registerPages(void* pages, std::size_t bytes) {
+Result<DeviceMappedHost> DeviceMappedHost::registerPages(void* pages, std::size_t bytes, int device) {
   auto d = driver();
   if (!d) return d.error();
+  if (auto r = useDevice(device); !r) return r.error();
   // PORTABLE: usable from every context of this process; DEVICEMAP: gets a
   // device address (the same as the host one on 64-bit UVA systems).
   if (auto r = cuStatus((*d)->memHostRegister(pages, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
@@ -97,7 +101,12 @@ void StreamCounter::publish(std::uint64_t value) const noexcept {
 }
 
 void StreamCounter::poison() const noexcept {
-  std::atomic_ref<std::uint64_t>(*host_).fetch_add(kPoisonOffset, std::memory_order_acq_rel);
+  // Once only: a second 2^62 would carry the counter past 2^63, where the
+  // driver's signed difference makes it look *behind* every target again.
+  std::atomic_ref<std::uint64_t> word(*host_);
+  std::uint64_t value = word.load(std::memory_order_acquire);
+  while (!isPoisoned(value) && !word.compare_exchange_weak(value, value + kPoisonOffset, std::memory_order_acq_rel)) {
+  }
 }
 
 }  // namespace dbuf::gpu

@@ -143,15 +143,21 @@ Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKerne
 
 // ---- DeviceTable -------------------------------------------------------------------------------
 
-struct DeviceTable::Impl {
-  std::vector<std::byte> current;  // what the device copy holds
+/// One device copy of a table with its pinned staging; `uploaded` fires when
+/// the copy has landed (staging reusable), `used` after the last kernel that
+/// read it.
+struct TableCopy {
+  std::vector<std::byte> bytes;  // what the device copy holds
   void* device = nullptr;
   void* staging = nullptr;  // pinned, the same capacity
   std::size_t capacity = 0;
-  cudaEvent_t uploaded = nullptr;  // after the last upload: staging reusable, copy valid
-  cudaEvent_t used = nullptr;      // after the last kernel that read the copy
+  cudaEvent_t uploaded = nullptr;
+  cudaEvent_t used = nullptr;
 
-  ~Impl() {
+  TableCopy() = default;
+  TableCopy(const TableCopy&) = delete;
+  TableCopy& operator=(const TableCopy&) = delete;
+  ~TableCopy() {
     if (used != nullptr) static_cast<void>(cudaEventSynchronize(used));
     if (uploaded != nullptr) static_cast<void>(cudaEventSynchronize(uploaded));
     static_cast<void>(cudaFree(device));
@@ -161,54 +167,88 @@ struct DeviceTable::Impl {
   }
 
   Result<void> makeEvents() {
-    if (uploaded != nullptr) return {};
     if (auto r = check(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming), "cudaEventCreate"); !r) return r;
     return check(cudaEventCreateWithFlags(&used, cudaEventDisableTiming), "cudaEventCreate");
   }
 
-  Result<void> grow(std::size_t bytes) {
-    // Kernels may still read the old copy and the last upload may still read
-    // the staging: both must finish before the memory goes.
+  /// Neither an upload nor a kernel of this copy is pending: reusable now.
+  [[nodiscard]] bool idle() const {
+    return cudaEventQuery(uploaded) == cudaSuccess && cudaEventQuery(used) == cudaSuccess;
+  }
+
+  /// Room for `size` bytes (the copy is idle or its pending work is waited for).
+  Result<void> reserve(std::size_t size) {
+    if (size <= capacity) return {};
     if (auto r = check(cudaEventSynchronize(used), "cudaEventSynchronize"); !r) return r;
     if (auto r = check(cudaEventSynchronize(uploaded), "cudaEventSynchronize"); !r) return r;
-    const std::size_t want = std::max<std::size_t>(bytes, 2 * capacity);
+    const std::size_t want = std::max<std::size_t>(size, 2 * capacity);
     static_cast<void>(cudaFree(device));
     static_cast<void>(cudaFreeHost(staging));
     device = staging = nullptr;
     capacity = 0;
-    current.clear();
+    bytes.clear();
     if (auto r = check(cudaMalloc(&device, want), "cudaMalloc (segment table)"); !r) return r;
     if (auto r = check(cudaMallocHost(&staging, want), "cudaMallocHost (segment table staging)"); !r) return r;
     capacity = want;
     return {};
   }
+};
+
+/// A few copies in rotation: a new table goes into an idle copy, so the host
+/// never waits for kernels still reading an older one (a stream held back by
+/// a stream-memory wait must not block the thread that would release it).
+/// Only when every copy is busy and kMaxCopies exist does the host wait, for
+/// the least recently used.
+struct DeviceTable::Impl {
+  static constexpr std::size_t kMaxCopies = 16;
+  std::vector<std::unique_ptr<TableCopy>> copies;
+  TableCopy* last = nullptr;    // the copy the last prepare() returned
+  std::size_t next_victim = 0;  // round robin when all are busy
+
+  Result<TableCopy*> freeCopy() {
+    for (auto& c : copies) {
+      if (c->idle()) return c.get();
+    }
+    if (copies.size() < kMaxCopies) {
+      auto fresh = std::make_unique<TableCopy>();
+      if (auto r = fresh->makeEvents(); !r) return r.error();
+      copies.push_back(std::move(fresh));
+      return copies.back().get();
+    }
+    TableCopy* victim = copies[next_victim++ % copies.size()].get();
+    if (auto r = check(cudaEventSynchronize(victim->used), "cudaEventSynchronize"); !r) return r.error();
+    if (auto r = check(cudaEventSynchronize(victim->uploaded), "cudaEventSynchronize"); !r) return r.error();
+    return victim;
+  }
 
   /// The device copy of `bytes`, valid for work queued on `stream` next.
   Result<const void*> prepare(const std::vector<std::byte>& bytes, cudaStream_t stream) {
-    if (auto r = makeEvents(); !r) return r.error();
-    if (bytes == current) {
-      // Uploaded before, perhaps on another stream: wait for that copy.
-      if (auto r = check(cudaStreamWaitEvent(stream, uploaded, 0), "cudaStreamWaitEvent"); !r) return r.error();
-      return static_cast<const void*>(device);
+    for (auto& c : copies) {
+      if (c->bytes == bytes) {
+        // Uploaded before, perhaps on another stream: wait for that copy.
+        if (auto r = check(cudaStreamWaitEvent(stream, c->uploaded, 0), "cudaStreamWaitEvent"); !r) return r.error();
+        last = c.get();
+        return static_cast<const void*>(c->device);
+      }
     }
-    if (bytes.size() > capacity) {
-      if (auto r = grow(bytes.size()); !r) return r.error();
-    }
-    if (auto r = check(cudaEventSynchronize(uploaded), "cudaEventSynchronize"); !r) return r.error();
-    std::memcpy(staging, bytes.data(), bytes.size());
-    current.clear();  // until the copy below is queued, the device holds neither table
-    if (auto r = check(cudaStreamWaitEvent(stream, used, 0), "cudaStreamWaitEvent"); !r) return r.error();
-    if (auto r = check(cudaMemcpyAsync(device, staging, bytes.size(), cudaMemcpyHostToDevice, stream),
+    auto copy = freeCopy();
+    if (!copy) return copy.error();
+    TableCopy& c = **copy;
+    if (auto r = c.reserve(bytes.size()); !r) return r.error();
+    c.bytes.clear();  // until the upload below is queued, the copy holds no table
+    std::memcpy(c.staging, bytes.data(), bytes.size());
+    if (auto r = check(cudaMemcpyAsync(c.device, c.staging, bytes.size(), cudaMemcpyHostToDevice, stream),
                        "cudaMemcpyAsync (segment table)");
         !r) {
       return r.error();
     }
-    if (auto r = check(cudaEventRecord(uploaded, stream), "cudaEventRecord"); !r) return r.error();
-    current = bytes;
-    return static_cast<const void*>(device);
+    if (auto r = check(cudaEventRecord(c.uploaded, stream), "cudaEventRecord"); !r) return r.error();
+    c.bytes = bytes;
+    last = &c;
+    return static_cast<const void*>(c.device);
   }
 
-  Result<void> markUsed(cudaStream_t stream) { return check(cudaEventRecord(used, stream), "cudaEventRecord"); }
+  Result<void> markUsed(cudaStream_t stream) { return check(cudaEventRecord(last->used, stream), "cudaEventRecord"); }
 };
 
 DeviceTable::DeviceTable() : impl_(std::make_unique<Impl>()) {}

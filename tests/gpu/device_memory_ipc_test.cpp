@@ -117,10 +117,18 @@ int exitCode(pid_t pid) {
 TEST(DeviceMemoryIpc, ATrainerProcessMapsTheDaemonsAllocationByFd) {
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sockets), 0);
+  // Each child closes the other's end, so a child that fails early shows as
+  // EOF to the other instead of leaving it blocked forever.
   const pid_t daemon = fork();
-  if (daemon == 0) _exit(daemonSide(sockets[0]));
+  if (daemon == 0) {
+    close(sockets[1]);
+    _exit(daemonSide(sockets[0]));
+  }
   const pid_t trainer = fork();
-  if (trainer == 0) _exit(trainerSide(sockets[1]));
+  if (trainer == 0) {
+    close(sockets[0]);
+    _exit(trainerSide(sockets[1]));
+  }
   close(sockets[0]);
   close(sockets[1]);
   const int daemon_code = exitCode(daemon);

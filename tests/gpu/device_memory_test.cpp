@@ -17,15 +17,10 @@
 
 #include "dbuf/gpu/stream_sync.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
+#include "gpu_test_support.hpp"
 
 namespace dbuf::gpu {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    const kernels::cuda::DeviceCheck device = kernels::cuda::checkDevice();         \
-    if (!device.usable) GTEST_SKIP() << "no usable CUDA device: " << device.reason; \
-  } while (false)
 
 template <typename T>
 T must(Result<T> r) {
@@ -51,7 +46,7 @@ bool allBytes(const std::vector<unsigned char>& bytes, unsigned char value) {
 }
 
 TEST(DeviceMemory, ChunksMapUnmapAndRemapAtStableAddresses) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   const std::size_t granularity = must(allocationGranularity(0));
   ASSERT_GT(granularity, 0U);
   ASSERT_EQ(granularity & (granularity - 1), 0U) << "granularity " << granularity << " is not a power of two";
@@ -73,7 +68,7 @@ TEST(DeviceMemory, ChunksMapUnmapAndRemapAtStableAddresses) {
 }
 
 TEST(DeviceMemory, BadMappingsAreRefused) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   const std::size_t granularity = must(allocationGranularity(0));
   PhysicalMemory a = must(PhysicalMemory::create(0, granularity));
   AddressRange range = must(AddressRange::reserve(2 * granularity, 0));
@@ -86,7 +81,7 @@ TEST(DeviceMemory, BadMappingsAreRefused) {
 }
 
 TEST(DeviceMemory, AnExportedFdImportsTheSameMemory) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   const std::size_t granularity = must(allocationGranularity(0));
   PhysicalMemory a = must(PhysicalMemory::create(0, granularity));
   AddressRange first = must(AddressRange::reserve(granularity, 0));
@@ -100,6 +95,23 @@ TEST(DeviceMemory, AnExportedFdImportsTheSameMemory) {
   EXPECT_EQ(PhysicalMemory::import(fd.get(), granularity + 1, 0).error().code, ErrorCode::kInvalidArgument);
 }
 
+/// Waits up to 10 s for `stream`: a broken wait becomes a failure, not a hang.
+bool finishes(cudaStream_t stream) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cudaStreamQuery(stream) == cudaSuccess;
+}
+
+/// Poisons the counter when the test ends, however it ends, so no wait the
+/// GPU still polls outlives the registered page.
+struct ReleaseWaitersAtExit {
+  const StreamCounter& counter;
+  ~ReleaseWaitersAtExit() { counter.poison(); }
+};
+
 /// One shared, page-aligned page of counters, as in a session segment.
 struct CounterPage {
   void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -108,11 +120,12 @@ struct CounterPage {
 };
 
 TEST(StreamCounter, AStreamWaitsUntilTheHostPublishes) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   if (!must(streamMemOpsSupported(0))) GTEST_SKIP() << "GPU 0 has no 64-bit stream memory operations";
   CounterPage page;
-  DeviceMappedHost mapped = must(DeviceMappedHost::registerPages(page.page, 4096));
+  DeviceMappedHost mapped = must(DeviceMappedHost::registerPages(page.page, 4096, 0));
   const StreamCounter counter = must(StreamCounter::at(mapped, page.word(0)));
+  const ReleaseWaitersAtExit release{counter};
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   void* buffer = nullptr;
@@ -124,7 +137,7 @@ TEST(StreamCounter, AStreamWaitsUntilTheHostPublishes) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the stream ran past an unpublished counter";
   counter.publish(1);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_TRUE(finishes(stream)) << "the stream did not see the published counter";
   EXPECT_TRUE(allBytes(download(buffer, 4096), 7));
 
   // A stream signals: the host sees the value once the work before it is done.
@@ -138,11 +151,12 @@ TEST(StreamCounter, AStreamWaitsUntilTheHostPublishes) {
 }
 
 TEST(StreamCounter, PoisonReleasesEveryWaiter) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   if (!must(streamMemOpsSupported(0))) GTEST_SKIP() << "GPU 0 has no 64-bit stream memory operations";
   CounterPage page;
-  DeviceMappedHost mapped = must(DeviceMappedHost::registerPages(page.page, 4096));
+  DeviceMappedHost mapped = must(DeviceMappedHost::registerPages(page.page, 4096, 0));
   const StreamCounter counter = must(StreamCounter::at(mapped, page.word(3)));
+  const ReleaseWaitersAtExit release{counter};
   counter.publish(41);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -150,8 +164,10 @@ TEST(StreamCounter, PoisonReleasesEveryWaiter) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
   counter.poison();
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_TRUE(finishes(stream)) << "poisoning did not release the waiting stream";
   EXPECT_TRUE(isPoisoned(counter.value()));
+  EXPECT_EQ(counter.value(), 41 + kPoisonOffset);
+  counter.poison();  // once only: a second poison must not carry it past 2^63
   EXPECT_EQ(counter.value(), 41 + kPoisonOffset);
   cudaStreamDestroy(stream);
 }

@@ -1,5 +1,5 @@
 // The fallback ordering: a producer process records a CUDA IPC event after
-// 300 ms of GPU work and sends the handle; a consumer process's stream waits
+// 1 s of GPU work and sends the handle; a consumer process's stream waits
 // for it before its own work, which therefore cannot finish before the
 // producer's. Both processes are forked before anything touches CUDA; "no
 // GPU" is exit code 77. Label `gpu`.
@@ -19,7 +19,7 @@ namespace dbuf::gpu {
 namespace {
 
 constexpr int kNoGpu = 77;
-constexpr unsigned long long kSpinNs = 300'000'000ULL;
+constexpr unsigned long long kSpinNs = 1'000'000'000ULL;  // 1 s of producer work
 
 bool gpuPresent() {
   int count = 0;
@@ -45,23 +45,24 @@ int producer(int socket) {
 
 int consumer(int socket) {
   if (!gpuPresent()) return kNoGpu;
+  // Context, stream and buffer first, so that only the wait is timed.
+  cudaStream_t stream = nullptr;
+  void* buffer = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 14;
+  if (cudaMalloc(&buffer, 4096) != cudaSuccess) return 14;
   IpcEvent::Handle handle{};
   if (read(socket, handle.data(), handle.size()) != static_cast<ssize_t>(handle.size())) return 12;
   const auto received = std::chrono::steady_clock::now();
   auto event = IpcEvent::open(handle);
   if (!event) return 13;
-  cudaStream_t stream = nullptr;
-  void* buffer = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 14;
-  if (cudaMalloc(&buffer, 4096) != cudaSuccess) return 14;
   if (!event->wait(stream) || cudaMemsetAsync(buffer, 1, 4096, stream) != cudaSuccess) return 15;
   if (cudaStreamSynchronize(stream) != cudaSuccess) return 16;
   const auto waited = std::chrono::steady_clock::now() - received;
   const char done = 1;
   if (write(socket, &done, 1) != 1) return 17;
-  // The memset could only run after the producer's 300 ms spin (less the
-  // time the handle took to arrive): well over 100 ms.
-  return waited > std::chrono::milliseconds(100) ? 0 : 18;
+  // The memset could only run after the producer's 1 s spin, which started
+  // just before the handle was sent: well over half a second.
+  return waited > std::chrono::milliseconds(500) ? 0 : 18;
 }
 
 int exitCode(pid_t pid) {
@@ -73,10 +74,17 @@ int exitCode(pid_t pid) {
 TEST(IpcEvent, AConsumersStreamWaitsForTheProducersRecordedWork) {
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  // Each child closes the other's end (an early failure is EOF, not a hang).
   const pid_t p = fork();
-  if (p == 0) _exit(producer(sockets[0]));
+  if (p == 0) {
+    close(sockets[1]);
+    _exit(producer(sockets[0]));
+  }
   const pid_t c = fork();
-  if (c == 0) _exit(consumer(sockets[1]));
+  if (c == 0) {
+    close(sockets[0]);
+    _exit(consumer(sockets[1]));
+  }
   close(sockets[0]);
   close(sockets[1]);
   const int producer_code = exitCode(p);

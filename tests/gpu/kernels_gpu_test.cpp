@@ -11,16 +11,11 @@
 
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
+#include "gpu_test_support.hpp"
 #include "twin_harness.hpp"
 
 namespace dbuf::kernels {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    const cuda::DeviceCheck device = cuda::checkDevice();                           \
-    if (!device.usable) GTEST_SKIP() << "no usable CUDA device: " << device.reason; \
-  } while (false)
 
 void mustCuda(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
@@ -76,7 +71,7 @@ twin::Twin onGpu(cudaStream_t stream, bool cache_table) {
 }
 
 TEST(CudaKernels, EveryOpMatchesTheCpuOpsBitForBit) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   cudaStream_t stream = nullptr;
   mustCuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   const std::vector<twin::OpCall> calls = twin::allCalls();
@@ -87,7 +82,7 @@ TEST(CudaKernels, EveryOpMatchesTheCpuOpsBitForBit) {
 }
 
 TEST(CudaKernels, TemporaryTablesOnTheDefaultStreamGiveTheSameBits) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   const std::vector<twin::OpCall> calls = twin::allCalls();
   for (std::size_t i = 0; i < calls.size(); i += 7) {
     EXPECT_EQ(twin::compareWithCpu(calls[i], onGpu(nullptr, false), static_cast<unsigned>(i)), "");
@@ -95,7 +90,7 @@ TEST(CudaKernels, TemporaryTablesOnTheDefaultStreamGiveTheSameBits) {
 }
 
 TEST(CudaKernels, LargeTilesAndOneThousandSegments) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   // The bench's shape: 1000 segments of mixed sizes in one launch, default tiles.
   twin::OpCall call;
   call.kind = twin::OpKind::kQuantize;

@@ -12,15 +12,10 @@
 #include <vector>
 
 #include "dbuf/kernels/cuda_ops.hpp"
+#include "gpu_test_support.hpp"
 
 namespace dbuf::gpu {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    const kernels::cuda::DeviceCheck device = kernels::cuda::checkDevice();         \
-    if (!device.usable) GTEST_SKIP() << "no usable CUDA device: " << device.reason; \
-  } while (false)
 
 #define SKIP_WITHOUT_NCCL()                                                              \
   do {                                                                                   \
@@ -45,7 +40,7 @@ TEST(Nccl, LoadsAtRunTimeAndMapsDtypes) {
 /// Each local rank r fills its own part with r + 1, gathers in place,
 /// then reduce-scatters (sum) in place.
 TEST(Nccl, GroupedInPlaceAllGatherAndReduceScatterOverLocalGpus) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_NCCL();
   const int ranks = deviceCount();
   std::vector<int> devices(static_cast<std::size_t>(ranks));
@@ -87,7 +82,7 @@ TEST(Nccl, GroupedInPlaceAllGatherAndReduceScatterOverLocalGpus) {
 }
 
 TEST(Nccl, TwoRanksOnOneGpuAreRefusedWithAnError) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_NCCL();
   const std::vector<int> same_gpu{0, 0};
   auto comms = LocalComms::create(same_gpu);
@@ -97,7 +92,7 @@ TEST(Nccl, TwoRanksOnOneGpuAreRefusedWithAnError) {
 }
 
 TEST(Nccl, MismatchedBuffersAreRefusedBeforeNcclIsCalled) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_NCCL();
   const std::vector<int> one{0};
   auto comms = LocalComms::create(one);

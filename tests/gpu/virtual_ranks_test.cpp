@@ -17,16 +17,11 @@
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
 #include "dbuf/kernels/runner.hpp"
+#include "gpu_test_support.hpp"
 #include "local_collective.hpp"
 
 namespace dbuf::daemon {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    const kernels::cuda::DeviceCheck device = kernels::cuda::checkDevice();         \
-    if (!device.usable) GTEST_SKIP() << "no usable CUDA device: " << device.reason; \
-  } while (false)
 
 constexpr std::int64_t kBlock = 128;
 
@@ -206,7 +201,7 @@ CollectiveArgs op(ipc::OpCode code) {
 constexpr std::int64_t kLargeShard = LocalCollective::kStepElements + 1001;
 
 TEST(VirtualRanks, AllGatherCastQuantizeAndCopyMatchTheHostEngine) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   for (const std::uint32_t world : {2U, 4U}) {
     SCOPED_TRACE("world " + std::to_string(world));
     checkTwins(op(ipc::OpCode::kAllGather), geometry(world, kLargeShard, DType::kF32, DType::kBF16), 1);
@@ -216,7 +211,7 @@ TEST(VirtualRanks, AllGatherCastQuantizeAndCopyMatchTheHostEngine) {
 }
 
 TEST(VirtualRanks, ReduceScatterSumAvgAndAccumulateMatchTheHostEngine) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   for (const std::uint32_t world : {2U, 4U}) {
     SCOPED_TRACE("world " + std::to_string(world));
     checkTwins(op(ipc::OpCode::kReduceScatter), geometry(world, kLargeShard, DType::kF32, DType::kBF16), 4);
@@ -232,7 +227,7 @@ TEST(VirtualRanks, ReduceScatterSumAvgAndAccumulateMatchTheHostEngine) {
 }
 
 TEST(VirtualRanks, AllReduceAndBroadcastMatchTheHostEngine) {
-  SKIP_WITHOUT_GPU();
+  DBUF_SKIP_WITHOUT_GPU();
   for (const std::uint32_t world : {2U, 4U}) {
     SCOPED_TRACE("world " + std::to_string(world));
     checkTwins(op(ipc::OpCode::kAllReduce), geometry(world, kLargeShard / world + 3, DType::kF32, DType::kBF16), 7);

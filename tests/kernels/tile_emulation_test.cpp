@@ -7,7 +7,9 @@
 // without a GPU; tests/gpu runs the same calls through the real kernels.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <barrier>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -185,6 +187,26 @@ TEST(TileEmulation, AlignedRangesTakeTheVectorPath) {
   // Other sources not congruent: all scalar.
   const detail::VectorSplit<float, std::uint16_t> others(in, out, 64, false);
   EXPECT_EQ(others.units, 0);
+}
+
+TEST(TilePlan, TilesCoverEverySegmentOnceInWholeBlocks) {
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() / 2;
+  const std::vector<Segment> segments{{0, 0, 10, 3, 0},  // blocks of 3, chunk 8: tiles of 3 blocks (9), then the rest
+                                      {0, 0, 0, 5, 0},   // empty: no tile
+                                      {0, 0, 20, huge, 0},  // a block far larger than anything: one tile, no overflow
+                                      {0, 0, 17, 1, 0}};    // element blocks: tiles of 8
+  const std::vector<Tile> tiles = planTiles(segments, 8, true);
+  const std::vector<std::array<std::int64_t, 3>> want{{0, 0, 9}, {0, 9, 10}, {2, 0, 20},
+                                                      {3, 0, 8}, {3, 8, 16}, {3, 16, 17}};
+  ASSERT_EQ(tiles.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(tiles[i].segment, want[i][0]) << "tile " << i;
+    EXPECT_EQ(tiles[i].begin, want[i][1]) << "tile " << i;
+    EXPECT_EQ(tiles[i].end, want[i][2]) << "tile " << i;
+  }
+  const detail::TileBlocks blocks{segments[2], tiles[2]};
+  EXPECT_EQ(blocks.count(), 1);  // ceil(20 / huge) without overflow
+  EXPECT_EQ(blocks.size(0), 20);
 }
 
 }  // namespace

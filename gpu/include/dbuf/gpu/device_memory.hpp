@@ -24,6 +24,11 @@
 
 namespace dbuf::gpu {
 
+/// Makes `device`'s primary context current on this thread (cudaSetDevice),
+/// creating it on first use: the driver calls that need a context (host
+/// registration, stream operations) then find one.
+[[nodiscard]] Result<void> useDevice(int device);
+
 /// The size every allocation, mapping and reservation on `device` is a
 /// multiple of (the driver's minimum granularity, 2 MiB on current GPUs).
 [[nodiscard]] Result<std::size_t> allocationGranularity(int device);

@@ -38,10 +38,12 @@ inline constexpr std::uint64_t kPoisonOffset = std::uint64_t{1} << 62;
 /// Volta on with a recent driver; where not, IPC events are the fallback).
 [[nodiscard]] Result<bool> streamMemOpsSupported(int device);
 
-/// Host memory (page aligned, whole pages) made addressable by the GPU.
+/// Host memory (whole pages) made addressable by the GPUs of this process.
 class DeviceMappedHost {
  public:
-  [[nodiscard]] static Result<DeviceMappedHost> registerPages(void* pages, std::size_t bytes);
+  /// Registers through `device`'s primary context (made current on this
+  /// thread first: host registration needs a context, unlike the VMM calls).
+  [[nodiscard]] static Result<DeviceMappedHost> registerPages(void* pages, std::size_t bytes, int device);
 
   DeviceMappedHost(DeviceMappedHost&& other) noexcept;
   DeviceMappedHost& operator=(DeviceMappedHost&& other) noexcept;
@@ -76,7 +78,8 @@ class StreamCounter {
   /// host writes before it are visible to whoever sees the value).
   [[nodiscard]] std::uint64_t value() const noexcept;
   void publish(std::uint64_t value) const noexcept;
-  /// Releases every waiter now and for good: value + 2^62.
+  /// Releases every waiter now and for good: value + 2^62, once (poisoning
+  /// a poisoned counter changes nothing).
   void poison() const noexcept;
 
  private:

@@ -35,15 +35,16 @@ struct DeviceCheck {
 };
 [[nodiscard]] DeviceCheck checkDevice();
 
-/// A segment table's copy in device memory (with its tile list and, for
-/// reduce, the source pointers), kept between calls. A call whose table is
-/// the same as the previous one's reuses the copy: a group's table is
-/// uploaded once and every later step launches at once. A changed table is
-/// copied through pinned memory, ordered on the streams so that kernels still
-/// reading the previous copy finish first; the host waits only when the
-/// table grows past its capacity or its pinned staging is still in flight.
-/// Meant for one stream at a time (a later stream waits for the upload, but
-/// a re-upload waits only for the last stream's kernels).
+/// Device copies of segment tables (with their tile lists and, for reduce,
+/// the source pointers), kept between calls. A call whose table is one of
+/// the copies reuses it: a group's table is uploaded once and every later
+/// step launches at once. A new table goes through pinned staging into an
+/// idle copy (up to 16 are kept in rotation), so the host does not wait for
+/// kernels still reading older copies; it waits only when all 16 are busy.
+/// The copies live on the device current when the table is first used; use
+/// a table with streams of that device, one stream at a time (a copy reused
+/// on another stream is waited for, but a copy's "used" mark follows the
+/// last stream only).
 class DeviceTable {
  public:
   DeviceTable();

@@ -85,6 +85,10 @@ struct Options {
 [[nodiscard]] Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                                       const Options& options = {});
 
+/// Scalars (scale's factor, accumulate's alpha, reduce's pre / factor) are
+/// expected to be numbers: with a NaN scalar and a NaN element, which NaN
+/// comes out may differ between the CPU and CUDA ops.
+
 /// What reduce() computes besides the sum; the defaults give a plain sum.
 struct ReduceOptions {
   float pre = 1.0F;         ///< every source element is multiplied by this first

@@ -276,7 +276,10 @@ DBUF_HD std::uint32_t partialAmaxBits(const typename S::T* in, std::int64_t n, i
 struct TileBlocks {
   const Segment& s;
   const Tile& tile;
-  DBUF_HD std::int64_t count() const noexcept { return (tile.end - tile.begin + s.block - 1) / s.block; }
+  DBUF_HD std::int64_t count() const noexcept {
+    const std::int64_t n = tile.end - tile.begin;
+    return n == 0 ? 0 : (n - 1) / s.block + 1;  // ceil without n + block overflowing
+  }
   DBUF_HD std::int64_t begin(std::int64_t b) const noexcept { return tile.begin + b * s.block; }
   DBUF_HD std::int64_t size(std::int64_t b) const noexcept {
     const std::int64_t left = tile.end - begin(b);
