@@ -21,11 +21,6 @@
 namespace dbuf::kernels {
 namespace {
 
-// ---- element types ------------------------------------------------------------
-
-using F32T = Fp32Element;
-using BF16T = Bf16Element;
-using F16T = Fp16Element;
 using detail::withFloatType;
 
 template <typename T>
@@ -284,7 +279,7 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
     using S = decltype(s_tag);
     if (reduction.accumulate) {
       forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
-        reduceChunk<S, F32T, ReduceOut::kAccumulate>(in, w, s.src_offset + b, at<float>(dst.data, s.dst_offset + b),
+        reduceChunk<S, Fp32Element, ReduceOut::kAccumulate>(in, w, s.src_offset + b, at<float>(dst.data, s.dst_offset + b),
                                                      pre, factor, e - b);
       });
       return;
