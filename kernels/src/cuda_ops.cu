@@ -86,13 +86,13 @@ __global__ void __launch_bounds__(kThreads) reduceKernel(TableView table, detail
   detail::reduceTile<S, D, kOut>(sources, s, tile, dst, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
-/// The lanes of one warp, for the block ops' amax: a shuffle reduction.
-struct DeviceWarp {
-  int lane_index = 0;
-  __device__ int lane() const { return lane_index; }
-  __device__ int size() const { return kWarpSize; }
-  __device__ std::uint32_t max(std::uint32_t v) const {
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+/// The max of a value over this lane's group of `lanes` (a power of two <=
+/// 32, groups aligned in the warp): butterfly shuffles that stay inside the
+/// group. Every lane of the warp calls it together (see forEachBlockRound).
+struct GroupMax {
+  int lanes = kWarpSize;
+  __device__ std::uint32_t operator()(std::uint32_t v) const {
+    for (int offset = lanes / 2; offset > 0; offset /= 2) {
       const std::uint32_t other = __shfl_xor_sync(0xffffffffU, v, offset);
       v = v > other ? v : other;
     }
@@ -100,19 +100,17 @@ struct DeviceWarp {
   }
 };
 
-/// Warp w of the thread block quantizes the tile's blocks w, w + 8, ...
-/// (the loop bound is the same for all lanes of a warp, so the shuffles see
-/// every lane).
+/// The tile's quantization blocks over the block's warps, lanesPerBlock
+/// lanes per block (see quantizeTile).
 template <typename S>
 __global__ void __launch_bounds__(kThreads) quantizeKernel(TableView table, const void* src, void* dst, float* scales) {
   const Tile tile = table.tiles[blockIdx.x];
   const Segment s = table.segments[tile.segment];
   const detail::TileBlocks blocks{s, tile};
-  DeviceWarp warp{static_cast<int>(threadIdx.x) % kWarpSize};
-  const auto warps = static_cast<std::int64_t>(blockDim.x / kWarpSize);
-  for (std::int64_t b = threadIdx.x / kWarpSize; b < blocks.count(); b += warps) {
-    detail::quantizeBlock<S>(blocks, b, src, dst, scales, warp);
-  }
+  const int lanes = detail::lanesPerBlock(s.block);
+  const auto group = detail::LaneGroup::of(static_cast<int>(threadIdx.x) % kWarpSize, lanes);
+  detail::quantizeTile<S>(blocks, static_cast<int>(threadIdx.x) / kWarpSize, static_cast<int>(blockDim.x) / kWarpSize,
+                          group, src, dst, scales, GroupMax{lanes});
 }
 
 template <typename D>
@@ -121,11 +119,9 @@ __global__ void __launch_bounds__(kThreads)
   const Tile tile = table.tiles[blockIdx.x];
   const Segment s = table.segments[tile.segment];
   const detail::TileBlocks blocks{s, tile};
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const auto warps = static_cast<std::int64_t>(blockDim.x / kWarpSize);
-  for (std::int64_t b = threadIdx.x / kWarpSize; b < blocks.count(); b += warps) {
-    detail::dequantizeBlock<D>(blocks, b, src, scales, dst, lane, kWarpSize);
-  }
+  const auto group = detail::LaneGroup::of(static_cast<int>(threadIdx.x) % kWarpSize, detail::lanesPerBlock(s.block));
+  detail::dequantizeTile<D>(blocks, static_cast<int>(threadIdx.x) / kWarpSize, static_cast<int>(blockDim.x) / kWarpSize,
+                            group, src, scales, dst);
 }
 
 // ---- table upload and launch -------------------------------------------------------------------

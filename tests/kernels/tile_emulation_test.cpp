@@ -1,7 +1,7 @@
 // The CUDA kernels' per-thread bodies (detail/tile_body.hpp) run on the host:
 // each thread block is emulated by calling the body for every lane (256 per
-// block, as the kernels launch), and fp8 quantization's warp, whose lanes
-// exchange their amax, by 32 real threads meeting at a barrier. Compared bit
+// block, as the kernels launch), and fp8 quantization's warp, whose lane
+// groups exchange their amax, by 32 real threads meeting at a barrier. Compared bit
 // for bit with the CPU ops on the twin harness's calls, this checks the
 // indexing, the alignment split and the 16-byte vector paths on a machine
 // without a GPU; tests/gpu runs the same calls through the real kernels.
@@ -35,23 +35,23 @@ void forEachLane(std::span<const Segment> segments, std::int64_t tile_elements, 
   }
 }
 
-/// One warp's lanes as host threads; max() is a barrier-synchronised
-/// exchange, like the kernel's shuffle.
-struct HostWarp {
+/// A warp's lanes as host threads; operator() is the group max as a
+/// barrier-synchronised exchange, like the kernel's shuffles.
+struct HostGroupMax {
   struct Shared {
     std::barrier<> barrier{kWarpSize};
     std::uint32_t values[kWarpSize] = {};
   };
   Shared& shared;
-  int lane_index;
-  int lane() const { return lane_index; }
-  int size() const { return kWarpSize; }
-  std::uint32_t max(std::uint32_t v) {
-    shared.values[lane_index] = v;
+  int warp_lane;
+  int lanes;
+  std::uint32_t operator()(std::uint32_t v) const {
+    shared.values[warp_lane] = v;
     shared.barrier.arrive_and_wait();
     std::uint32_t m = 0;
-    for (const std::uint32_t x : shared.values) m = m > x ? m : x;
-    shared.barrier.arrive_and_wait();  // everyone has read before the next block writes
+    const int first = warp_lane / lanes * lanes;
+    for (int l = first; l < first + lanes; ++l) m = m > shared.values[l] ? m : shared.values[l];
+    shared.barrier.arrive_and_wait();  // everyone has read before the next round writes
     return m;
   }
 };
@@ -119,19 +119,18 @@ class EmulatedRunner final : public Runner {
     if (auto r = detail::checkQuantize(s, d, sc, g); !r) return r;
     const std::vector<Tile> tiles = planTiles(g, tile, true);
     detail::withFloatType(s.dtype, [&](auto t) {
-      using S = decltype(t);
-      HostWarp::Shared shared;
+      HostGroupMax::Shared shared;
       std::vector<std::jthread> lanes;
       for (int lane = 0; lane < kWarpSize; ++lane) {
         lanes.emplace_back([&, lane] {
-          HostWarp warp{shared, lane};
-          // Every lane walks the same tiles and blocks, so the barriers pair up.
+          // Every lane walks the same tiles and warps, so the barriers pair up.
           for (const Tile& tl : tiles) {
-            const detail::TileBlocks blocks{g[static_cast<std::size_t>(tl.segment)], tl};
+            const Segment& seg = g[static_cast<std::size_t>(tl.segment)];
+            const int per_block = detail::lanesPerBlock(seg.block);
+            const auto group = detail::LaneGroup::of(lane, per_block);
             for (int w = 0; w < kWarps; ++w) {
-              for (std::int64_t b = w; b < blocks.count(); b += kWarps) {
-                detail::quantizeBlock<S>(blocks, b, s.data, d.data, static_cast<float*>(sc.data), warp);
-              }
+              detail::quantizeTile<decltype(t)>(detail::TileBlocks{seg, tl}, w, kWarps, group, s.data, d.data,
+                                                static_cast<float*>(sc.data), HostGroupMax{shared, lane, per_block});
             }
           }
         });
@@ -143,11 +142,9 @@ class EmulatedRunner final : public Runner {
     if (auto r = detail::checkDequantize(s, sc, d, g); !r) return r;
     detail::withFloatType(d.dtype, [&](auto t) {
       forEachLane(g, tile, true, [&](const Segment& seg, const Tile& tl, int thread) {
-        const detail::TileBlocks blocks{seg, tl};
-        for (std::int64_t b = thread / kWarpSize; b < blocks.count(); b += kWarps) {
-          detail::dequantizeBlock<decltype(t)>(blocks, b, s.data, static_cast<const float*>(sc.data), d.data,
-                                               thread % kWarpSize, kWarpSize);
-        }
+        const auto group = detail::LaneGroup::of(thread % kWarpSize, detail::lanesPerBlock(seg.block));
+        detail::dequantizeTile<decltype(t)>(detail::TileBlocks{seg, tl}, thread / kWarpSize, kWarps, group, s.data,
+                                            static_cast<const float*>(sc.data), d.data);
       });
     });
     return {};

@@ -269,10 +269,8 @@ DBUF_HD std::uint32_t partialAmaxBits(const typename S::T* in, std::int64_t n, i
   return amax;
 }
 
-/// The quantization blocks of a tile, handed out round robin to `groups`
-/// groups of lanes (one warp each on the GPU); a group's lanes share a block.
-/// Group g handles blocks g, g + groups, ... of the tile; block b starts at
-/// element `begin(b)` of the segment and has `size(b)` elements.
+/// The quantization blocks of a tile: block b starts at element `begin(b)`
+/// of the segment and has `size(b)` elements.
 struct TileBlocks {
   const Segment& s;
   const Tile& tile;
@@ -289,27 +287,81 @@ struct TileBlocks {
   DBUF_HD std::int64_t scaleIndex(std::int64_t b) const noexcept { return s.scale_offset + begin(b) / s.block; }
 };
 
-/// Quantizes block b of a tile with the lanes of one group. `warp` reduces a
-/// value to its max across the group's lanes and says which lane this is:
-/// warp.lane(), warp.size(), warp.max(v) (a shuffle on the GPU, a barrier
-/// among threads in the host emulation).
-template <typename S, typename Warp>
-DBUF_HD void quantizeBlock(const TileBlocks& blocks, std::int64_t b, const void* src, void* dst, float* scales,
-                           Warp& warp) noexcept {
-  const auto* in = static_cast<const typename S::T*>(src) + blocks.s.src_offset + blocks.begin(b);
-  auto* out = static_cast<std::uint8_t*>(dst) + blocks.s.dst_offset + blocks.begin(b);
-  const std::int64_t n = blocks.size(b);
-  const float scale = blockScaleFromAmaxBits(warp.max(partialAmaxBits<S>(in, n, warp.lane(), warp.size())));
-  if (warp.lane() == 0) scales[blocks.scaleIndex(b)] = scale;
-  runElementwise(QuantizeOp<S>{scale}, in, out, n, warp.lane(), warp.size());
+inline constexpr int kWarpLanes = 32;
+
+/// Lanes that share one quantization block: enough for one 16-byte unit of
+/// fp8 each, a power of two, at most a warp. A warp then works on 32 / lanes
+/// blocks at once and small blocks leave no lane idle (128 elements: 8 lanes,
+/// 4 blocks per warp; 1 element: 32 blocks per warp, no shuffles).
+DBUF_HD constexpr int lanesPerBlock(std::int64_t block) noexcept {
+  int lanes = 1;
+  while (lanes < kWarpLanes && static_cast<std::int64_t>(lanes) * kVectorBytes < block) lanes *= 2;
+  return lanes;
 }
 
+/// Where a lane of a warp stands in the block ops: its group (`size`
+/// consecutive lanes sharing a block) and its place in that group.
+struct LaneGroup {
+  int lane = 0;   ///< within the group
+  int size = 1;   ///< lanes per group (lanesPerBlock)
+  int index = 0;  ///< the group within the warp
+  int count = 1;  ///< groups per warp
+  DBUF_HD static LaneGroup of(int warp_lane, int lanes) noexcept {
+    return {warp_lane % lanes, lanes, warp_lane / lanes, kWarpLanes / lanes};
+  }
+};
+
+/// Calls fn(b) for the blocks of the tile this lane's group handles: warp w's
+/// groups take blocks w * groups + g, then one round (warps * groups) later,
+/// and so on. Every lane of a warp goes through the same rounds (the bound
+/// depends on the warp only); in a round without a block for its group,
+/// fn(-1), so that a group without work still joins the warp's shuffles.
+template <typename Fn>
+DBUF_HD void forEachBlockRound(const TileBlocks& blocks, int warp, int warps, const LaneGroup& group, Fn&& fn) {
+  const std::int64_t count = blocks.count();
+  const std::int64_t round = static_cast<std::int64_t>(warps) * group.count;
+  for (std::int64_t first = static_cast<std::int64_t>(warp) * group.count; first < count; first += round) {
+    const std::int64_t b = first + group.index;
+    fn(b < count ? b : -1);
+  }
+}
+
+/// Quantizes the tile's blocks with warp `warp` of `warps`. groupMax(v)
+/// reduces v to its max over the lanes of this lane's group (shuffles on
+/// the GPU; a barrier among threads in the host emulation); every lane calls
+/// it the same number of times.
+template <typename S, typename GroupMax>
+DBUF_HD void quantizeTile(const TileBlocks& blocks, int warp, int warps, const LaneGroup& group, const void* src,
+                          void* dst, float* scales, GroupMax&& groupMax) noexcept {
+  forEachBlockRound(blocks, warp, warps, group, [&](std::int64_t b) {
+    const typename S::T* in = nullptr;
+    std::int64_t n = 0;
+    std::uint32_t amax = 0;
+    if (b >= 0) {
+      in = static_cast<const typename S::T*>(src) + blocks.s.src_offset + blocks.begin(b);
+      n = blocks.size(b);
+      amax = partialAmaxBits<S>(in, n, group.lane, group.size);
+    }
+    amax = groupMax(amax);
+    if (b < 0) return;
+    const float scale = blockScaleFromAmaxBits(amax);
+    if (group.lane == 0) scales[blocks.scaleIndex(b)] = scale;
+    auto* out = static_cast<std::uint8_t*>(dst) + blocks.s.dst_offset + blocks.begin(b);
+    runElementwise(QuantizeOp<S>{scale}, in, out, n, group.lane, group.size);
+  });
+}
+
+/// Dequantizes the tile's blocks with warp `warp` of `warps` (no exchange
+/// between lanes: each group works alone).
 template <typename D>
-DBUF_HD void dequantizeBlock(const TileBlocks& blocks, std::int64_t b, const void* src, const float* scales, void* dst,
-                             int lane, int lanes) noexcept {
-  const auto* in = static_cast<const std::uint8_t*>(src) + blocks.s.src_offset + blocks.begin(b);
-  auto* out = static_cast<typename D::T*>(dst) + blocks.s.dst_offset + blocks.begin(b);
-  runElementwise(DequantizeOp<D>{scales[blocks.scaleIndex(b)]}, in, out, blocks.size(b), lane, lanes);
+DBUF_HD void dequantizeTile(const TileBlocks& blocks, int warp, int warps, const LaneGroup& group, const void* src,
+                            const float* scales, void* dst) noexcept {
+  forEachBlockRound(blocks, warp, warps, group, [&](std::int64_t b) {
+    if (b < 0) return;
+    const auto* in = static_cast<const std::uint8_t*>(src) + blocks.s.src_offset + blocks.begin(b);
+    auto* out = static_cast<typename D::T*>(dst) + blocks.s.dst_offset + blocks.begin(b);
+    runElementwise(DequantizeOp<D>{scales[blocks.scaleIndex(b)]}, in, out, blocks.size(b), group.lane, group.size);
+  });
 }
 
 }  // namespace dbuf::kernels::detail
