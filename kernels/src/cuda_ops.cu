@@ -26,7 +26,7 @@ using detail::Tile;
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
+constexpr int kWarpSize = detail::kWarpLanes;
 
 /// The table as the kernels see it: three arrays in one device allocation.
 struct TableView {
