@@ -11,13 +11,16 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
 #include "dbuf/kernels/runner.hpp"
 #include "gpu_test_support.hpp"
+#include "group_layout.hpp"
 #include "local_collective.hpp"
 
 namespace dbuf::daemon {
@@ -45,6 +48,25 @@ GroupGeometry geometry(std::uint32_t world, std::int64_t shard, DType sharded, D
     }
   }
   return g;
+}
+
+/// A group as dbufd plans it: tensors of several shapes and granularity
+/// rules (rows of a matrix, single elements, 2x8 blocks), packed by the
+/// planner over `world` ranks, so that fp8 ranks get several segments with
+/// different block lengths, cut where the plan cuts them.
+GroupGeometry plannedGeometry(std::uint32_t world, const std::string& sharded, const std::string& unsharded) {
+  ipc::RegisterGroup spec;
+  spec.name = "layer";
+  spec.sharded_dtype = sharded;
+  spec.unsharded_dtype = unsharded;
+  spec.granularity = "rows:1";
+  spec.tensors = {{"wq", {1000, 64}, "", -1},
+                  {"norm", {777}, "element", -1},
+                  {"w2", {300, 130}, "", -1},
+                  {"experts", {64, 96}, "block:2x8", -1}};
+  auto plan = planGroup(spec, world);
+  EXPECT_TRUE(plan.ok()) << plan.error().message;
+  return groupGeometry(describeGroup(spec, *plan, 1));
 }
 
 /// One rank's five buffers as byte vectors (host side of the comparison).
@@ -161,15 +183,20 @@ std::string firstDifference(const std::vector<std::byte>& want, const void* devi
   return {};
 }
 
+/// The host engine over `host`'s buffers (the reference side).
+void runOnHost(const CollectiveArgs& args, const GroupGeometry& g, std::vector<HostRank>& host) {
+  std::vector<RankBuffers> host_buffers;
+  for (HostRank& r : host) host_buffers.push_back(viewOf(r));
+  std::vector<float> scratch(static_cast<std::size_t>(LocalCollective::kStepElements));
+  kernels::CpuRunner cpu(kernels::Options{2});
+  runEngine(args, g, host_buffers, scratch, cpu);
+}
+
 void checkTwins(const CollectiveArgs& args, const GroupGeometry& g, unsigned seed) {
   std::vector<HostRank> host = makeRanks(g, seed);
   DeviceRanks device(host);  // the same starting bytes
-  std::vector<RankBuffers> host_buffers;
-  for (HostRank& r : host) host_buffers.push_back(viewOf(r));
-
-  std::vector<float> host_scratch(static_cast<std::size_t>(LocalCollective::kStepElements));
-  kernels::CpuRunner cpu(kernels::Options{2});
-  runEngine(args, g, host_buffers, host_scratch, cpu);
+  runOnHost(args, g, host);
+  const std::vector<float> host_scratch(static_cast<std::size_t>(LocalCollective::kStepElements));
 
   float* device_scratch = nullptr;
   ASSERT_EQ(cudaMalloc(&device_scratch, host_scratch.size() * sizeof(float)), cudaSuccess);
@@ -235,6 +262,56 @@ TEST(VirtualRanks, AllReduceAndBroadcastMatchTheHostEngine) {
     broadcast.root = 1;
     checkTwins(broadcast, geometry(world, 5000, DType::kF32, DType::kF8E4M3), 8);
   }
+}
+
+TEST(VirtualRanks, PlannedGroupsOfMixedTensorsMatchTheHostEngine) {
+  DBUF_SKIP_WITHOUT_GPU();
+  for (const std::uint32_t world : {2U, 4U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    checkTwins(op(ipc::OpCode::kAllGather), plannedGeometry(world, "fp32", "fp8_e4m3"), 9);
+    checkTwins(op(ipc::OpCode::kAllGather), plannedGeometry(world, "fp32", "bf16"), 10);
+    CollectiveArgs avg = op(ipc::OpCode::kReduceScatter);
+    avg.reduce = ipc::ReduceMode::kAvg;
+    checkTwins(avg, plannedGeometry(world, "fp32", "fp8_e4m3"), 11);  // bf16 gradients into fp32
+  }
+}
+
+TEST(VirtualRanks, TheHostSideOfEveryCaseRuns) {
+  // No device needed: the reference side of each case above completes, so a
+  // GPU run fails only on the GPU side.
+  for (const std::uint32_t world : {2U, 4U}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    CollectiveArgs avg = op(ipc::OpCode::kReduceScatter);
+    avg.reduce = ipc::ReduceMode::kAvg;
+    CollectiveArgs broadcast = op(ipc::OpCode::kBroadcast);
+    broadcast.root = 1;
+    const std::pair<CollectiveArgs, GroupGeometry> cases[] = {
+        {op(ipc::OpCode::kAllGather), geometry(world, 777, DType::kBF16, DType::kBF16)},
+        {op(ipc::OpCode::kAllGather), plannedGeometry(world, "fp32", "fp8_e4m3")},
+        {avg, plannedGeometry(world, "fp32", "fp8_e4m3")},
+        {op(ipc::OpCode::kAllReduce), geometry(world, 4099, DType::kF32, DType::kBF16)},
+        {broadcast, geometry(world, 5000, DType::kF32, DType::kF8E4M3)}};
+    for (const auto& [args, g] : cases) {
+      std::vector<HostRank> host = makeRanks(g, 1);
+      runOnHost(args, g, host);
+    }
+  }
+}
+
+TEST(VirtualRanks, PlannedGeometryHasSeveralBlockLengthsPerRank) {
+  // No device needed: the fp8 case above really cuts ranks into segments of
+  // different block lengths (else it would test nothing new).
+  const GroupGeometry g = plannedGeometry(4, "fp32", "fp8_e4m3");
+  ASSERT_TRUE(g.quantized());
+  ASSERT_EQ(g.ranks.size(), 4U);
+  std::set<std::int64_t> blocks;
+  std::size_t segments = 0;
+  for (const auto& rank : g.ranks) {
+    segments += rank.segments.size();
+    for (const auto& s : rank.segments) blocks.insert(s.block);
+  }
+  EXPECT_GE(segments, 5U);
+  EXPECT_GE(blocks.size(), 3U) << "block lengths seen: " << blocks.size();
 }
 
 }  // namespace
