@@ -251,11 +251,11 @@ std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
     }
     const SlotLayout& layout = group.slot_layout;
     RankBuffers& buffers = job.collectives.buffers[r];
-    buffers.shard = group.shard_maps[r].data() + group.reply.sharded.offset;
-    buffers.shard_grad = group.shard_maps[r].data() + group.reply.sharded_grad.offset;
-    buffers.params = slot->mapping.data() + layout.params.offset;
-    buffers.grads = slot->mapping.data() + layout.grads.offset;
-    buffers.scales = reinterpret_cast<float*>(slot->mapping.data() + layout.scales.offset);
+    buffers.shard = group.shards[r]->data() + group.reply.sharded.offset;
+    buffers.shard_grad = group.shards[r]->data() + group.reply.sharded_grad.offset;
+    buffers.params = slot->memory->data() + layout.params.offset;
+    buffers.grads = slot->memory->data() + layout.grads.offset;
+    buffers.scales = reinterpret_cast<float*>(slot->memory->data() + layout.scales.offset);
   }
   if (every_rank_has_a_slot) return {};
   std::vector<std::uint32_t> without_slot;

@@ -28,6 +28,7 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       config_(config),
       instance_id_(instance_id),
       budget_(config.tenants, config.memory_limit_bytes),
+      allocator_(hostAllocator()),  // dbufd serves host memory only (main refuses --backend cuda)
       data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -294,21 +295,14 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   }
   job.charged += bytes;
   for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
-    auto fd =
-        createMemfd("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank), group.reply.shard_file_bytes);
-    if (!fd) {
+    auto memory = allocator_->allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
+                                       group.reply.shard_file_bytes);
+    if (!memory) {
       budget_.release(job.tenant, bytes);
       job.charged -= bytes;
-      return std::move(fd).error();
+      return std::move(memory).error();
     }
-    auto mapping = Mapping::map(fd->get(), group.reply.shard_file_bytes);
-    if (!mapping) {
-      budget_.release(job.tenant, bytes);
-      job.charged -= bytes;
-      return std::move(mapping).error();
-    }
-    group.shards.push_back({std::move(*fd), group.reply.shard_file_bytes});
-    group.shard_maps.push_back(std::move(*mapping));
+    group.shards.push_back(std::move(*memory));
   }
   group.geometry = groupGeometry(group.reply);
   group.slot_layout = slotLayout(group.reply);
@@ -335,7 +329,7 @@ void JobTable::completeRegistration(Job& job, const std::string& name) {
 
 void JobTable::replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
                           std::uint64_t request) {
-  session->send(group.reply, request, {group.shards[rank].fd.get()});
+  session->send(group.reply, request, {group.shards[rank]->fd()});
 }
 
 void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
@@ -376,7 +370,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   granted.params = layout.params;
   granted.grads = layout.grads;
   granted.scales = layout.scales;
-  session->send(granted, request, {slot->fd.get()});
+  session->send(granted, request, {slot->memory->fd()});
 }
 
 Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank,
@@ -387,16 +381,14 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
   if (auto charged = budget_.charge(job.tenant, bytes, "unsharded slot for group '" + group + "'"); !charged) {
     return charged;
   }
-  auto fd = createMemfd("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
-  auto mapping = fd ? Mapping::map(fd->get(), bytes) : Result<Mapping>(fd.error());
-  if (!mapping) {
+  auto memory = allocator_->allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
+  if (!memory) {
     budget_.release(job.tenant, bytes);
-    return std::move(mapping).error();
+    return std::move(memory).error();
   }
   budget_.release(job.tenant, slot.bytes);
   job.charged += bytes - slot.bytes;
-  slot.fd = std::move(*fd);
-  slot.mapping = std::move(*mapping);
+  slot.memory = std::move(*memory);
   slot.bytes = bytes;
   return {};
 }
@@ -549,7 +541,7 @@ ServerStats JobTable::stats() const {
     for (const auto& [name, group] : job.groups) stats.memfds += group.shards.size();
     for (const RankState& rank : job.ranks) {
       stats.memfds += static_cast<std::size_t>(
-          std::count_if(rank.slots.begin(), rank.slots.end(), [](const Slot& slot) { return slot.fd.valid(); }));
+          std::count_if(rank.slots.begin(), rank.slots.end(), [](const Slot& slot) { return slot.memory != nullptr; }));
       if (rank.plane) ++stats.memfds;  // the session segment
     }
   }

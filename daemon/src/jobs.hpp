@@ -15,30 +15,26 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data_plane.hpp"
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/daemon/server.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/planner/unit_plan.hpp"
-#include "data_plane.hpp"
+#include "dbuffer_memory.hpp"
 #include "group_layout.hpp"
 #include "memory_budget.hpp"
 #include "session.hpp"
 
 namespace dbuf::daemon {
 
-/// One rank's memory of a registered group: its shard and sharded gradient.
-struct ShardFile {
-  UniqueFd fd;
-  std::uint64_t bytes = 0;
-};
-
 struct GroupState {
   std::uint32_t id = 0;
   ipc::RegisterGroup spec;
-  ipc::GroupReady reply;          // the same for every rank, fd aside
-  std::vector<ShardFile> shards;  // per rank
-  std::vector<Mapping> shard_maps;  // per rank: the daemon's view, for the data plane
+  ipc::GroupReady reply;  // the same for every rank, fd aside
+  /// Per rank: its shard and sharded gradient (sent to the rank, read and
+  /// written by the data plane).
+  std::vector<std::unique_ptr<DbufferMemory>> shards;
   GroupGeometry geometry;
   SlotLayout slot_layout;
 };
@@ -55,20 +51,19 @@ struct PendingGroup {
   std::unique_ptr<asio::steady_timer> timer;
 };
 
-/// One unsharded slot of a rank's pool: a memfd mapped by the trainer while
-/// a group holds it; released slots keep their pages for the next group.
+/// One unsharded slot of a rank's pool: mapped by the trainer while a group
+/// holds it; released slots keep their memory for the next group.
 struct Slot {
-  UniqueFd fd;
-  Mapping mapping;  // the daemon's view, for the data plane
-  std::uint64_t bytes = 0;
+  std::unique_ptr<DbufferMemory> memory;  // null until first used
+  std::uint64_t bytes = 0;                // asked for and charged to the tenant
   std::optional<std::uint32_t> group;
 };
 
 struct RankState {
-  std::shared_ptr<Session> session;    // null while detached
+  std::shared_ptr<Session> session;     // null while detached
   std::unique_ptr<SessionPlane> plane;  // the session's rings
-  std::vector<Slot> slots;             // prefetch_depth + 1
-  OpQueue ops;                         // collectives waiting for the other ranks
+  std::vector<Slot> slots;              // prefetch_depth + 1
+  OpQueue ops;                          // collectives waiting for the other ranks
   /// Collectives this rank missed (they timed out without it): its next
   /// submissions fail with these messages, so its k-th op stays the others' k-th.
   std::deque<std::string> owed;
@@ -161,6 +156,7 @@ class JobTable {
   const Config& config_;
   std::uint64_t instance_id_;
   MemoryBudget budget_;
+  std::unique_ptr<DbufferAllocator> allocator_;  // where shards and slots live (the backend's memory)
   DataPlane data_plane_;
   std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
   std::size_t next_job_turn_ = 0;  // round-robin start for fairness

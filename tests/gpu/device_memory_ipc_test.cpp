@@ -14,44 +14,16 @@
 #include <vector>
 
 #include "dbuf/gpu/device_memory.hpp"
+#include "forked_pair.hpp"
 
 namespace dbuf::gpu {
 namespace {
 
-constexpr int kNoGpu = 77;
+using testing::kNoGpu;
+using testing::receiveFd;
+using testing::sendFd;
 constexpr unsigned char kFromDaemon = 0xab;
 constexpr unsigned char kFromTrainer = 0xcd;
-
-bool sendFd(int socket, int fd, std::uint64_t size) {
-  iovec iov{&size, sizeof size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-  return sendmsg(socket, &msg, 0) == static_cast<ssize_t>(sizeof size);
-}
-
-bool receiveFd(int socket, int& fd, std::uint64_t& size) {
-  iovec iov{&size, sizeof size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  if (recvmsg(socket, &msg, 0) != static_cast<ssize_t>(sizeof size)) return false;
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) return false;
-  std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-  return true;
-}
 
 bool gpuPresent() {
   int count = 0;
@@ -108,31 +80,8 @@ int trainerSide(int socket) {
   return write(socket, &done, 1) == 1 ? 0 : 17;
 }
 
-int exitCode(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
-
 TEST(DeviceMemoryIpc, ATrainerProcessMapsTheDaemonsAllocationByFd) {
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sockets), 0);
-  // Each child closes the other's end, so a child that fails early shows as
-  // EOF to the other instead of leaving it blocked forever.
-  const pid_t daemon = fork();
-  if (daemon == 0) {
-    close(sockets[1]);
-    _exit(daemonSide(sockets[0]));
-  }
-  const pid_t trainer = fork();
-  if (trainer == 0) {
-    close(sockets[0]);
-    _exit(trainerSide(sockets[1]));
-  }
-  close(sockets[0]);
-  close(sockets[1]);
-  const int daemon_code = exitCode(daemon);
-  const int trainer_code = exitCode(trainer);
+  const auto [daemon_code, trainer_code] = testing::runForkedPair(daemonSide, trainerSide);
   if (daemon_code == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
   EXPECT_EQ(daemon_code, 0) << "daemon side failed at step " << daemon_code;
   EXPECT_EQ(trainer_code, 0) << "trainer side failed at step " << trainer_code;

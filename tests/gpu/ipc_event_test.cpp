@@ -13,12 +13,13 @@
 
 #include <chrono>
 
+#include "forked_pair.hpp"
 #include "spin_kernel.hpp"
 
 namespace dbuf::gpu {
 namespace {
 
-constexpr int kNoGpu = 77;
+using testing::kNoGpu;
 constexpr unsigned long long kSpinNs = 1'000'000'000ULL;  // 1 s of producer work
 
 bool gpuPresent() {
@@ -65,30 +66,8 @@ int consumer(int socket) {
   return waited > std::chrono::milliseconds(500) ? 0 : 18;
 }
 
-int exitCode(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
-
 TEST(IpcEvent, AConsumersStreamWaitsForTheProducersRecordedWork) {
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  // Each child closes the other's end (an early failure is EOF, not a hang).
-  const pid_t p = fork();
-  if (p == 0) {
-    close(sockets[1]);
-    _exit(producer(sockets[0]));
-  }
-  const pid_t c = fork();
-  if (c == 0) {
-    close(sockets[0]);
-    _exit(consumer(sockets[1]));
-  }
-  close(sockets[0]);
-  close(sockets[1]);
-  const int producer_code = exitCode(p);
-  const int consumer_code = exitCode(c);
+  const auto [producer_code, consumer_code] = testing::runForkedPair(producer, consumer);
   if (producer_code == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
   EXPECT_EQ(producer_code, 0) << "producer failed at step " << producer_code;
   EXPECT_EQ(consumer_code, 0) << "consumer failed at step " << consumer_code << " (18: did not wait)";
