@@ -48,6 +48,10 @@ constexpr bool validWireError(WireError code) noexcept {
          raw <= static_cast<std::uint16_t>(WireError::kInternal);
 }
 
+constexpr bool validMemoryKind(MemoryKind kind) noexcept {
+  return kind == MemoryKind::kHost || kind == MemoryKind::kCuda;
+}
+
 // ------------------------------------------------------- message <-> type
 // Message alternatives are declared in MessageType order, so the type of
 // alternative i is i + 1; the static_asserts pin that down.
@@ -126,6 +130,8 @@ void fields(Io& io, M& m) {
   io.integer("segment_bytes", m.segment_bytes);
   io.integer("busy_poll_us", m.busy_poll_us);
   io.boolean("reattached", m.reattached);
+  io.enumeration("memory_kind", m.memory_kind, &validMemoryKind);
+  io.integer("device", m.device);
 }
 
 template <typename Io, MessageOf<ErrorReply> M>

@@ -33,10 +33,9 @@ ipc::RegisterGroup toWire(const GroupSpec& spec) {
 
 /// Checks that the regions the daemon described fit in the file it sent:
 /// never trust sizes from across a process boundary either.
-Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::Region> regions, int fd) {
-  auto actual = fileSize(fd);
-  if (!actual) return std::move(actual).error();
-  if (*actual < file_bytes) return makeError(ErrorCode::kInternal, "dbufd sent a file smaller than announced");
+/// The regions dbufd described lie inside the memory it announced (the
+/// memory's own size is checked when it is mapped).
+Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::Region> regions) {
   for (const ipc::Region& region : regions) {
     if (region.offset > file_bytes || region.bytes > file_bytes - region.offset) {
       return makeError(ErrorCode::kInternal, "dbufd described a region outside its file");
@@ -67,10 +66,11 @@ struct Group::State {
   DType sharded_dtype = DType::kF32;
   DType unsharded_dtype = DType::kBF16;
   std::uint32_t rank = 0;
-  Mapping shard;  // whole shard file
+  DbufferMapping shard;  // whole shard file
   ipc::Region sharded;
   ipc::Region sharded_grad;
-  Mapping slot;  // while unsharded
+  DbufferMapping slot;       // while unsharded
+  ReservedRange slot_range;  // cuda: keeps the slot's address across reshard / unshard
   ipc::Region slot_params;
   ipc::Region slot_grads;
   ipc::Region slot_scales;
@@ -81,8 +81,8 @@ struct Group::State {
     ipc::Submission entry;
     entry.group_id = plan.group_id;
     entry.op = static_cast<std::uint8_t>(op);
-    entry.reduce = static_cast<std::uint8_t>(reduce.mode == ReduceMode::kAvg ? ipc::ReduceMode::kAvg
-                                                                            : ipc::ReduceMode::kSum);
+    entry.reduce =
+        static_cast<std::uint8_t>(reduce.mode == ReduceMode::kAvg ? ipc::ReduceMode::kAvg : ipc::ReduceMode::kSum);
     entry.flags = reduce.accumulate ? ipc::kFlagAccumulate : 0;
     entry.root = root;
     entry.pre_scale = reduce.pre_scale;
@@ -204,9 +204,10 @@ Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout
     return makeError(ErrorCode::kInternal, "dbufd answered AcquireSlot with something else");
   }
   const int fd = reply->fds.front().get();
-  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}, fd); !ok)
+  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}); !ok) {
     return ok;
-  auto mapping = Mapping::map(fd, granted->slot_file_bytes);
+  }
+  auto mapping = DbufferMapping::map(state_->connection->memory, fd, granted->slot_file_bytes, &state_->slot_range);
   if (!mapping) return std::move(mapping).error();
   state_->slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
   state_->slot_params = granted->params;
@@ -270,6 +271,7 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   connection_->rank = options.rank;
   connection_->reattached = welcome->reattached;
   connection_->instance_id = welcome->daemon_instance_id;
+  connection_->memory = {welcome->memory_kind, welcome->device};
   return {};
 }
 
@@ -289,9 +291,8 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
     return makeError(ErrorCode::kInternal, "dbufd answered RegisterGroup with something else");
   }
   const int fd = reply->fds.front().get();
-  if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}, fd); !ok)
-    return ok.error();
-  auto mapping = Mapping::map(fd, ready->shard_file_bytes);
+  if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}); !ok) return ok.error();
+  auto mapping = DbufferMapping::map(connection_->memory, fd, ready->shard_file_bytes);
   if (!mapping) return std::move(mapping).error();
   auto state = std::make_unique<Group::State>();
   state->connection = connection_;

@@ -241,8 +241,8 @@ Result<void> Connection::drain(std::uint32_t group_id, std::optional<std::chrono
     auto arrived = awaitCompletion(deadline);
     if (!arrived) return std::move(arrived).error();
     if (!*arrived) {
-      return makeError(ErrorCode::kTimeout, std::to_string(left) + " ops of group " + std::to_string(group_id) +
-                                                " still in flight");
+      return makeError(ErrorCode::kTimeout,
+                       std::to_string(left) + " ops of group " + std::to_string(group_id) + " still in flight");
     }
   }
 }

@@ -16,6 +16,7 @@
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/ring.hpp"
 #include "dbuf/ipc/socket.hpp"
+#include "dbuffer_mapping.hpp"
 
 namespace dbuf {
 
@@ -50,6 +51,7 @@ class Connection {
   // Filled by attach().
   std::uint32_t rank = 0;
   std::uint64_t instance_id = 0;
+  MemorySite memory;  ///< where the daemon puts this session's DBuffers
   bool attached = false;
   bool reattached = false;
 

@@ -151,14 +151,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x02, 0x00,                                      // version 2 (session segment, collectives)
+      0x03, 0x00,                                      // version 3 (memory kind)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 2, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 3, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -187,8 +187,8 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
 }
 
 TEST(ProtocolRoundTrip, PayloadLayoutOfWelcome) {
-  // Protocol 2 put the data-plane fields before `reattached`, which stays the
-  // last byte on the wire.
+  // Protocol 2 put the data-plane fields before `reattached`; protocol 3
+  // appended the memory kind and the device.
   Welcome welcome;
   welcome.nonce = 0x1111111111111111ULL;
   welcome.daemon_instance_id = 0x2222222222222222ULL;
@@ -199,6 +199,8 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfWelcome) {
   welcome.segment_bytes = 0x0A0B0C0D0E0F1011ULL;
   welcome.busy_poll_us = 0x21222324U;
   welcome.reattached = true;
+  welcome.memory_kind = MemoryKind::kCuda;
+  welcome.device = 0x31323334;
   const auto expected = Bytes()
                             .u64(0x1111111111111111ULL)
                             .u64(0x2222222222222222ULL)
@@ -209,6 +211,8 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfWelcome) {
                             .u64(0x0A0B0C0D0E0F1011ULL)
                             .u32(0x21222324U)
                             .u8(1)
+                            .u8(1)
+                            .u32(0x31323334U)
                             .get();
   EXPECT_EQ(payloadOf(welcome), expected);
   auto decoded = decodePayload(MessageType::kWelcome, expected);
@@ -241,7 +245,7 @@ TEST(ProtocolRoundTrip, WelcomeDataPlaneFieldsRoundTripEachOnItsOwn) {
   ASSERT_NE(sample.busy_poll_us, Welcome{}.busy_poll_us);
   auto frame = encodeFrame(sample, 9);
   ASSERT_TRUE(frame.ok()) << frame.error().message;
-  EXPECT_EQ(frame->size(), kHeaderBytes + std::size_t{5} * 8 + 4 + 8 + 4 + 1);
+  EXPECT_EQ(frame->size(), kHeaderBytes + std::size_t{5} * 8 + 4 + 8 + 4 + 1 + 1 + 4);
   auto decoded = decodePayload(MessageType::kWelcome, std::span(*frame).subspan(kHeaderBytes));
   ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   EXPECT_EQ(*decoded, Message(sample));
@@ -294,9 +298,11 @@ TEST(ProtocolHeader, BadMagicIsRejected) {
 }
 
 TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
-  // 1 is the version before the data plane: its Welcome has no session
-  // segment fields, so it must be refused as a version, not half-decoded.
-  for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{3}, std::uint16_t{0xFFFF}}) {
+  // 1 is the version before the data plane, 2 the one before the memory
+  // kind: their Welcomes lack fields, so they must be refused as a version,
+  // not half-decoded.
+  for (const std::uint16_t version :
+       {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{4}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;
@@ -387,8 +393,15 @@ TEST(ProtocolPayload, BoolMustBeZeroOrOne) {
               "Hello.persistent: bool byte " + std::to_string(value) + " is neither 0 nor 1");
   }
   auto welcome = payloadOf(Welcome{1, 2, 3, 4, 5, false});
-  welcome.back() = std::byte{7};
+  welcome[welcome.size() - 6] = std::byte{7};  // reattached, before the memory kind (1) and device (4)
   EXPECT_EQ(decodeError(MessageType::kWelcome, welcome), "Welcome.reattached: bool byte 7 is neither 0 nor 1");
+}
+
+TEST(ProtocolPayload, UnknownMemoryKindIsRejected) {
+  auto welcome = payloadOf(Welcome{});
+  welcome[welcome.size() - 5] = std::byte{2};  // memory_kind, before the 4-byte device
+  EXPECT_NE(decodeError(MessageType::kWelcome, welcome).find("memory_kind"), std::string::npos)
+      << decodeError(MessageType::kWelcome, welcome);
 }
 
 TEST(ProtocolPayload, StringTooLongIsRejectedOnBothSides) {

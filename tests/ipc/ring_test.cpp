@@ -656,8 +656,7 @@ TEST(RingMessages, LongMessageIsCutToTheSlot) {
   EXPECT_EQ(c.message_bytes, kCompletionMessageBytes);
   // The slot's end says it was cut.
   const std::string cut = " [...]";
-  EXPECT_EQ(std::string(buffer.data(), bytes),
-            long_message.substr(0, kCompletionMessageBytes - cut.size()) + cut);
+  EXPECT_EQ(std::string(buffer.data(), bytes), long_message.substr(0, kCompletionMessageBytes - cut.size()) + cut);
   EXPECT_EQ(buffer[kCompletionMessageBytes], '#');  // nothing past the slot
   // The next slot was not touched by the overlong message.
   daemon.complete(completionFor(2), "x");

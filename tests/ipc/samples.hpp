@@ -85,6 +85,8 @@ inline Welcome sampleWelcome() {
   welcome.ring_capacity = 0x00010000U;            // kMaxRingCapacity
   welcome.segment_bytes = 0x0102030405060708ULL;  // all 8 bytes matter
   welcome.busy_poll_us = 0xA1B2C3D4U;
+  welcome.memory_kind = MemoryKind::kCuda;
+  welcome.device = 0x01020304;
   return welcome;
 }
 

@@ -243,7 +243,7 @@ TEST(Socket, MalformedHeaderAndPayloadAreReportedAndLeakNoFds) {
     ASSERT_TRUE(memfd.ok());
     const int raw = memfd->get();
     auto frame = frameOf(Welcome{1, 2, 3, 4, 5, true});
-    frame.back() = std::byte{3};  // bad bool
+    frame[frame.size() - 6] = std::byte{3};  // bad bool: reattached, before the memory kind and device
     ASSERT_TRUE(sendAll(pair.a.get(), frame, std::span(&raw, 1), in(1s)).ok());
     auto received = receiveMessage(pair.b.get(), in(1s));
     ASSERT_FALSE(received.ok());

@@ -31,8 +31,8 @@
 
 namespace dbuf::ipc {
 
-inline constexpr std::uint32_t kMagic = 0x46554244;  // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: session segment, collectives
+inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 3;  // 2: session segment, collectives; 3: memory kind
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
@@ -99,6 +99,12 @@ struct Hello {
   friend bool operator==(const Hello&, const Hello&) = default;
 };
 
+/// Where a session's DBuffers live, and so what the group and slot fds are.
+enum class MemoryKind : std::uint8_t {
+  kHost = 0,  ///< memfds: mmap them
+  kCuda = 1,  ///< CUDA VMM allocations exported as POSIX fds: import and map them on Welcome::device
+};
+
 struct Welcome {
   std::uint64_t nonce = 0;  ///< echo of Hello::nonce
   std::uint64_t daemon_instance_id = 0;
@@ -110,7 +116,9 @@ struct Welcome {
   // segment (segment_bytes long) and the eventfd that wakes the daemon.
   std::uint32_t ring_capacity = 0;
   std::uint64_t segment_bytes = 0;
-  std::uint32_t busy_poll_us = 0;  ///< how long to spin before sleeping
+  std::uint32_t busy_poll_us = 0;              ///< how long to spin before sleeping
+  MemoryKind memory_kind = MemoryKind::kHost;  ///< what the group and slot fds are
+  std::int32_t device = 0;                     ///< kCuda: the GPU holding this rank's memory
   friend bool operator==(const Welcome&, const Welcome&) = default;
 };
 
