@@ -49,11 +49,7 @@ bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
 
 }  // namespace
 
-DataPlane::DataPlane(asio::io_context& io, const Config& config)
-    : io_(io),
-      config_(config),
-      scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
-      timeout_timer_(io) {}
+DataPlane::DataPlane(asio::io_context& io, const Config& config) : io_(io), config_(config), timeout_timer_(io) {}
 
 SessionPlane::~SessionPlane() {
   if (doorbell) {
@@ -157,22 +153,26 @@ void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion&
 std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   if (collectives.running) {
-    // One turn: steps until about kTurnBytes are written, so that a small op
-    // (many tiny steps) is not charged a whole pass per step.
-    const std::uint64_t budget_end = collectives.op.bytesWritten() + kTurnBytes;
-    while (collectives.op.bytesWritten() < budget_end) {
-      auto stepped = collectives.op.step();
-      if (!stepped) {
-        finish(job, status(ipc::WireError::kInternal),
-               describe(job, job.ranks.front().ops.front().submission) +
-                   " failed in the daemon: " + stepped.error().message,
-               SteadyClock::now());
-        break;
+    if (!collectives.draining) {
+      // One turn: steps until about kTurnBytes are written, so that a small op
+      // (many tiny steps) is not charged a whole pass per step. (On a GPU a
+      // step only queues its kernels.)
+      const std::uint64_t budget_end = collectives.op.bytesWritten() + kTurnBytes;
+      while (collectives.op.bytesWritten() < budget_end) {
+        auto stepped = collectives.op.step();
+        if (!stepped) return failRunning(job, stepped.error());
+        if (*stepped) {
+          if (auto queued = collectives.executor->queued(); !queued) return failRunning(job, queued.error());
+          collectives.draining = true;
+          break;
+        }
       }
-      if (*stepped) {
-        finish(job, kOk, {}, SteadyClock::now());
-        break;
-      }
+    }
+    if (collectives.draining) {
+      // Polled, never waited for: while a GPU runs the op, every pass looks.
+      auto done = collectives.executor->done();
+      if (!done) return failRunning(job, done.error());
+      if (*done) finish(job, kOk, {}, SteadyClock::now());
     }
     return 1;
   }
@@ -180,6 +180,14 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
       std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) { return !rank.ops.empty(); });
   if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
   start(job, now);
+  return 1;
+}
+
+std::size_t DataPlane::failRunning(Job& job, const Error& error) {
+  job.collectives.executor->quiesce();  // nothing of the failed op may still be running
+  finish(job, status(ipc::WireError::kInternal),
+         describe(job, job.ranks.front().ops.front().submission) + " failed in the daemon: " + error.message,
+         SteadyClock::now());
   return 1;
 }
 
@@ -198,7 +206,7 @@ void DataPlane::start(Job& job, SteadyClock::time_point now) {
   }
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
   collectives.op = LocalCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
-                                   {scratch_.get(), LocalCollective::kStepElements}, runner_);
+                                   collectives.executor->scratch(), collectives.executor->runner());
   collectives.running = true;
 }
 
@@ -285,6 +293,7 @@ void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message,
     completeOne(job, r, completion, message);
   }
   collectives.running = false;
+  collectives.draining = false;
   collectives.finished = now;
   ++collectives.next_sequence;
 }
@@ -326,10 +335,13 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   RankState& gone = job.ranks[rank];
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
+  // Queued GPU work may still touch the rank's memory, which goes next.
+  if (job.collectives.executor) job.collectives.executor->quiesce();
   gone.ops.clear();
   gone.owed.clear();
   gone.plane.reset();
   job.collectives.running = false;
+  job.collectives.draining = false;
   const std::string message =
       "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
       (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) + " was running"

@@ -19,6 +19,7 @@
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/ring.hpp"
+#include "executor.hpp"
 #include "local_collective.hpp"
 
 namespace dbuf::daemon {
@@ -94,8 +95,10 @@ class OpQueue {
 
 /// A job's collective state.
 struct JobCollectives {
-  std::uint64_t next_sequence = 0;  ///< index of the next collective to match
-  bool running = false;             ///< `op` is executing
+  std::uint64_t next_sequence = 0;     ///< index of the next collective to match
+  bool running = false;                ///< `op` is executing
+  bool draining = false;               ///< `op` is all queued; waiting for the executor to finish it
+  std::unique_ptr<Executor> executor;  ///< where the job's collectives run (host or GPU)
   LocalCollective op;
   CollectiveArgs args;
   std::uint32_t group_id = 0;
@@ -141,6 +144,9 @@ class DataPlane {
   void finish(Job& job, std::uint16_t status, const std::string& message, SteadyClock::time_point now);
   /// Fails the front op of every rank that has one, with `message`.
   void failFronts(Job& job, std::uint16_t status, const std::string& message);
+  /// The running op failed (in a step, or on the GPU): waits out its queued
+  /// work, fails it on every rank. Returns the work done (1).
+  std::size_t failRunning(Job& job, const Error& error);
   /// Fails the waiting ranks' next op if it waited too long; true if it did.
   bool checkTimeout(Job& job, SteadyClock::time_point now);
   /// Why the matched fronts cannot run (empty: they can); fills job.collectives.
@@ -154,10 +160,6 @@ class DataPlane {
 
   asio::io_context& io_;
   const Config& config_;
-  // fp32 reduction scratch of LocalCollective::kStepElements, left
-  // uninitialised so its pages cost nothing until a reduction touches them.
-  std::unique_ptr<float[]> scratch_;
-  kernels::CpuRunner runner_{kernels::Options{kernels::defaultThreads()}};  // the host backend's kernels
   asio::steady_timer timeout_timer_;
   SteadyClock::time_point armed_deadline_ = SteadyClock::time_point::max();
 };

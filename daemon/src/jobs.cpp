@@ -152,6 +152,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
     job.collectives.buffers.resize(hello.world_size);
     job.collectives.grad_sources.resize(hello.world_size);
+    job.collectives.executor = hostExecutor();
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
     job_order_.push_back(created);
     return created;

@@ -20,14 +20,13 @@ class MemoryBudget {
   [[nodiscard]] Result<void> charge(std::size_t tenant, std::uint64_t bytes, const std::string& what) {
     const std::uint64_t quota = tenants_[tenant].memory_quota_bytes;
     if (bytes > quota - used_[tenant]) {
-      return makeError(ErrorCode::kInfeasible,
-                       what + " needs " + std::to_string(bytes) + " bytes but tenant '" + tenants_[tenant].name +
-                           "' has " + std::to_string(quota - used_[tenant]) + " of its " + std::to_string(quota) +
-                           "-byte quota left");
+      return makeError(ErrorCode::kInfeasible, what + " needs " + std::to_string(bytes) + " bytes but tenant '" +
+                                                   tenants_[tenant].name + "' has " +
+                                                   std::to_string(quota - used_[tenant]) + " of its " +
+                                                   std::to_string(quota) + "-byte quota left");
     }
     if (bytes > daemon_limit_ - total_) {
-      return makeError(ErrorCode::kInfeasible, what + " needs " + std::to_string(bytes) +
-                                                   " bytes but the daemon has " +
+      return makeError(ErrorCode::kInfeasible, what + " needs " + std::to_string(bytes) + " bytes but the daemon has " +
                                                    std::to_string(daemon_limit_ - total_) + " of its " +
                                                    std::to_string(daemon_limit_) + "-byte memory limit left");
     }
