@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <span>
@@ -27,7 +28,8 @@ constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
 constexpr std::int64_t kMaxId = std::int64_t{std::numeric_limits<std::uint32_t>::max()} - 1;  // (uid_t)-1 means "none"
 
 constexpr std::array<std::string_view, 5> kRootKeys{"daemon", "rings", "timeouts", "persistence", "tenant"};
-constexpr std::array<std::string_view, 4> kDaemonKeys{"socket", "backend", "log_level", "memory_limit"};
+constexpr std::array<std::string_view, 5> kDaemonKeys{"socket", "backend", "log_level", "memory_limit",
+                                                      "virtual_ranks"};
 constexpr std::array<std::string_view, 2> kRingKeys{"entries", "busy_poll_us"};
 constexpr std::array<std::string_view, 3> kTimeoutKeys{"handshake_ms", "register_ms", "collective_ms"};
 constexpr std::array<std::string_view, 1> kPersistenceKeys{"grace_period_s"};
@@ -249,6 +251,8 @@ class Reader {
         }
       } else if (key == "memory_limit") {
         if (auto bytes = size(node, path)) config.memory_limit_bytes = *bytes;
+      } else if (key == "virtual_ranks") {
+        if (auto v = integer(node, path, 0, kMaxVirtualRanks)) config.virtual_ranks = static_cast<std::uint32_t>(*v);
       } else {
         unknownKey(key, path, kDaemonKeys);
       }
@@ -556,6 +560,16 @@ Result<void> applyOverrides(Config& config, const ConfigOverrides& overrides) {
     Result<Backend> backend = parseBackend(*overrides.backend);
     if (!backend) return std::move(backend).error().withContext("--backend");
     updated.backend = *backend;
+  }
+  if (overrides.virtual_ranks) {
+    const std::string& text = *overrides.virtual_ranks;
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value < 0 || value > kMaxVirtualRanks) {
+      return invalid("--virtual-ranks: expected a whole number from 0 to " + std::to_string(kMaxVirtualRanks) +
+                     ", got " + quoted(text));
+    }
+    updated.virtual_ranks = static_cast<std::uint32_t>(value);
   }
   config = std::move(updated);
   return {};

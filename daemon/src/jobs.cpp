@@ -28,7 +28,7 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       config_(config),
       instance_id_(instance_id),
       budget_(config.tenants, config.memory_limit_bytes),
-      allocator_(hostAllocator()),  // dbufd serves host memory only (main refuses --backend cuda)
+      allocator_(hostAllocator()),
       data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -131,6 +131,8 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   welcome.ring_capacity = config_.ring_entries;
   welcome.segment_bytes = ipc::segmentBytes(config_.ring_entries);
   welcome.busy_poll_us = static_cast<std::uint32_t>(config_.busy_poll.count());
+  welcome.memory_kind = config_.backend == Backend::kCuda ? ipc::MemoryKind::kCuda : ipc::MemoryKind::kHost;
+  welcome.device = attached.device;
   session->send(welcome, request, {rank.plane->segment_fd.get(), rank.plane->doorbell->native_handle()});
   spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
                session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
@@ -143,16 +145,20 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
       return makeError(ErrorCode::kInfeasible, "tenant '" + config_.tenants[tenant].name + "' already runs " +
                                                    std::to_string(config_.tenants[tenant].max_jobs) + " jobs");
     }
+    if (auto fits = fitsTheBackend(hello); !fits) return std::move(fits).error();
+    auto executor = executorFor(hello.device);
+    if (!executor) return std::move(executor).error();
     Job job;
     job.id = hello.job_id;
     job.tenant = tenant;
+    job.device = hello.device;
     job.world_size = hello.world_size;
     job.persistent = hello.persistent;
     job.ranks.resize(hello.world_size);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
     job.collectives.buffers.resize(hello.world_size);
     job.collectives.grad_sources.resize(hello.world_size);
-    job.collectives.executor = hostExecutor();
+    job.collectives.executor = std::move(*executor);
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
     job_order_.push_back(created);
     return created;
@@ -175,6 +181,12 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
                                                       std::to_string(job.world_size) + ", not " +
                                                       std::to_string(hello.world_size));
   }
+  if (config_.backend == Backend::kCuda && hello.device != job.device) {
+    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
+                                                      "' is on GPU " + std::to_string(hello.device) +
+                                                      " but the job's ranks share GPU " + std::to_string(job.device) +
+                                                      " (virtual ranks)");
+  }
   const RankState& rank = job.ranks[hello.rank];
   if (rank.session) {
     return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
@@ -187,6 +199,43 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   }
   job.gone.erase(hello.rank);
   return &job;
+}
+
+Result<void> JobTable::fitsTheBackend(const ipc::Hello& hello) const {
+  if (config_.backend != Backend::kCuda) return {};
+  // The cuda backend runs a job's collectives as its own kernels on one GPU
+  // (virtual ranks); one rank per GPU needs the NCCL path, not in dbufd yet.
+  if (hello.world_size > 1 && hello.world_size > config_.virtual_ranks) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "job '" + hello.job_id + "' has " + std::to_string(hello.world_size) +
+                         " ranks: with the cuda backend a job's ranks share one GPU, and this dbufd allows " +
+                         std::to_string(config_.virtual_ranks) + " per GPU (--virtual-ranks)");
+  }
+  if (hello.device < 0) {
+    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + hello.job_id +
+                                                      "' names no GPU (device -1) but dbufd serves GPU memory");
+  }
+  return {};
+}
+
+Result<std::unique_ptr<Executor>> JobTable::executorFor(std::int32_t device) const {
+#if defined(DBUF_WITH_CUDA)
+  if (config_.backend == Backend::kCuda) return cudaExecutor(device);
+#endif
+  static_cast<void>(device);
+  return hostExecutor();
+}
+
+DbufferAllocator& JobTable::allocatorFor(const Job& job) {
+#if defined(DBUF_WITH_CUDA)
+  if (config_.backend == Backend::kCuda) {
+    std::unique_ptr<DbufferAllocator>& allocator = gpu_allocators_[job.device];
+    if (!allocator) allocator = cudaAllocator(job.device);
+    return *allocator;
+  }
+#endif
+  static_cast<void>(job);
+  return *allocator_;
 }
 
 void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request,
@@ -296,8 +345,8 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   }
   job.charged += bytes;
   for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
-    auto memory = allocator_->allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
-                                       group.reply.shard_file_bytes);
+    auto memory = allocatorFor(job).allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
+                                             group.reply.shard_file_bytes);
     if (!memory) {
       budget_.release(job.tenant, bytes);
       job.charged -= bytes;
@@ -382,7 +431,7 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
   if (auto charged = budget_.charge(job.tenant, bytes, "unsharded slot for group '" + group + "'"); !charged) {
     return charged;
   }
-  auto memory = allocator_->allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
+  auto memory = allocatorFor(job).allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
   if (!memory) {
     budget_.release(job.tenant, bytes);
     return std::move(memory).error();

@@ -73,6 +73,7 @@ struct Job {
   std::string id;
   std::size_t tenant = 0;
   std::uint32_t world_size = 1;
+  std::int32_t device = -1;  ///< cuda backend: the GPU every rank's memory is on
   bool persistent = false;
   std::vector<RankState> ranks;
   std::map<std::string, GroupState> groups;  // by name
@@ -135,6 +136,11 @@ class JobTable {
   void handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
 
   Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
+  /// Whether a new job fits the backend (cuda: its ranks share one GPU).
+  [[nodiscard]] Result<void> fitsTheBackend(const ipc::Hello& hello) const;
+  [[nodiscard]] Result<std::unique_ptr<Executor>> executorFor(std::int32_t device) const;
+  /// Where a job's shards and slots are made: host memory, or its GPU's.
+  DbufferAllocator& allocatorFor(const Job& job);
   void completeRegistration(Job& job, const std::string& name);
   Result<GroupState> buildGroup(Job& job, const ipc::RegisterGroup& spec);
   /// True (and the rank is told) if `name` failed on a spec mismatch this
@@ -156,7 +162,8 @@ class JobTable {
   const Config& config_;
   std::uint64_t instance_id_;
   MemoryBudget budget_;
-  std::unique_ptr<DbufferAllocator> allocator_;  // where shards and slots live (the backend's memory)
+  std::unique_ptr<DbufferAllocator> allocator_;                               // host memory (the host backend)
+  std::map<std::int32_t, std::unique_ptr<DbufferAllocator>> gpu_allocators_;  // cuda backend: per GPU
   DataPlane data_plane_;
   std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
   std::size_t next_job_turn_ = 0;  // round-robin start for fairness

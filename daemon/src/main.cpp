@@ -21,7 +21,7 @@ using dbuf::daemon::Config;
 
 constexpr const char* kUsage =
     "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
-    "             [--backend host|cuda|auto]\n";
+    "             [--backend host|cuda|auto] [--virtual-ranks N]\n";
 
 struct Flags {
   std::optional<std::string> config;
@@ -32,11 +32,12 @@ std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::strin
   Flags flags;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
-    std::optional<std::string>* target = flag == "--config"      ? &flags.config
-                                         : flag == "--socket"    ? &flags.overrides.socket_path
-                                         : flag == "--log-level" ? &flags.overrides.log_level
-                                         : flag == "--backend"   ? &flags.overrides.backend
-                                                                 : nullptr;
+    std::optional<std::string>* target = flag == "--config"          ? &flags.config
+                                         : flag == "--socket"        ? &flags.overrides.socket_path
+                                         : flag == "--log-level"     ? &flags.overrides.log_level
+                                         : flag == "--backend"       ? &flags.overrides.backend
+                                         : flag == "--virtual-ranks" ? &flags.overrides.virtual_ranks
+                                                                     : nullptr;
     if (target == nullptr) {
       error = "unknown argument '" + flag + "'";
       return std::nullopt;
@@ -59,12 +60,6 @@ dbuf::Result<Config> layeredConfig(const Flags& flags) {
     config = std::move(*loaded);
   }
   if (auto applied = dbuf::daemon::applyOverrides(config, flags.overrides); !applied) return applied.error();
-  if (config.backend == dbuf::daemon::Backend::kCuda) {
-    // The GPU kernels, memory, ordering and NCCL layers exist (docs/gpu.md);
-    // the daemon does not serve GPU DBuffers with them yet.
-    return dbuf::makeError(dbuf::ErrorCode::kInvalidArgument,
-                           "backend \"cuda\": dbufd does not serve GPU DBuffers yet (docs/gpu.md); use host or auto");
-  }
   config.tenants = dbuf::daemon::effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
   return config;
 }

@@ -11,6 +11,7 @@
 #include <random>
 #include <unordered_map>
 
+#include "backend.hpp"
 #include "dbuf/daemon/lock_file.hpp"
 #include "jobs.hpp"
 #include "session.hpp"
@@ -246,6 +247,9 @@ class Server::Impl final : public SessionHandler {
 
 Result<std::unique_ptr<Server>> Server::create(Config config) {
   config.tenants = effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
+  auto backend = resolveBackend(config.backend);
+  if (!backend) return std::move(backend).error();
+  config.backend = *backend;
   auto lock = LockFile::acquire(config.socket_path);
   if (!lock) return std::move(lock).error();
   if (auto stale = removeStaleSocket(config.socket_path); !stale) return std::move(stale).error();

@@ -31,9 +31,9 @@ TEST(Config, ShippedFileSpellsOutEveryKey) {
   // "Documents every key with its default": each key is present (not only in
   // a comment), so the equality above checks the documented values.
   const toml::table root = toml::parse_file(kConfigDir + "/dbufd.toml");
-  for (const char* key : {"daemon.socket", "daemon.backend", "daemon.log_level", "daemon.memory_limit", "rings.entries",
-                          "rings.busy_poll_us", "timeouts.handshake_ms", "timeouts.register_ms",
-                          "timeouts.collective_ms", "persistence.grace_period_s"}) {
+  for (const char* key : {"daemon.socket", "daemon.backend", "daemon.log_level", "daemon.memory_limit",
+                          "daemon.virtual_ranks", "rings.entries", "rings.busy_poll_us", "timeouts.handshake_ms",
+                          "timeouts.register_ms", "timeouts.collective_ms", "persistence.grace_period_s"}) {
     EXPECT_TRUE(root.at_path(key)) << key;
   }
   // Tenants are commented out (the default is none); their keys are described.
@@ -67,6 +67,7 @@ socket = "/tmp/d.sock"
 backend = "auto"
 log_level = "debug"
 memory_limit = 4096
+virtual_ranks = 8
 
 [rings]
 entries = 16
@@ -97,6 +98,7 @@ gids = [0]
   expected.backend = Backend::kAuto;
   expected.log_level = LogLevel::kDebug;
   expected.memory_limit_bytes = 4096;
+  expected.virtual_ranks = 8;
   expected.ring_entries = 16;
   expected.busy_poll = std::chrono::microseconds{0};
   expected.handshake_timeout = std::chrono::milliseconds{1};
@@ -175,6 +177,7 @@ const BadFile kBadFiles[] = {
   {"bad_size_unit", "[daemon]\nmemory_limit = \"64GB2\"\n", 2, "daemon.memory_limit", "unknown unit"},
   {"negative_size", "[daemon]\nmemory_limit = -1\n", 2, "daemon.memory_limit", "negative size"},
   {"zero_size", "[daemon]\nmemory_limit = 0\n", 2, "daemon.memory_limit", "greater than zero"},
+  {"too_many_virtual_ranks", "[daemon]\nvirtual_ranks = 1025\n", 2, "daemon.virtual_ranks", "1024"},
   {"float_size", "[daemon]\nmemory_limit = 1.5\n", 2, "daemon.memory_limit", "expected a size"},
   {"size_overflow", "[daemon]\nmemory_limit = \"20000000TiB\"\n", 2, "daemon.memory_limit", "does not fit in 64 bits"},
   {"empty_socket", "[daemon]\nsocket = \"\"\n", 2, "daemon.socket", "socket path is empty"},
@@ -246,9 +249,11 @@ TEST(Config, FlagsOverrideTheFile) {
   ConfigOverrides flags;
   flags.socket_path = "/tmp/flag.sock";
   flags.backend = "cuda";
+  flags.virtual_ranks = "4";
   ASSERT_TRUE(applyOverrides(*config, flags).ok());
   EXPECT_EQ(config->socket_path, "/tmp/flag.sock");
   EXPECT_EQ(config->backend, Backend::kCuda);
+  EXPECT_EQ(config->virtual_ranks, 4U);
   EXPECT_EQ(config->log_level, LogLevel::kWarn);  // not given on the command line: the file's value
 }
 
@@ -267,6 +272,16 @@ TEST(Config, BadFlagNamesTheFlagAndChangesNothing) {
   applied = applyOverrides(config, flags);
   ASSERT_FALSE(applied.ok());
   EXPECT_EQ(applied.error().message, "--socket: socket path is empty");
+
+  for (const char* bad : {"", "-1", "1025", "4x", "two"}) {
+    flags = {};
+    flags.virtual_ranks = bad;
+    applied = applyOverrides(config, flags);
+    ASSERT_FALSE(applied.ok()) << bad;
+    EXPECT_EQ(applied.error().message.rfind("--virtual-ranks: expected a whole number from 0 to 1024", 0), 0U)
+        << applied.error().message;
+    EXPECT_EQ(config, Config{});
+  }
 }
 
 TEST(Config, EmptyTenantListAdmitsTheDaemonsUid) {

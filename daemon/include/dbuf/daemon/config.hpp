@@ -22,6 +22,7 @@ namespace dbuf::daemon {
 inline constexpr std::uint32_t kMinRingEntries = 16;
 inline constexpr std::uint32_t kMaxRingEntries = 65536;
 inline constexpr std::int64_t kMaxBusyPollUs = 100000;
+inline constexpr std::int64_t kMaxVirtualRanks = 1024;
 inline constexpr std::int64_t kMaxTimeoutMs = 3600000;  ///< timeouts are 1 ms .. 1 h
 inline constexpr std::int64_t kMaxGracePeriodS = 86400;
 inline constexpr std::uint32_t kMaxTenantJobs = 65536;
@@ -45,6 +46,10 @@ struct Tenant {
 struct Config {
   std::string socket_path = "/run/dbufd/dbufd.sock";
   Backend backend = Backend::kHost;
+  /// cuda backend: how many ranks of a job may share one GPU (their
+  /// collectives then run as the daemon's own kernels on that GPU); 0: one
+  /// rank per GPU.
+  std::uint32_t virtual_ranks = 0;
   LogLevel log_level = LogLevel::kInfo;
   std::uint64_t memory_limit_bytes = std::uint64_t{64} << 30;  ///< all tenants together
   std::uint32_t ring_entries = 1024;                           ///< per session ring capacity (power of two)
@@ -61,9 +66,10 @@ struct Config {
 
 /// Values given on the command line; each one set replaces the file's value.
 struct ConfigOverrides {
-  std::optional<std::string> socket_path;  ///< --socket
-  std::optional<std::string> log_level;    ///< --log-level
-  std::optional<std::string> backend;      ///< --backend
+  std::optional<std::string> socket_path;    ///< --socket
+  std::optional<std::string> log_level;      ///< --log-level
+  std::optional<std::string> backend;        ///< --backend
+  std::optional<std::string> virtual_ranks;  ///< --virtual-ranks
 };
 
 /// Parses TOML text; `source` names the file in error messages.
