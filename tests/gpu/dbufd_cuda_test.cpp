@@ -1,0 +1,133 @@
+// dbufd's cuda backend end to end: a real dbufd (--backend cuda
+// --virtual-ranks 2) and two real rank processes using libdbuf. Each rank
+// writes its fp32 shard in GPU memory, unshards (an all-gather with the cast
+// to bf16, run by the daemon's CUDA kernels), reads every gathered element
+// back, writes bf16 gradients, reduce-scatters them (avg, post-scale 2)
+// into its fp32 shard gradient and checks it, reshards and re-unshards (its
+// slot comes back at the same address), and detaches. Label `gpu`; skipped
+// when dbufd finds no usable GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dbuf/client.hpp"
+#include "dbuf/kernels/convert.hpp"
+#include "forked_pair.hpp"
+#include "support/child_process.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
+
+namespace dbuf {
+namespace {
+
+constexpr std::uint32_t kWorld = 2;
+
+std::string dbufdPath() {
+  // The GPU bundle runs its copies from bin/ (run exports DBUF_BIN_DIR).
+  if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/dbufd";  // NOLINT
+  return DBUFD_EXE;
+}
+
+GroupSpec layer() {
+  GroupSpec spec;
+  spec.name = "layer";
+  spec.tensors = {{"w", {64, 48}, "", -1}, {"b", {100}, "element", -1}};
+  spec.granularity = "rows:1";
+  spec.sharded_dtype = DType::kF32;
+  spec.unsharded_dtype = DType::kBF16;
+  return spec;
+}
+
+/// Small integers: exact in bf16, so the gathered bf16 copy is known exactly.
+float valueOf(std::size_t tensor, std::int64_t element) {
+  return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
+}
+
+template <typename T>
+bool upload(const TensorView& view, const std::vector<T>& host) {
+  return cudaMemcpy(view.base, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+}
+
+template <typename T>
+std::vector<T> download(const TensorView& view) {
+  std::vector<T> host(static_cast<std::size_t>(view.numel()));
+  if (cudaMemcpy(host.data(), view.base, host.size() * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) return {};
+  return host;
+}
+
+/// One rank; returns 0 or the step that failed.
+int rankMain(std::uint32_t rank, const std::string& socket) {
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  auto client = Client::connect({socket});
+  if (!client || !client->attach({"gpu-job", rank, kWorld, rank, 0})) return 3;
+  auto group = client->registerGroup(layer());
+  if (!group) return 4;
+  const std::size_t tensors = group->plan().tensors.size();
+  for (std::size_t t = 0; t < tensors; ++t) {
+    const TensorView shard = group->shardView(t);
+    std::vector<float> host(static_cast<std::size_t>(shard.numel()));
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = valueOf(t, shard.begin + static_cast<std::int64_t>(i));
+    if (!upload(shard, host)) return 5;
+  }
+  if (!group->unshard()) return 6;
+  std::byte* first_address = nullptr;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto full = group->unshardedView(t);
+    if (!full) return 7;
+    if (t == 0) first_address = full->base;
+    const auto got = download<std::uint16_t>(*full);
+    if (got.size() != static_cast<std::size_t>(full->numel())) return 8;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != kernels::floatToBf16(valueOf(t, static_cast<std::int64_t>(i)))) return 9;
+    }
+    auto grad = group->unshardedGradView(t);
+    if (!grad) return 10;
+    const std::vector<std::uint16_t> mine(static_cast<std::size_t>(grad->numel()),
+                                          kernels::floatToBf16(static_cast<float>(rank + 1)));
+    if (!upload(*grad, mine)) return 11;
+  }
+  if (!group->reduceScatter({ReduceMode::kAvg, 1.0F, 2.0F, false})) return 12;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    for (const float g : download<float>(group->shardGradView(t))) {
+      if (g != 3.0F) return 13;  // 2 * (1 + 2) / 2
+    }
+  }
+  if (!group->reshard() || !group->unshard()) return 14;
+  auto again = group->unshardedView(0);
+  if (!again || again->base != first_address) return 15;  // the slot came back at the same address
+  if (!group->reshard() || !client->detach()) return 16;
+  return 0;
+}
+
+TEST(DbufdCuda, VirtualRanksGatherAndReduceScatterThroughTheDaemonOnTheGpu) {
+  testing::TempDir dir("dbuf-gpu");
+  const std::string socket = dir.path("dbufd.sock");
+  const std::string log = dir.path("dbufd.log");
+  testing::Child::Options options;
+  options.stderr_path = log;
+  testing::Child daemon(dbufdPath(), {"--backend", "cuda", "--virtual-ranks", "2", "--socket", socket}, options);
+  for (int i = 0; i < 1000 && !std::filesystem::exists(socket) && daemon.running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (auto exited = daemon.waitExit(std::chrono::milliseconds(0)); exited) break;
+  }
+  if (!std::filesystem::exists(socket)) {
+    const std::string text = testing::readFile(log);
+    if (text.find("no usable CUDA device") != std::string::npos) GTEST_SKIP() << text;
+    FAIL() << "dbufd did not start:\n" << text;
+  }
+  const auto [rank0, rank1] =
+      testing::runForkedPair([&](int) { return rankMain(0, socket); }, [&](int) { return rankMain(1, socket); });
+  EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << testing::readFile(log);
+  EXPECT_EQ(rank1, 0) << "rank 1 failed at step " << rank1 << "\n" << testing::readFile(log);
+  daemon.signal(SIGTERM);
+  EXPECT_EQ(daemon.waitExit(std::chrono::milliseconds(10000)), std::optional<int>(0)) << testing::readFile(log);
+}
+
+}  // namespace
+}  // namespace dbuf
