@@ -69,8 +69,9 @@ struct Group::State {
   DbufferMapping shard;  // whole shard file
   ipc::Region sharded;
   ipc::Region sharded_grad;
-  DbufferMapping slot;       // while unsharded
+  // Declared before the slot so that it outlives what is mapped in it.
   ReservedRange slot_range;  // cuda: keeps the slot's address across reshard / unshard
+  DbufferMapping slot;       // while unsharded
   ipc::Region slot_params;
   ipc::Region slot_grads;
   ipc::Region slot_scales;
