@@ -1,17 +1,31 @@
 #include "backend.hpp"
 
+#include <string>
+
 #if defined(DBUF_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
 #include "dbuf/kernels/cuda_ops.hpp"
 #endif
 
 namespace dbuf::daemon {
 namespace {
 
-/// Why the cuda backend cannot run here, or empty.
+/// Why the cuda backend cannot run here, or empty. Creates every device's
+/// context on the way (a first Hello would otherwise stall the event loop
+/// for it).
 std::string cudaUnavailable() {
 #if defined(DBUF_WITH_CUDA)
   const kernels::cuda::DeviceCheck device = kernels::cuda::checkDevice();
-  return device.usable ? std::string() : "no usable CUDA device: " + device.reason;
+  if (!device.usable) return "no usable CUDA device: " + device.reason;
+  int count = 0;
+  static_cast<void>(cudaGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    if (cudaSetDevice(d) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+      return "GPU " + std::to_string(d) + " has no usable CUDA context";
+    }
+  }
+  return {};
 #else
   return "this dbufd was built without CUDA (rebuild with -DDBUF_CUDA=ON)";
 #endif
@@ -19,8 +33,10 @@ std::string cudaUnavailable() {
 
 }  // namespace
 
-Result<Backend> resolveBackend(Backend requested) {
+Result<Backend> resolveBackend(const Config& config) {
+  const Backend requested = config.backend;
   if (requested == Backend::kHost) return Backend::kHost;
+  if (requested == Backend::kAuto && config.virtual_ranks == 0) return Backend::kHost;
   const std::string why = cudaUnavailable();
   if (requested == Backend::kAuto) return why.empty() ? Backend::kCuda : Backend::kHost;
   if (!why.empty()) return makeError(ErrorCode::kUnavailable, "backend \"cuda\": " + why);

@@ -30,6 +30,12 @@ class CudaAllocator final : public DbufferAllocator {
  public:
   explicit CudaAllocator(int device) : device_(device) {}
 
+  Result<std::uint64_t> roundedSize(std::uint64_t bytes) const override {
+    auto granularity = gpu::allocationGranularity(device_);
+    if (!granularity) return granularity.error();
+    return static_cast<std::uint64_t>(gpu::roundUp(bytes, *granularity));
+  }
+
   Result<std::unique_ptr<DbufferMemory>> allocate(const std::string& /*name*/, std::uint64_t bytes) override {
     auto memory = gpu::PhysicalMemory::create(device_, bytes);
     if (!memory) return std::move(memory).error();
@@ -37,10 +43,14 @@ class CudaAllocator final : public DbufferAllocator {
     if (!range) return std::move(range).error();
     if (auto mapped = range->map(0, *memory); !mapped) return std::move(mapped).error();
     // New physical memory holds whatever was there before: zero it, as a
-    // memfd is, so no job sees another's bytes.
+    // memfd is, so no job sees another's bytes; and wait for that before the
+    // fd goes out (cudaMemset returns before it has run).
     if (auto zeroed = cudaStatus(cudaMemset(range->pointer(), 0, memory->size()), "cudaMemset (new DBuffer)");
         !zeroed) {
       return std::move(zeroed).error();
+    }
+    if (auto synced = cudaStatus(cudaDeviceSynchronize(), "zeroing a new DBuffer"); !synced) {
+      return std::move(synced).error();
     }
     auto fd = memory->exportFd();
     if (!fd) return std::move(fd).error();

@@ -19,17 +19,15 @@ class CudaExecutor final : public Executor {
   CudaExecutor(int device, cudaStream_t stream, cudaEvent_t event, float* scratch)
       : device_(device), stream_(stream), event_(event), scratch_(scratch), runner_(stream) {}
   ~CudaExecutor() override {
+    activate();
     quiesce();
     static_cast<void>(cudaFree(scratch_));
     static_cast<void>(cudaEventDestroy(event_));
     static_cast<void>(cudaStreamDestroy(stream_));
   }
 
-  kernels::Runner& runner() override {
-    // The data plane's thread may have used another device for another job.
-    static_cast<void>(cudaSetDevice(device_));
-    return runner_;
-  }
+  void activate() noexcept override { static_cast<void>(cudaSetDevice(device_)); }
+  kernels::Runner& runner() override { return runner_; }
   std::span<float> scratch() override { return {scratch_, LocalCollective::kStepElements}; }
   Result<void> queued() override { return cudaStatus(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
   Result<bool> done() override {

@@ -153,6 +153,7 @@ void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion&
 std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   if (collectives.running) {
+    collectives.executor->activate();  // jobs on other GPUs ran since this one's last turn
     if (!collectives.draining) {
       // One turn: steps until about kTurnBytes are written, so that a small op
       // (many tiny steps) is not charged a whole pass per step. (On a GPU a
@@ -205,6 +206,7 @@ void DataPlane::start(Job& job, SteadyClock::time_point now) {
     return;
   }
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
+  collectives.executor->activate();
   collectives.op = LocalCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
                                    collectives.executor->scratch(), collectives.executor->runner());
   collectives.running = true;
@@ -336,7 +338,10 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
   // Queued GPU work may still touch the rank's memory, which goes next.
-  if (job.collectives.executor) job.collectives.executor->quiesce();
+  if (job.collectives.executor) {
+    job.collectives.executor->activate();
+    job.collectives.executor->quiesce();
+  }
   gone.ops.clear();
   gone.owed.clear();
   gone.plane.reset();

@@ -22,6 +22,7 @@ class HostMemory final : public DbufferMemory {
 
 class HostAllocator final : public DbufferAllocator {
  public:
+  Result<std::uint64_t> roundedSize(std::uint64_t bytes) const override { return bytes; }
   Result<std::unique_ptr<DbufferMemory>> allocate(const std::string& name, std::uint64_t bytes) override {
     auto fd = createMemfd(name, bytes);
     if (!fd) return std::move(fd).error();

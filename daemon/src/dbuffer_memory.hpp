@@ -38,6 +38,9 @@ class DbufferAllocator {
   DbufferAllocator(const DbufferAllocator&) = delete;
   DbufferAllocator& operator=(const DbufferAllocator&) = delete;
 
+  /// What an allocation of `bytes` really takes (and is charged): `bytes`
+  /// for host memory, rounded up to the allocation granularity on a GPU.
+  [[nodiscard]] virtual Result<std::uint64_t> roundedSize(std::uint64_t bytes) const = 0;
   /// `bytes` (> 0) of zeroed memory; `name` labels it where the kind allows
   /// (memfd names show in /proc/PID/fd).
   [[nodiscard]] virtual Result<std::unique_ptr<DbufferMemory>> allocate(const std::string& name,

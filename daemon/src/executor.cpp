@@ -1,29 +1,26 @@
 #include "executor.hpp"
 
-#include "local_collective.hpp"
-
 namespace dbuf::daemon {
 namespace {
 
 class HostExecutor final : public Executor {
  public:
+  explicit HostExecutor(std::span<float> scratch) : scratch_(scratch) {}
   kernels::Runner& runner() override { return runner_; }
-  std::span<float> scratch() override { return {scratch_.get(), LocalCollective::kStepElements}; }
+  std::span<float> scratch() override { return scratch_; }
   Result<void> queued() override { return {}; }
   Result<bool> done() override { return true; }
   void quiesce() noexcept override {}
 
  private:
   kernels::CpuRunner runner_{kernels::Options{kernels::defaultThreads()}};
-  // Left uninitialised so its pages cost nothing until an all-reduce touches them.
-  std::unique_ptr<float[]> scratch_{
-      new float[LocalCollective::kStepElements]};  // NOLINT(cppcoreguidelines-owning-memory)
+  std::span<float> scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Executor> hostExecutor() {
-  return std::make_unique<HostExecutor>();
+std::unique_ptr<Executor> hostExecutor(std::span<float> scratch) {
+  return std::make_unique<HostExecutor>(scratch);
 }
 
 }  // namespace dbuf::daemon

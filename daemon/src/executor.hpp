@@ -21,6 +21,9 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
+  /// Makes this executor's GPU current on the calling thread (the data
+  /// plane serves jobs on several GPUs in turn); nothing for the host.
+  virtual void activate() noexcept {}
   [[nodiscard]] virtual kernels::Runner& runner() = 0;
   /// LocalCollective::kStepElements floats, addressable by the runner.
   [[nodiscard]] virtual std::span<float> scratch() = 0;
@@ -33,7 +36,9 @@ class Executor {
 };
 
 /// The CPU kernels over host memory (each step done when step() returns).
-[[nodiscard]] std::unique_ptr<Executor> hostExecutor();
+/// `scratch` (LocalCollective::kStepElements floats) may be shared by every
+/// host executor: the data plane runs one step at a time.
+[[nodiscard]] std::unique_ptr<Executor> hostExecutor(std::span<float> scratch);
 
 #if defined(DBUF_WITH_CUDA)
 /// The CUDA kernels over memory on `device`, on a stream of the daemon's.

@@ -29,6 +29,7 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       instance_id_(instance_id),
       budget_(config.tenants, config.memory_limit_bytes),
       allocator_(hostAllocator()),
+      host_scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
       data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -223,7 +224,7 @@ Result<std::unique_ptr<Executor>> JobTable::executorFor(std::int32_t device) con
   if (config_.backend == Backend::kCuda) return cudaExecutor(device);
 #endif
   static_cast<void>(device);
-  return hostExecutor();
+  return hostExecutor({host_scratch_.get(), LocalCollective::kStepElements});
 }
 
 DbufferAllocator& JobTable::allocatorFor(const Job& job) {
@@ -339,6 +340,11 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   group.id = job.next_group_id;
   group.spec = spec;
   group.reply = describeGroup(spec, *plan, group.id);
+  // Announced and charged as the memory really is (GPU allocations are
+  // rounded up to their granularity).
+  auto rounded = allocatorFor(job).roundedSize(group.reply.shard_file_bytes);
+  if (!rounded) return std::move(rounded).error();
+  group.reply.shard_file_bytes = *rounded;
   const std::uint64_t bytes = group.reply.shard_file_bytes * job.world_size;
   if (auto charged = budget_.charge(job.tenant, bytes, "group '" + spec.name + "'"); !charged) {
     return std::move(charged).error();
@@ -427,19 +433,22 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
                                 const std::string& group) {
   if (slot.bytes >= bytes) return {};
   // First use, or a larger group than before: replace the slot's file. A slot
-  // file is sealed against resizing, so it cannot grow in place.
-  if (auto charged = budget_.charge(job.tenant, bytes, "unsharded slot for group '" + group + "'"); !charged) {
+  // file is sealed against resizing, so it cannot grow in place. Charged as
+  // the memory really is (GPU allocations are rounded up).
+  auto rounded = allocatorFor(job).roundedSize(bytes);
+  if (!rounded) return std::move(rounded).error();
+  if (auto charged = budget_.charge(job.tenant, *rounded, "unsharded slot for group '" + group + "'"); !charged) {
     return charged;
   }
   auto memory = allocatorFor(job).allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
   if (!memory) {
-    budget_.release(job.tenant, bytes);
+    budget_.release(job.tenant, *rounded);
     return std::move(memory).error();
   }
   budget_.release(job.tenant, slot.bytes);
-  job.charged += bytes - slot.bytes;
+  job.charged += *rounded - slot.bytes;
   slot.memory = std::move(*memory);
-  slot.bytes = bytes;
+  slot.bytes = *rounded;
   return {};
 }
 

@@ -162,7 +162,11 @@ class JobTable {
   const Config& config_;
   std::uint64_t instance_id_;
   MemoryBudget budget_;
-  std::unique_ptr<DbufferAllocator> allocator_;                               // host memory (the host backend)
+  std::unique_ptr<DbufferAllocator> allocator_;  // host memory (the host backend)
+  // The host executors' shared fp32 all-reduce scratch (the data plane runs
+  // one step at a time), left uninitialised so its pages cost nothing until
+  // an all-reduce touches them.
+  std::unique_ptr<float[]> host_scratch_;
   std::map<std::int32_t, std::unique_ptr<DbufferAllocator>> gpu_allocators_;  // cuda backend: per GPU
   DataPlane data_plane_;
   std::vector<Job*> job_order_;    // every job, in the order the data plane serves them

@@ -247,9 +247,13 @@ class Server::Impl final : public SessionHandler {
 
 Result<std::unique_ptr<Server>> Server::create(Config config) {
   config.tenants = effectiveTenants(config, static_cast<std::uint32_t>(::getuid()));
-  auto backend = resolveBackend(config.backend);
+  auto backend = resolveBackend(config);
   if (!backend) return std::move(backend).error();
   config.backend = *backend;
+  spdlog::info("backend: {}{}", toString(config.backend),
+               config.backend == Backend::kCuda
+                   ? " (virtual ranks per GPU: " + std::to_string(config.virtual_ranks) + ")"
+                   : std::string());
   auto lock = LockFile::acquire(config.socket_path);
   if (!lock) return std::move(lock).error();
   if (auto stale = removeStaleSocket(config.socket_path); !stale) return std::move(stale).error();

@@ -4,6 +4,8 @@
 #include <utility>
 
 #if defined(DBUF_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
 #include <optional>
 
 #include "dbuf/gpu/device_memory.hpp"
@@ -16,6 +18,26 @@ namespace dbuf {
 struct ReservedRange::Impl {
   std::optional<gpu::AddressRange> range;
 };
+
+namespace {
+
+/// Restores the calling thread's current GPU on scope exit (the driver
+/// helpers make `device` current).
+class DeviceScope {
+ public:
+  DeviceScope() { had_ = cudaGetDevice(&previous_) == cudaSuccess; }
+  ~DeviceScope() {
+    if (had_) static_cast<void>(cudaSetDevice(previous_));
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool had_ = false;
+};
+
+}  // namespace
 
 struct DbufferMapping::Device {
   gpu::PhysicalMemory memory;
@@ -72,9 +94,8 @@ Result<DbufferMapping> DbufferMapping::map(const MemorySite& site, int fd, std::
     return mapping;
   }
 #if defined(DBUF_WITH_CUDA)
-  auto granularity = gpu::allocationGranularity(site.device);
-  if (!granularity) return granularity.error();
-  auto memory = gpu::PhysicalMemory::import(fd, gpu::roundUp(bytes, *granularity), site.device);
+  const DeviceScope scope;  // the trainer's current GPU is its own business: restored after
+  auto memory = gpu::PhysicalMemory::import(fd, bytes, site.device);
   if (!memory) return std::move(memory).error();
   auto device = std::make_unique<Device>(std::move(*memory));
   std::optional<gpu::AddressRange>& slot = range != nullptr ? range->impl->range : device->own;

@@ -8,6 +8,7 @@
 // when dbufd finds no usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -49,9 +50,13 @@ float valueOf(std::size_t tensor, std::int64_t element) {
   return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
 }
 
+/// Copies to the device and waits until it has landed: a host-to-device
+/// cudaMemcpy from pageable memory may return before, and the daemon's
+/// kernels (another process) read it next.
 template <typename T>
 bool upload(const TensorView& view, const std::vector<T>& host) {
-  return cudaMemcpy(view.base, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+  return cudaMemcpy(view.base, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaDeviceSynchronize() == cudaSuccess;
 }
 
 template <typename T>
@@ -63,6 +68,7 @@ std::vector<T> download(const TensorView& view) {
 
 /// One rank; returns 0 or the step that failed.
 int rankMain(std::uint32_t rank, const std::string& socket) {
+  alarm(120);  // a hung CUDA call or collective ends the rank (SIGALRM) instead of the test run
   if (cudaSetDevice(0) != cudaSuccess) return 2;
   auto client = Client::connect({socket});
   if (!client || !client->attach({"gpu-job", rank, kWorld, rank, 0})) return 3;
@@ -94,7 +100,10 @@ int rankMain(std::uint32_t rank, const std::string& socket) {
   }
   if (!group->reduceScatter({ReduceMode::kAvg, 1.0F, 2.0F, false})) return 12;
   for (std::size_t t = 0; t < tensors; ++t) {
-    for (const float g : download<float>(group->shardGradView(t))) {
+    const TensorView view = group->shardGradView(t);
+    const auto grads = download<float>(view);
+    if (grads.size() != static_cast<std::size_t>(view.numel())) return 13;
+    for (const float g : grads) {
       if (g != 3.0F) return 13;  // 2 * (1 + 2) / 2
     }
   }
