@@ -44,7 +44,7 @@ struct DbufferMapping::Device {
   gpu::AddressRange* range = nullptr;    // where it is mapped (at offset 0)
   std::optional<gpu::AddressRange> own;  // when no ReservedRange was given
 
-  Device(gpu::PhysicalMemory m) : memory(std::move(m)) {}
+  explicit Device(gpu::PhysicalMemory m) : memory(std::move(m)) {}
   ~Device() {
     if (range != nullptr) static_cast<void>(range->unmap(0));
   }
@@ -112,7 +112,6 @@ Result<DbufferMapping> DbufferMapping::map(const MemorySite& site, int fd, std::
   mapping.device_ = std::move(device);
   return mapping;
 #else
-  static_cast<void>(bytes);
   static_cast<void>(range);
   return makeError(ErrorCode::kUnavailable,
                    "dbufd serves GPU memory but this libdbuf was built without CUDA (rebuild with -DDBUF_CUDA=ON)");
