@@ -422,7 +422,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   ipc::SlotGranted granted;
   granted.group_id = group_id;
   granted.slot_index = static_cast<std::uint32_t>(slot - rank.slots.begin());
-  granted.slot_file_bytes = slot->bytes;
+  granted.slot_file_bytes = slot->bytes();
   granted.params = layout.params;
   granted.grads = layout.grads;
   granted.scales = layout.scales;
@@ -431,7 +431,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
 
 Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank,
                                 const std::string& group) {
-  if (slot.bytes >= bytes) return {};
+  if (slot.bytes() >= bytes) return {};
   // First use, or a larger group than before: replace the slot's file. A slot
   // file is sealed against resizing, so it cannot grow in place. Charged as
   // the memory really is (GPU allocations are rounded up).
@@ -445,10 +445,9 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
     budget_.release(job.tenant, *rounded);
     return std::move(memory).error();
   }
-  budget_.release(job.tenant, slot.bytes);
-  job.charged += *rounded - slot.bytes;
-  slot.memory = std::move(*memory);
-  slot.bytes = *rounded;
+  budget_.release(job.tenant, slot.bytes());
+  job.charged += *rounded - slot.bytes();
+  slot.memory = std::move(*memory);  // of *rounded bytes
   return {};
 }
 
@@ -499,8 +498,8 @@ void JobTable::releaseRank(Job& job, std::uint32_t rank) {
   state.session.reset();
   // Unsharded slots hold nothing worth keeping: give their memory back now.
   for (Slot& slot : state.slots) {
-    budget_.release(job.tenant, slot.bytes);
-    job.charged -= slot.bytes;
+    budget_.release(job.tenant, slot.bytes());
+    job.charged -= slot.bytes();
     slot = Slot{};
   }
   // No registration of the job can complete without this rank, whether it

@@ -55,8 +55,9 @@ struct PendingGroup {
 /// holds it; released slots keep their memory for the next group.
 struct Slot {
   std::unique_ptr<DbufferMemory> memory;  // null until first used
-  std::uint64_t bytes = 0;                // asked for and charged to the tenant
   std::optional<std::uint32_t> group;
+  /// What the slot takes, and is charged to the tenant.
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return memory ? memory->bytes() : 0; }
 };
 
 struct RankState {

@@ -152,8 +152,8 @@ Result<void> LocalComms::checkShapes(std::span<void* const> buffers, std::span<c
   return {};
 }
 
-Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t count, DType dtype,
-                                   std::span<const cudaStream_t> streams) {
+Result<void> LocalComms::grouped(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                 std::span<const cudaStream_t> streams, const char* what, const RankCall& call) {
   if (auto r = checkShapes(buffers, streams); !r) return r;
   auto type = ncclType(dtype);
   if (!type) return type.error();
@@ -162,30 +162,28 @@ Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t c
   if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
   Result<void> queued;
   for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
-    // In place: the send buffer is this rank's part of the receive buffer.
-    const auto* own = static_cast<const unsigned char*>(buffers[r]) + r * part_bytes;
-    queued = ncclStatus(n.allGather(own, buffers[r], count, *type, comms_[r], streams[r]), "ncclAllGather");
+    auto* own = static_cast<unsigned char*>(buffers[r]) + r * part_bytes;  // this rank's part
+    queued = ncclStatus(call(n, buffers[r], own, *type, comms_[r], streams[r]), what);
   }
   if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
   return queued;
 }
 
+Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                   std::span<const cudaStream_t> streams) {
+  // In place: the send buffer is this rank's part of the receive buffer.
+  return grouped(buffers, count, dtype, streams, "ncclAllGather",
+                 [count](const Nccl& n, void* all, void* own, ncclDataType_t type, ncclComm_t comm, cudaStream_t s) {
+                   return n.allGather(own, all, count, type, comm, s);
+                 });
+}
+
 Result<void> LocalComms::reduceScatter(std::span<void* const> buffers, std::size_t count, DType dtype, ncclRedOp_t op,
                                        std::span<const cudaStream_t> streams) {
-  if (auto r = checkShapes(buffers, streams); !r) return r;
-  auto type = ncclType(dtype);
-  if (!type) return type.error();
-  const Nccl& n = **nccl();
-  const auto part_bytes = count * static_cast<std::size_t>(sizeBytes(dtype));
-  if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
-  Result<void> queued;
-  for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
-    // In place: the receive buffer is this rank's part of the send buffer.
-    auto* own = static_cast<unsigned char*>(buffers[r]) + r * part_bytes;
-    queued = ncclStatus(n.reduceScatter(buffers[r], own, count, *type, op, comms_[r], streams[r]), "ncclReduceScatter");
-  }
-  if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
-  return queued;
+  // In place: the receive buffer is this rank's part of the send buffer.
+  return grouped(buffers, count, dtype, streams, "ncclReduceScatter",
+                 [count, op](const Nccl& n, void* all, void* own, ncclDataType_t type, ncclComm_t comm,
+                             cudaStream_t s) { return n.reduceScatter(all, own, count, type, op, comm, s); });
 }
 
 Result<void> LocalComms::poll() {

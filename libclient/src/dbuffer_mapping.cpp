@@ -81,9 +81,15 @@ std::byte* DbufferMapping::data() const noexcept {
   return host_.data();
 }
 
+std::uint64_t DbufferMapping::size() const noexcept {
+#if defined(DBUF_WITH_CUDA)
+  if (device_ != nullptr) return device_->memory.size();
+#endif
+  return host_.size();
+}
+
 Result<DbufferMapping> DbufferMapping::map(const MemorySite& site, int fd, std::uint64_t bytes, ReservedRange* range) {
   DbufferMapping mapping;
-  mapping.bytes_ = bytes;
   if (site.kind == ipc::MemoryKind::kHost) {
     auto size = fileSize(fd);
     if (!size) return std::move(size).error();

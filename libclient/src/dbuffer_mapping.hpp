@@ -53,15 +53,14 @@ class DbufferMapping {
                                                   ReservedRange* range = nullptr);
 
   [[nodiscard]] std::byte* data() const noexcept;
-  /// The bytes asked for (0 when unmapped).
-  [[nodiscard]] std::uint64_t size() const noexcept { return valid() ? bytes_ : 0; }
+  /// The bytes mapped (0 when unmapped).
+  [[nodiscard]] std::uint64_t size() const noexcept;
   [[nodiscard]] bool valid() const noexcept { return data() != nullptr; }
   /// Unmaps (the daemon keeps the memory; another process may still map it).
   void reset() noexcept;
 
  private:
   Mapping host_;
-  std::uint64_t bytes_ = 0;
   struct Device;
   std::unique_ptr<Device> device_;
 };

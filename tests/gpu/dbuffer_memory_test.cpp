@@ -17,30 +17,18 @@
 #include "dbuf/gpu/device_memory.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "forked_pair.hpp"
+#include "trainer_side.hpp"
 
 namespace dbuf::daemon {
 namespace {
 
+using testing::gpuPresent;
+using testing::holds;
 using testing::kNoGpu;
-using testing::receiveFd;
 using testing::sendFd;
 constexpr std::uint64_t kAsked = (std::uint64_t{3} << 20) + 5;  // rounded up by the allocator
 constexpr std::uint8_t kFromDaemon = 0x5a;
 constexpr std::uint8_t kFromTrainer = 0xc3;
-
-bool gpuPresent() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-bool holds(const void* device, std::size_t bytes, std::uint8_t value) {
-  std::vector<std::uint8_t> host(bytes);
-  if (cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-  for (const std::uint8_t b : host) {
-    if (b != value) return false;
-  }
-  return true;
-}
 
 int daemonSide(int socket) {
   if (!gpuPresent()) return kNoGpu;
@@ -68,26 +56,9 @@ int daemonSide(int socket) {
              : 9;
 }
 
-int trainerSide(int socket) {
-  if (!gpuPresent()) return kNoGpu;
-  int fd = -1;
-  std::uint64_t size = 0;
-  if (!receiveFd(socket, fd, size)) return 12;
-  const UniqueFd owned(fd);
-  auto memory = gpu::PhysicalMemory::import(fd, size, 0);
-  if (!memory) return 13;
-  auto range = gpu::AddressRange::reserve(size, 0);
-  if (!range || !range->map(0, *memory)) return 14;
-  if (!holds(range->pointer(), size, kFromDaemon)) return 15;
-  auto granularity = gpu::allocationGranularity(0);
-  if (!granularity || cudaMemset(range->pointer(), kFromTrainer, *granularity) != cudaSuccess) return 16;
-  if (cudaDeviceSynchronize() != cudaSuccess) return 16;
-  const char done = 1;
-  return write(socket, &done, 1) == 1 ? 0 : 17;
-}
-
 TEST(CudaDbufferMemory, TheDaemonsAllocationReachesATrainerByFd) {
-  const auto [daemon_code, trainer_code] = testing::runForkedPair(daemonSide, trainerSide);
+  const auto [daemon_code, trainer_code] = testing::runForkedPair(
+      daemonSide, [](int socket) { return testing::trainerImportsChecksAndWrites(socket, kFromDaemon, kFromTrainer); });
   if (daemon_code == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
   EXPECT_EQ(daemon_code, 0) << "daemon side failed at step " << daemon_code;
   EXPECT_EQ(trainer_code, 0) << "trainer side failed at step " << trainer_code;

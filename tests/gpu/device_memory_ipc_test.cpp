@@ -15,29 +15,17 @@
 
 #include "dbuf/gpu/device_memory.hpp"
 #include "forked_pair.hpp"
+#include "trainer_side.hpp"
 
 namespace dbuf::gpu {
 namespace {
 
+using testing::gpuPresent;
+using testing::holds;
 using testing::kNoGpu;
-using testing::receiveFd;
 using testing::sendFd;
 constexpr unsigned char kFromDaemon = 0xab;
 constexpr unsigned char kFromTrainer = 0xcd;
-
-bool gpuPresent() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-bool holds(const void* device, std::size_t bytes, unsigned char value) {
-  std::vector<unsigned char> host(bytes);
-  if (cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-  for (const unsigned char b : host) {
-    if (b != value) return false;
-  }
-  return true;
-}
 
 /// The daemon's side: allocate, fill, export, send; then check the trainer's write.
 int daemonSide(int socket) {
@@ -61,27 +49,9 @@ int daemonSide(int socket) {
              : 8;
 }
 
-/// A trainer's side: import by fd, map at its own address, read, write.
-int trainerSide(int socket) {
-  if (!gpuPresent()) return kNoGpu;
-  int fd = -1;
-  std::uint64_t size = 0;
-  if (!receiveFd(socket, fd, size)) return 12;
-  const UniqueFd owned(fd);
-  auto memory = PhysicalMemory::import(fd, size, 0);
-  if (!memory) return 13;
-  auto range = AddressRange::reserve(size, 0);
-  if (!range || !range->map(0, *memory)) return 14;
-  if (!holds(range->pointer(), size, kFromDaemon)) return 15;
-  auto granularity = allocationGranularity(0);
-  if (!granularity || cudaMemset(range->pointer(), kFromTrainer, *granularity) != cudaSuccess) return 16;
-  if (cudaDeviceSynchronize() != cudaSuccess) return 16;
-  const char done = 1;
-  return write(socket, &done, 1) == 1 ? 0 : 17;
-}
-
 TEST(DeviceMemoryIpc, ATrainerProcessMapsTheDaemonsAllocationByFd) {
-  const auto [daemon_code, trainer_code] = testing::runForkedPair(daemonSide, trainerSide);
+  const auto [daemon_code, trainer_code] = testing::runForkedPair(
+      daemonSide, [](int socket) { return testing::trainerImportsChecksAndWrites(socket, kFromDaemon, kFromTrainer); });
   if (daemon_code == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
   EXPECT_EQ(daemon_code, 0) << "daemon side failed at step " << daemon_code;
   EXPECT_EQ(trainer_code, 0) << "trainer side failed at step " << trainer_code;

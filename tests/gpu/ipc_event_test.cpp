@@ -15,17 +15,14 @@
 
 #include "forked_pair.hpp"
 #include "spin_kernel.hpp"
+#include "trainer_side.hpp"
 
 namespace dbuf::gpu {
 namespace {
 
+using testing::gpuPresent;
 using testing::kNoGpu;
 constexpr unsigned long long kSpinNs = 1'000'000'000ULL;  // 1 s of producer work
-
-bool gpuPresent() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 int producer(int socket) {
   if (!gpuPresent()) return kNoGpu;

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -91,6 +92,12 @@ class LocalComms {
  private:
   explicit LocalComms(std::vector<ncclComm_t> comms) noexcept : comms_(std::move(comms)) {}
   [[nodiscard]] Result<void> checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const;
+  /// One NCCL call per local rank, given the rank's whole buffer and its own
+  /// part (at rank * count), all inside one ncclGroupStart / ncclGroupEnd.
+  using RankCall =
+      std::function<ncclResult_t(const Nccl&, void* all, void* own, ncclDataType_t, ncclComm_t, cudaStream_t)>;
+  [[nodiscard]] Result<void> grouped(std::span<void* const> buffers, std::size_t count, DType dtype,
+                                     std::span<const cudaStream_t> streams, const char* what, const RankCall& call);
   void abortAll() noexcept;
   void release() noexcept;
 
