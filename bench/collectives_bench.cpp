@@ -57,7 +57,7 @@
 // under 80% of MemAvailable.
 //
 // Part 2, diagnostics (in this process, no daemon): a jthread start + join;
-// kernels::copy of daemon-sized steps (HostCollective::kStepElements = 4 Mi
+// kernels::copy of daemon-sized steps (LocalCollective::kStepElements = 4 Mi
 // bf16 elements = 8 MiB per call) against the pool memcpy of the same bytes;
 // one reduce-scatter step of 8 ranks done as HostCollective did it before
 // kernels::reduce (zero, 8 x accumulate, cast through an fp32 scratch of

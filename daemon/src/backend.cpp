@@ -5,6 +5,7 @@
 #if defined(DBUF_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "dbuf/gpu/nccl.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #endif
 
@@ -31,16 +32,33 @@ std::string cudaUnavailable() {
 #endif
 }
 
+bool ncclLoads() {
+#if defined(DBUF_WITH_CUDA)
+  return gpu::nccl().ok();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 Result<Backend> resolveBackend(const Config& config) {
   const Backend requested = config.backend;
   if (requested == Backend::kHost) return Backend::kHost;
-  if (requested == Backend::kAuto && config.virtual_ranks == 0) return Backend::kHost;
   const std::string why = cudaUnavailable();
-  if (requested == Backend::kAuto) return why.empty() ? Backend::kCuda : Backend::kHost;
+  if (requested == Backend::kAuto)
+    return why.empty() && (config.virtual_ranks > 0 || ncclLoads()) ? Backend::kCuda : Backend::kHost;
   if (!why.empty()) return makeError(ErrorCode::kUnavailable, "backend \"cuda\": " + why);
   return Backend::kCuda;
+}
+
+int visibleGpus() {
+#if defined(DBUF_WITH_CUDA)
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+#else
+  return 0;
+#endif
 }
 
 }  // namespace dbuf::daemon

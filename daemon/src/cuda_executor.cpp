@@ -14,7 +14,7 @@
 namespace dbuf::daemon {
 namespace {
 
-class CudaExecutor final : public Executor {
+class CudaExecutor final : public EngineExecutor {
  public:
   CudaExecutor(int device, cudaStream_t stream, cudaEvent_t event, float* scratch)
       : device_(device), stream_(stream), event_(event), scratch_(scratch), runner_(stream) {}
@@ -27,8 +27,6 @@ class CudaExecutor final : public Executor {
   }
 
   void activate() noexcept override { static_cast<void>(cudaSetDevice(device_)); }
-  kernels::Runner& runner() override { return runner_; }
-  std::span<float> scratch() override { return {scratch_, LocalCollective::kStepElements}; }
   Result<void> queued() override { return cudaStatus(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
   Result<bool> done() override {
     const cudaError_t status = cudaEventQuery(event_);
@@ -37,6 +35,10 @@ class CudaExecutor final : public Executor {
     return true;
   }
   void quiesce() noexcept override { static_cast<void>(cudaStreamSynchronize(stream_)); }
+
+ protected:
+  kernels::Runner& runner() override { return runner_; }
+  std::span<float> scratch() override { return {scratch_, LocalCollective::kStepElements}; }
 
  private:
   int device_;

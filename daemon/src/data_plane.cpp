@@ -158,12 +158,13 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
       // One turn: steps until about kTurnBytes are written, so that a small op
       // (many tiny steps) is not charged a whole pass per step. (On a GPU a
       // step only queues its kernels.)
-      const std::uint64_t budget_end = collectives.op.bytesWritten() + kTurnBytes;
-      while (collectives.op.bytesWritten() < budget_end) {
-        auto stepped = collectives.op.step();
+      Executor& executor = *collectives.executor;
+      const std::uint64_t budget_end = executor.bytesWritten() + kTurnBytes;
+      while (executor.bytesWritten() < budget_end) {
+        auto stepped = executor.step();
         if (!stepped) return failRunning(job, stepped.error());
         if (*stepped) {
-          if (auto queued = collectives.executor->queued(); !queued) return failRunning(job, queued.error());
+          if (auto queued = executor.queued(); !queued) return failRunning(job, queued.error());
           collectives.draining = true;
           break;
         }
@@ -206,9 +207,18 @@ void DataPlane::start(Job& job, SteadyClock::time_point now) {
     return;
   }
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
+  if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
+    failFronts(job, status(ipc::WireError::kInternal), "dbufd: the job has no executor (a bug); the op was not run");
+    return;
+  }
   collectives.executor->activate();
-  collectives.op = LocalCollective(collectives.args, &group.geometry, collectives.buffers, collectives.grad_sources,
-                                   collectives.executor->scratch(), collectives.executor->runner());
+  if (auto begun = collectives.executor->begin(collectives.args, group.geometry, collectives.buffers); !begun) {
+    const std::string message =
+        describe(job, job.ranks.front().ops.front().submission) + " cannot run in the daemon: " + begun.error().message;
+    spdlog::error("job {}: {}", job.id, message);
+    failFronts(job, status(ipc::WireError::kInternal), message);
+    return;
+  }
   collectives.running = true;
 }
 

@@ -20,7 +20,6 @@
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/ring.hpp"
 #include "executor.hpp"
-#include "local_collective.hpp"
 
 namespace dbuf::daemon {
 
@@ -98,14 +97,15 @@ struct JobCollectives {
   std::uint64_t next_sequence = 0;     ///< index of the next collective to match
   bool running = false;                ///< `op` is executing
   bool draining = false;               ///< `op` is all queued; waiting for the executor to finish it
-  std::unique_ptr<Executor> executor;  ///< where the job's collectives run (host or GPU)
-  LocalCollective op;
+  /// Where the job's collectives run (host, one GPU, or a GPU per rank);
+  /// null until the job's placement is known (one rank per GPU: every rank
+  /// has attached).
+  std::unique_ptr<Executor> executor;
   CollectiveArgs args;
   std::uint32_t group_id = 0;
   SteadyClock::time_point matched;
   SteadyClock::time_point finished;                ///< when the previous collective ended (timeouts count from it)
-  std::vector<RankBuffers> buffers;                ///< world entries, reused by every op
-  std::vector<kernels::ConstBuffer> grad_sources;  ///< world entries: the reductions' sources
+  std::vector<RankBuffers> buffers;  ///< world entries, reused by every op
 };
 
 class DataPlane {

@@ -1,16 +1,26 @@
 #include "executor.hpp"
 
 namespace dbuf::daemon {
+
+Result<void> EngineExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+                                   std::span<const RankBuffers> ranks) {
+  sources_.resize(ranks.size());  // allocates only for the job's first op
+  op_ = LocalCollective(args, &geometry, ranks, sources_, scratch(), runner());
+  return {};
+}
+
 namespace {
 
-class HostExecutor final : public Executor {
+class HostExecutor final : public EngineExecutor {
  public:
   explicit HostExecutor(std::span<float> scratch) : scratch_(scratch) {}
-  kernels::Runner& runner() override { return runner_; }
-  std::span<float> scratch() override { return scratch_; }
   Result<void> queued() override { return {}; }
   Result<bool> done() override { return true; }
   void quiesce() noexcept override {}
+
+ protected:
+  kernels::Runner& runner() override { return runner_; }
+  std::span<float> scratch() override { return scratch_; }
 
  private:
   kernels::CpuRunner runner_{kernels::Options{kernels::defaultThreads()}};

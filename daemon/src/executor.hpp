@@ -1,16 +1,23 @@
 #pragma once
-// Where a job's collectives run: the fused kernels (through a Runner), an
-// fp32 scratch in the same memory for the in-place all-reduce, and how the
-// data plane learns that the work it queued is done. The host executor runs
-// each step before returning; the cuda executor (virtual ranks: every rank's
-// memory on one GPU) queues the steps on its own stream and reports them done
-// when an event recorded after the op's last step has completed.
+// Where a job's collectives run, and how the data plane learns that the work
+// it queued is done. Three kinds:
+//  - host: the engine (LocalCollective) through the CPU kernels over shared
+//    memory, each step done when it returns;
+//  - cuda, virtual ranks: the same engine through the CUDA kernels, every
+//    rank's memory on one GPU, steps queued on one stream of the daemon's;
+//  - nccl, one rank per GPU: each rank's own part cast / quantized by the
+//    CUDA kernels on its GPU's stream, then grouped in-place NCCL calls.
+// GPU executors report an op done when events recorded after its last step
+// have completed; the data plane polls, it never waits.
 
+#include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "dbuf/common/result.hpp"
 #include "dbuf/kernels/runner.hpp"
+#include "local_collective.hpp"
 
 namespace dbuf::daemon {
 
@@ -24,9 +31,15 @@ class Executor {
   /// Makes this executor's GPU current on the calling thread (the data
   /// plane serves jobs on several GPUs in turn); nothing for the host.
   virtual void activate() noexcept {}
-  [[nodiscard]] virtual kernels::Runner& runner() = 0;
-  /// LocalCollective::kStepElements floats, addressable by the runner.
-  [[nodiscard]] virtual std::span<float> scratch() = 0;
+  /// Starts an op. `geometry` and `ranks` (world entries, the daemon's view
+  /// of every rank's memory) outlive it. An error: the op cannot run.
+  [[nodiscard]] virtual Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+                                           std::span<const RankBuffers> ranks) = 0;
+  /// Runs (host) or queues (GPU) the op's next step; true once its last step
+  /// is. An error ends the op.
+  [[nodiscard]] virtual Result<bool> step() = 0;
+  /// Bytes the op has written so far (the data plane's turn budget).
+  [[nodiscard]] virtual std::uint64_t bytesWritten() const noexcept = 0;
   /// The op's last step is queued; done() tells when it has run.
   [[nodiscard]] virtual Result<void> queued() = 0;
   /// Whether everything queued has run (never blocks).
@@ -35,14 +48,38 @@ class Executor {
   virtual void quiesce() noexcept = 0;
 };
 
+/// The executors that run the engine, LocalCollective, over memory the
+/// daemon addresses for every rank (host, and virtual ranks on one GPU).
+class EngineExecutor : public Executor {
+ public:
+  Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+                     std::span<const RankBuffers> ranks) override;
+  Result<bool> step() override { return op_.step(); }
+  std::uint64_t bytesWritten() const noexcept override { return op_.bytesWritten(); }
+
+ protected:
+  [[nodiscard]] virtual kernels::Runner& runner() = 0;
+  /// LocalCollective::kStepElements floats, addressable by the runner.
+  [[nodiscard]] virtual std::span<float> scratch() = 0;
+
+ private:
+  std::vector<kernels::ConstBuffer> sources_;  // world entries, reused by every op
+  LocalCollective op_;
+};
+
 /// The CPU kernels over host memory (each step done when step() returns).
 /// `scratch` (LocalCollective::kStepElements floats) may be shared by every
 /// host executor: the data plane runs one step at a time.
 [[nodiscard]] std::unique_ptr<Executor> hostExecutor(std::span<float> scratch);
 
 #if defined(DBUF_WITH_CUDA)
-/// The CUDA kernels over memory on `device`, on a stream of the daemon's.
+/// Virtual ranks: the CUDA kernels over memory on `device`, on a stream of
+/// the daemon's.
 [[nodiscard]] Result<std::unique_ptr<Executor>> cudaExecutor(int device);
+/// One rank per GPU: rank r's memory is on devices[r] (distinct GPUs). The
+/// NCCL communicators are created at the first op (and again after a
+/// failure aborted them).
+[[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
 #endif
 
 }  // namespace dbuf::daemon

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend.hpp"
 #include "dbuf/common/shared_memory.hpp"
 #include "group_layout.hpp"
 #include "rank_text.hpp"
@@ -30,6 +31,8 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       budget_(config.tenants, config.memory_limit_bytes),
       allocator_(hostAllocator()),
       host_scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
+      gpu_offer_{config.backend == Backend::kCuda, config.virtual_ranks,
+                 config.backend == Backend::kCuda ? visibleGpus() : 0},
       data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -133,7 +136,7 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   welcome.segment_bytes = ipc::segmentBytes(config_.ring_entries);
   welcome.busy_poll_us = static_cast<std::uint32_t>(config_.busy_poll.count());
   welcome.memory_kind = config_.backend == Backend::kCuda ? ipc::MemoryKind::kCuda : ipc::MemoryKind::kHost;
-  welcome.device = attached.device;
+  welcome.device = rank.device;
   session->send(welcome, request, {rank.plane->segment_fd.get(), rank.plane->doorbell->native_handle()});
   spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
                session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
@@ -146,20 +149,18 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
       return makeError(ErrorCode::kInfeasible, "tenant '" + config_.tenants[tenant].name + "' already runs " +
                                                    std::to_string(config_.tenants[tenant].max_jobs) + " jobs");
     }
-    if (auto fits = fitsTheBackend(hello); !fits) return std::move(fits).error();
-    auto executor = executorFor(hello.device);
-    if (!executor) return std::move(executor).error();
+    auto placement = placeJob(hello, gpu_offer_);
+    if (!placement) return std::move(placement).error();
     Job job;
     job.id = hello.job_id;
     job.tenant = tenant;
-    job.device = hello.device;
+    job.placement = *placement;
     job.world_size = hello.world_size;
     job.persistent = hello.persistent;
     job.ranks.resize(hello.world_size);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
     job.collectives.buffers.resize(hello.world_size);
-    job.collectives.grad_sources.resize(hello.world_size);
-    job.collectives.executor = std::move(*executor);
+    if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
     job_order_.push_back(created);
     return created;
@@ -182,18 +183,13 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
                                                       std::to_string(job.world_size) + ", not " +
                                                       std::to_string(hello.world_size));
   }
-  if (config_.backend == Backend::kCuda && hello.device != job.device) {
-    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
-                                                      "' is on GPU " + std::to_string(hello.device) +
-                                                      " but the job's ranks share GPU " + std::to_string(job.device) +
-                                                      " (virtual ranks)");
-  }
   const RankState& rank = job.ranks[hello.rank];
   if (rank.session) {
     return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
                                                       "' is already attached (pid " +
                                                       std::to_string(rank.session->peer().pid) + ")");
   }
+  if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
   if (job.grace_timer) {
     job.grace_timer->cancel();
     job.grace_timer.reset();
@@ -202,40 +198,55 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   return &job;
 }
 
-Result<void> JobTable::fitsTheBackend(const ipc::Hello& hello) const {
-  if (config_.backend != Backend::kCuda) return {};
-  // The cuda backend runs a job's collectives as its own kernels on one GPU
-  // (virtual ranks); one rank per GPU needs the NCCL path, not in dbufd yet.
-  if (hello.world_size > 1 && hello.world_size > config_.virtual_ranks) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "job '" + hello.job_id + "' has " + std::to_string(hello.world_size) +
-                         " ranks: with the cuda backend a job's ranks share one GPU, and this dbufd allows " +
-                         std::to_string(config_.virtual_ranks) + " per GPU (--virtual-ranks)");
+Result<void> JobTable::placeRank(Job& job, const ipc::Hello& hello) {
+  std::vector<std::int32_t> devices;
+  for (const RankState& rank : job.ranks) devices.push_back(rank.device);
+  if (auto fits = checkRankDevice(job.placement, devices, hello, gpu_offer_.gpus); !fits) return fits;
+  if (!job.collectives.executor) {
+    auto executor = executorFor(job, hello);
+    if (!executor) return std::move(executor).error();
+    job.collectives.executor = std::move(*executor);
   }
-  if (hello.device < 0) {
-    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + hello.job_id +
-                                                      "' names no GPU (device -1) but dbufd serves GPU memory");
-  }
+  job.ranks[hello.rank].device = hello.device;
   return {};
 }
 
-Result<std::unique_ptr<Executor>> JobTable::executorFor(std::int32_t device) const {
+Result<std::unique_ptr<Executor>> JobTable::executorFor(const Job& job, const ipc::Hello& hello) const {
+  switch (job.placement) {
+    case Placement::kHost:
+      return hostExecutor({host_scratch_.get(), LocalCollective::kStepElements});
 #if defined(DBUF_WITH_CUDA)
-  if (config_.backend == Backend::kCuda) return cudaExecutor(device);
+    case Placement::kSharedGpu:
+      return cudaExecutor(hello.device);
+    case Placement::kGpuPerRank: {
+      std::vector<int> devices;
+      for (std::uint32_t r = 0; r < job.world_size; ++r) {
+        devices.push_back(r == hello.rank ? hello.device : job.ranks[r].device);
+      }
+      if (std::find(devices.begin(), devices.end(), -1) != devices.end()) {
+        return std::unique_ptr<Executor>();  // ranks still to come
+      }
+      return ncclExecutor(std::move(devices));
+    }
 #endif
-  static_cast<void>(device);
-  return hostExecutor({host_scratch_.get(), LocalCollective::kStepElements});
+    default:
+      break;
+  }
+  static_cast<void>(hello);
+  return makeError(ErrorCode::kInternal, "dbufd: a GPU placement in a build without CUDA (a bug)");
 }
 
-DbufferAllocator& JobTable::allocatorFor(const Job& job) {
+DbufferAllocator& JobTable::allocatorFor(const Job& job, std::uint32_t rank) {
 #if defined(DBUF_WITH_CUDA)
-  if (config_.backend == Backend::kCuda) {
-    std::unique_ptr<DbufferAllocator>& allocator = gpu_allocators_[job.device];
-    if (!allocator) allocator = cudaAllocator(job.device);
+  if (job.placement != Placement::kHost) {
+    const std::int32_t device = job.ranks[rank].device;
+    std::unique_ptr<DbufferAllocator>& allocator = gpu_allocators_[device];
+    if (!allocator) allocator = cudaAllocator(device);
     return *allocator;
   }
 #endif
   static_cast<void>(job);
+  static_cast<void>(rank);
   return *allocator_;
 }
 
@@ -342,17 +353,20 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   group.reply = describeGroup(spec, *plan, group.id);
   // Announced and charged as the memory really is (GPU allocations are
   // rounded up to their granularity).
-  auto rounded = allocatorFor(job).roundedSize(group.reply.shard_file_bytes);
-  if (!rounded) return std::move(rounded).error();
-  group.reply.shard_file_bytes = *rounded;
+  // (Every rank's GPU rounds the same way in practice; the largest counts.)
+  for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
+    auto rounded = allocatorFor(job, rank).roundedSize(group.reply.shard_file_bytes);
+    if (!rounded) return std::move(rounded).error();
+    group.reply.shard_file_bytes = *rounded;
+  }
   const std::uint64_t bytes = group.reply.shard_file_bytes * job.world_size;
   if (auto charged = budget_.charge(job.tenant, bytes, "group '" + spec.name + "'"); !charged) {
     return std::move(charged).error();
   }
   job.charged += bytes;
   for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
-    auto memory = allocatorFor(job).allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
-                                             group.reply.shard_file_bytes);
+    auto memory = allocatorFor(job, rank).allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
+                                                   group.reply.shard_file_bytes);
     if (!memory) {
       budget_.release(job.tenant, bytes);
       job.charged -= bytes;
@@ -435,12 +449,12 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
   // First use, or a larger group than before: replace the slot's file. A slot
   // file is sealed against resizing, so it cannot grow in place. Charged as
   // the memory really is (GPU allocations are rounded up).
-  auto rounded = allocatorFor(job).roundedSize(bytes);
+  auto rounded = allocatorFor(job, rank).roundedSize(bytes);
   if (!rounded) return std::move(rounded).error();
   if (auto charged = budget_.charge(job.tenant, *rounded, "unsharded slot for group '" + group + "'"); !charged) {
     return charged;
   }
-  auto memory = allocatorFor(job).allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
+  auto memory = allocatorFor(job, rank).allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
   if (!memory) {
     budget_.release(job.tenant, *rounded);
     return std::move(memory).error();

@@ -24,6 +24,7 @@
 #include "dbuffer_memory.hpp"
 #include "group_layout.hpp"
 #include "memory_budget.hpp"
+#include "placement.hpp"
 #include "session.hpp"
 
 namespace dbuf::daemon {
@@ -61,6 +62,9 @@ struct Slot {
 };
 
 struct RankState {
+  /// cuda backend: the GPU the rank's memory is on, from its first Hello
+  /// (kept while it is detached: a re-attach must come back to it); -1 before.
+  std::int32_t device = -1;
   std::shared_ptr<Session> session;     // null while detached
   std::unique_ptr<SessionPlane> plane;  // the session's rings
   std::vector<Slot> slots;              // prefetch_depth + 1
@@ -74,7 +78,7 @@ struct Job {
   std::string id;
   std::size_t tenant = 0;
   std::uint32_t world_size = 1;
-  std::int32_t device = -1;  ///< cuda backend: the GPU every rank's memory is on
+  Placement placement = Placement::kHost;
   bool persistent = false;
   std::vector<RankState> ranks;
   std::map<std::string, GroupState> groups;  // by name
@@ -137,11 +141,15 @@ class JobTable {
   void handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
 
   Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
-  /// Whether a new job fits the backend (cuda: its ranks share one GPU).
-  [[nodiscard]] Result<void> fitsTheBackend(const ipc::Hello& hello) const;
-  [[nodiscard]] Result<std::unique_ptr<Executor>> executorFor(std::int32_t device) const;
-  /// Where a job's shards and slots are made: host memory, or its GPU's.
-  DbufferAllocator& allocatorFor(const Job& job);
+  /// Checks the rank's GPU (checkRankDevice) and records it; makes the job's
+  /// executor once its placement is complete (host, one GPU: at the first
+  /// rank; a GPU per rank: once every rank's GPU is known).
+  [[nodiscard]] Result<void> placeRank(Job& job, const ipc::Hello& hello);
+  /// The job's executor, given the rank attaching now; null while the
+  /// placement is incomplete (a GPU per rank: ranks still to come).
+  [[nodiscard]] Result<std::unique_ptr<Executor>> executorFor(const Job& job, const ipc::Hello& hello) const;
+  /// Where rank `rank`'s shards and slots are made: host memory, or its GPU's.
+  DbufferAllocator& allocatorFor(const Job& job, std::uint32_t rank);
   void completeRegistration(Job& job, const std::string& name);
   Result<GroupState> buildGroup(Job& job, const ipc::RegisterGroup& spec);
   /// True (and the rank is told) if `name` failed on a spec mismatch this
@@ -169,6 +177,7 @@ class JobTable {
   // an all-reduce touches them.
   std::unique_ptr<float[]> host_scratch_;
   std::map<std::int32_t, std::unique_ptr<DbufferAllocator>> gpu_allocators_;  // cuda backend: per GPU
+  GpuOffer gpu_offer_;
   DataPlane data_plane_;
   std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
   std::size_t next_job_turn_ = 0;  // round-robin start for fairness

@@ -152,38 +152,88 @@ Result<void> LocalComms::checkShapes(std::span<void* const> buffers, std::span<c
   return {};
 }
 
-Result<void> LocalComms::grouped(std::span<void* const> buffers, std::size_t count, DType dtype,
-                                 std::span<const cudaStream_t> streams, const char* what, const RankCall& call) {
+Result<void> LocalComms::grouped(std::span<void* const> buffers, std::span<const cudaStream_t> streams,
+                                 const char* what, const RankCall& call) {
   if (auto r = checkShapes(buffers, streams); !r) return r;
-  auto type = ncclType(dtype);
-  if (!type) return type.error();
   const Nccl& n = **nccl();
-  const auto part_bytes = count * static_cast<std::size_t>(sizeBytes(dtype));
   if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
   Result<void> queued;
-  for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
-    auto* own = static_cast<unsigned char*>(buffers[r]) + r * part_bytes;  // this rank's part
-    queued = ncclStatus(call(n, buffers[r], own, *type, comms_[r], streams[r]), what);
-  }
+  for (std::size_t r = 0; r < comms_.size() && queued; ++r)
+    queued = ncclStatus(call(n, r, comms_[r], streams[r]), what);
   if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
   return queued;
 }
 
+namespace {
+
+void* elementAt(void* buffer, std::size_t index, DType dtype) {
+  return static_cast<unsigned char*>(buffer) + index * static_cast<std::size_t>(sizeBytes(dtype));
+}
+
+}  // namespace
+
 Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t count, DType dtype,
                                    std::span<const cudaStream_t> streams) {
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
   // In place: the send buffer is this rank's part of the receive buffer.
-  return grouped(buffers, count, dtype, streams, "ncclAllGather",
-                 [count](const Nccl& n, void* all, void* own, ncclDataType_t type, ncclComm_t comm, cudaStream_t s) {
-                   return n.allGather(own, all, count, type, comm, s);
-                 });
+  return grouped(buffers, streams, "ncclAllGather", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
+    return n.allGather(elementAt(buffers[r], r * count, dtype), buffers[r], count, *type, comm, s);
+  });
 }
 
 Result<void> LocalComms::reduceScatter(std::span<void* const> buffers, std::size_t count, DType dtype, ncclRedOp_t op,
                                        std::span<const cudaStream_t> streams) {
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
   // In place: the receive buffer is this rank's part of the send buffer.
-  return grouped(buffers, count, dtype, streams, "ncclReduceScatter",
-                 [count, op](const Nccl& n, void* all, void* own, ncclDataType_t type, ncclComm_t comm,
-                             cudaStream_t s) { return n.reduceScatter(all, own, count, type, op, comm, s); });
+  return grouped(
+      buffers, streams, "ncclReduceScatter", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
+        return n.reduceScatter(buffers[r], elementAt(buffers[r], r * count, dtype), count, *type, op, comm, s);
+      });
+}
+
+Result<void> LocalComms::allReduce(std::span<void* const> buffers, std::size_t count, DType dtype, ncclRedOp_t op,
+                                   std::span<const cudaStream_t> streams) {
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
+  return grouped(buffers, streams, "ncclAllReduce", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
+    return n.allReduce(buffers[r], buffers[r], count, *type, op, comm, s);
+  });
+}
+
+Result<void> LocalComms::broadcast(std::span<void* const> buffers, std::size_t count, DType dtype, int root,
+                                   std::span<const cudaStream_t> streams) {
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
+  if (root < 0 || root >= size()) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "nccl: broadcast root " + std::to_string(root) + " of " + std::to_string(size()) + " ranks");
+  }
+  return grouped(buffers, streams, "ncclBroadcast", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
+    return n.broadcast(buffers[r], buffers[r], count, *type, root, comm, s);
+  });
+}
+
+Result<void> LocalComms::allGatherParts(std::span<void* const> buffers, std::span<const Part> parts, DType dtype,
+                                        std::span<const cudaStream_t> streams) {
+  auto type = ncclType(dtype);
+  if (!type) return type.error();
+  if (parts.size() != comms_.size()) {
+    return makeError(ErrorCode::kInvalidArgument, "nccl: " + std::to_string(comms_.size()) + " ranks but " +
+                                                      std::to_string(parts.size()) + " parts");
+  }
+  return grouped(buffers, streams, "ncclBroadcast (parts)",
+                 [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
+                   for (std::size_t root = 0; root < parts.size(); ++root) {
+                     if (parts[root].count == 0) continue;  // the same on every rank: skipped by all
+                     void* part = elementAt(buffers[r], parts[root].first, dtype);
+                     const ncclResult_t issued =
+                         n.broadcast(part, part, parts[root].count, *type, static_cast<int>(root), comm, s);
+                     if (issued != ncclSuccess) return issued;
+                   }
+                   return ncclSuccess;
+                 });
 }
 
 Result<void> LocalComms::poll() {

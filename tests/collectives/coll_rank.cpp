@@ -5,7 +5,7 @@
 // pure function of seed, rank, tensor and element).
 //
 //   coll-rank --socket PATH --job JOB --rank R --world W --scenario NAME
-//             [--shape NAME] [--seed N] [--out FILE] [--timeout-ms MS]
+//             [--shape NAME] [--seed N] [--out FILE] [--timeout-ms MS] [--device GPU]
 //
 // Scenarios:
 //   ops    every op (all-gather, reduce-scatter sum/avg with and without
@@ -18,7 +18,7 @@
 //          kernels::quantizeE4m3 over the full tensors, bitwise (data, scales)
 //   train  kTrainWorld ranks, kTrainSteps SGD steps on fp32 master shards
 //          gathered as bf16; writes the final master shard to --out
-//   large  shards larger than one daemon step (HostCollective::kStepElements)
+//   large  shards larger than one daemon step (LocalCollective::kStepElements)
 //
 // Everything goes to stderr. Exit status: 0 all checks passed, 1 a mismatch
 // (the first per buffer and tensor is described, with the number of
@@ -36,6 +36,10 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#if defined(DBUF_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 #include "dbuf/client.hpp"
 #include "dbuf/kernels/convert.hpp"
@@ -67,6 +71,7 @@ struct Args {
   std::uint64_t seed = 1;
   std::string out;
   std::chrono::milliseconds timeout{20000};
+  std::int32_t device = -1;  ///< the GPU to attach on (a dbufd with the cuda backend); -1: host memory
 };
 
 Args g_args;
@@ -114,6 +119,71 @@ std::string describe(const ReduceOptions& r) {
                 r.accumulate ? ", accumulate" : "");
   return text;
 }
+
+// ----------------------------------------------------------------- memory
+
+/// Bytes of the group's memory where this process's CPU can touch them. Host
+/// memory: the memory itself. GPU memory (--device): a host copy read now,
+/// and store() writes it back and waits for the copy to land (ordering with
+/// dbufd is host-synchronous: the next op is submitted after store()).
+class HostBytes {
+ public:
+  HostBytes(const std::byte* base, std::int64_t bytes) {
+    auto* memory = const_cast<std::byte*>(base);  // NOLINT(cppcoreguidelines-pro-type-const-cast): libdbuf's views
+    if (g_args.device < 0) {
+      host_ = memory;
+      return;
+    }
+    device_ = memory;
+    copy_.resize(static_cast<std::size_t>(bytes));
+    cuda(copy_.empty() ? 0 : copyToHost(), "cudaMemcpy from the GPU");
+  }
+  explicit HostBytes(const TensorView& view) : HostBytes(view.base, view.numel() * dbuf::sizeBytes(view.dtype)) {}
+  explicit HostBytes(std::span<const float> values)
+      : HostBytes(reinterpret_cast<const std::byte*>(values.data()), static_cast<std::int64_t>(values.size_bytes())) {}
+
+  [[nodiscard]] std::byte* data() noexcept { return device_ != nullptr ? copy_.data() : host_; }
+  template <typename T>
+  [[nodiscard]] T* as() noexcept {
+    return reinterpret_cast<T*>(data());
+  }
+  void store() {
+    if (device_ != nullptr && !copy_.empty()) cuda(copyToDevice(), "cudaMemcpy to the GPU");
+  }
+
+ private:
+#if defined(DBUF_WITH_CUDA)
+  int copyToHost() {
+    return cudaMemcpy(copy_.data(), device_, copy_.size(), cudaMemcpyDeviceToHost);
+  }
+  int copyToDevice() {
+    // From pageable memory cudaMemcpy may return before the copy has landed.
+    const cudaError_t copied = cudaMemcpy(device_, copy_.data(), copy_.size(), cudaMemcpyHostToDevice);
+    return copied != cudaSuccess ? copied : cudaDeviceSynchronize();
+  }
+  static void cuda(int status, const char* what) {
+    if (status == 0) return;
+    say("FATAL %s: %s", what, cudaGetErrorString(static_cast<cudaError_t>(status)));
+    std::exit(2);
+  }
+#else
+  static int copyToHost() {
+    return 1;
+  }
+  static int copyToDevice() {
+    return 1;
+  }
+  static void cuda(int status, const char* what) {
+    if (status == 0) return;
+    say("FATAL %s: coll-rank was built without CUDA", what);
+    std::exit(2);
+  }
+#endif
+
+  std::byte* host_ = nullptr;
+  std::byte* device_ = nullptr;
+  std::vector<std::byte> copy_;
+};
 
 // ----------------------------------------------------------------- groups
 
@@ -281,10 +351,12 @@ void writeShards(TestGroup& g, std::uint64_t round, ValueFn fn = paramFn) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const Keys key(g, Stream::kShard, round, 0, t);
     const TensorView view = shardView(g, t, false);
+    HostBytes host(view);
     for (std::int64_t i = 0; i < view.numel(); ++i) {
       const std::int64_t e = view.begin + i;
-      dbuf::coll::storeElement(view.dtype, view.base, i, fn(key(e), e, tensors[t]));
+      dbuf::coll::storeElement(view.dtype, host.data(), i, fn(key(e), e, tensors[t]));
     }
+    host.store();
     for (std::int64_t e = 0; e < tensors[t].numel; ++e)
       g.sim.setShard(tensors[t].offset + e, fn(key(e), e, tensors[t]));
   }
@@ -296,9 +368,11 @@ void writeShardGrads(TestGroup& g, std::uint64_t round) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const Keys key(g, Stream::kShardGrad, round, 0, t);
     const TensorView view = shardView(g, t, true);
+    HostBytes host(view);
     for (std::int64_t i = 0; i < view.numel(); ++i) {
-      dbuf::coll::storeElement(view.dtype, view.base, i, dbuf::coll::moderateValue(key(view.begin + i)));
+      dbuf::coll::storeElement(view.dtype, host.data(), i, dbuf::coll::moderateValue(key(view.begin + i)));
     }
+    host.store();
     for (std::int64_t e = 0; e < tensors[t].numel; ++e) {
       g.sim.setShardGrad(tensors[t].offset + e, dbuf::coll::moderateValue(key(e)));
     }
@@ -313,9 +387,11 @@ void writeGrads(TestGroup& g, std::uint64_t round) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const TensorView view = slotView(g, t, true);
     const Keys mine(g, Stream::kGrad, round, g_args.rank, t);
+    HostBytes host(view);
     for (std::int64_t e = 0; e < view.numel(); ++e) {
-      dbuf::coll::storeElement(view.dtype, view.base, e, dbuf::coll::gradValue(mine(e), grad));
+      dbuf::coll::storeElement(view.dtype, host.data(), e, dbuf::coll::gradValue(mine(e), grad));
     }
+    host.store();
     for (std::uint32_t r = 0; r < g.sim.world(); ++r) {
       const Keys key(g, Stream::kGrad, round, r, t);
       for (std::int64_t e = 0; e < tensors[t].numel; ++e) {
@@ -345,8 +421,10 @@ void writeParams(TestGroup& g, std::uint64_t round) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const TensorView view = slotView(g, t, false);
     const Keys mine(g, Stream::kParams, round, g_args.rank, t);
+    HostBytes host(view);
     for (std::int64_t e = 0; e < view.numel(); ++e)
-      dbuf::coll::setElementBits(view.dtype, view.base, e, paramBits(g, mine(e)));
+      dbuf::coll::setElementBits(view.dtype, host.data(), e, paramBits(g, mine(e)));
+    host.store();
     for (std::uint32_t r = 0; r < g.sim.world(); ++r) {
       const Keys key(g, Stream::kParams, round, r, t);
       for (std::int64_t e = 0; e < tensors[t].numel; ++e)
@@ -362,11 +440,12 @@ void writeParams(TestGroup& g, std::uint64_t round) {
           g.sim.totalBlocks());
       std::exit(2);
     }
-    auto* writable = const_cast<float*>(scales.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    HostBytes writable(scales);
     for (std::int64_t b = 0; b < g.sim.totalBlocks(); ++b) {
-      writable[b] = scaleFor(g, round, g_args.rank, b);
+      writable.as<float>()[b] = scaleFor(g, round, g_args.rank, b);
       for (std::uint32_t r = 0; r < g.sim.world(); ++r) g.sim.setScale(r, b, scaleFor(g, round, r, b));
     }
+    writable.store();
   }
   for (std::uint32_t r = 0; r < g.sim.world(); ++r) g.sim.markParamsKnown(r);
 }
@@ -425,22 +504,22 @@ void check(const TestGroup& g, const std::string& after) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const dbuf::PlacedTensor& tensor = tensors[t];
     const TensorView shard = shardView(g, t, false);
-    compare(context, "master shard", tensor, t, sharded, shard.base,
+    compare(context, "master shard", tensor, t, sharded, HostBytes(shard).data(),
             g.sim.shard() + element(sharded, tensor.offset + shard.begin), shard.begin, shard.numel());
     if (g.sim.shardGradKnown()) {
       const TensorView grad = shardView(g, t, true);
-      compare(context, "sharded gradient", tensor, t, sharded, grad.base,
+      compare(context, "sharded gradient", tensor, t, sharded, HostBytes(grad).data(),
               g.sim.shardGrad() + element(sharded, tensor.offset + grad.begin), grad.begin, grad.numel());
     }
     if (!g.group.unsharded()) continue;
     if (g.sim.paramsKnown(rank)) {
       const TensorView params = slotView(g, t, false);
-      compare(context, "unsharded params", tensor, t, g.sim.unsharded(), params.base,
+      compare(context, "unsharded params", tensor, t, g.sim.unsharded(), HostBytes(params).data(),
               g.sim.params(rank) + element(g.sim.unsharded(), tensor.offset), 0, tensor.numel);
     }
     if (g.sim.gradsKnown(rank)) {
       const TensorView grads = slotView(g, t, true);
-      compare(context, "unsharded grads", tensor, t, g.sim.grad(), grads.base,
+      compare(context, "unsharded grads", tensor, t, g.sim.grad(), HostBytes(grads).data(),
               g.sim.grads(rank) + element(g.sim.grad(), tensor.offset), 0, tensor.numel);
     }
   }
@@ -452,6 +531,7 @@ void check(const TestGroup& g, const std::string& after) {
           g.sim.totalBlocks());
       return;
     }
+    HostBytes host_scales(scales);
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       if (g.group.scaleIndex(t) != g.sim.firstBlock(t)) {
         ++g_mismatches;
@@ -460,7 +540,7 @@ void check(const TestGroup& g, const std::string& after) {
         continue;
       }
       const std::int64_t blocks = (tensors[t].numel + tensors[t].granularity - 1) / tensors[t].granularity;
-      const auto* actual = reinterpret_cast<const std::byte*>(scales.data() + g.group.scaleIndex(t));
+      const auto* actual = reinterpret_cast<const std::byte*>(host_scales.as<float>() + g.group.scaleIndex(t));
       const auto* expected = reinterpret_cast<const std::byte*>(g.sim.scales(rank).data() + g.sim.firstBlock(t));
       compare(context, "fp8 block scales", tensors[t], t, DType::kF32, actual, expected, 0, blocks,
               g.sim.firstBlock(t));
@@ -670,6 +750,7 @@ void scenarioFp8(Client& client) {
 
     const std::span<const float> scales = g.group.unshardedScales();
     if (static_cast<std::int64_t>(scales.size()) != g.sim.totalBlocks()) continue;  // reported by check()
+    HostBytes host_scales(scales);
     std::vector<float> full_scales(scales.size(), -1.0F);
     for (std::size_t t = 0; t < plan.tensors.size(); ++t) {
       const dbuf::PlacedTensor& tensor = plan.tensors[t];
@@ -689,10 +770,11 @@ void scenarioFp8(Client& client) {
            "kernels::quantizeE4m3 over the full tensor");
       const TensorView gathered = slotView(g, t, false);
       const std::string context = g.label + " all-gathered vs quantizeE4m3 of the full tensor";
-      compare(context, "fp8 data", tensor, t, DType::kF8E4M3, gathered.base, quantized.data(), 0, tensor.numel);
+      compare(context, "fp8 data", tensor, t, DType::kF8E4M3, HostBytes(gathered).data(), quantized.data(), 0,
+              tensor.numel);
       const std::int64_t blocks = (tensor.numel + tensor.granularity - 1) / tensor.granularity;
       compare(context, "fp8 block scales", tensor, t, DType::kF32,
-              reinterpret_cast<const std::byte*>(scales.data() + g.group.scaleIndex(t)),
+              reinterpret_cast<const std::byte*>(host_scales.as<float>() + g.group.scaleIndex(t)),
               reinterpret_cast<const std::byte*>(full_scales.data() + g.group.scaleIndex(t)), 0, blocks,
               g.group.scaleIndex(t));
     }
@@ -718,8 +800,10 @@ void scenarioTrain(Client& client) {
 
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const TensorView w = shardView(g, t, false);
+    HostBytes host(w);
     for (std::int64_t i = 0; i < w.numel(); ++i)
-      w.data<float>()[i] = dbuf::coll::trainInit(g_args.seed, t, w.begin + i);
+      host.as<float>()[i] = dbuf::coll::trainInit(g_args.seed, t, w.begin + i);
+    host.store();
   }
   for (int step = 1; step <= dbuf::coll::kTrainSteps; ++step) {
     must(g.group.unshard(g_args.timeout), "step " + std::to_string(step) + ": unshard");
@@ -728,28 +812,32 @@ void scenarioTrain(Client& client) {
     // reference's bf16(master) of this step), then gradients from them.
     double activation = 0;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const TensorView p = slotView(g, t, false);
-      const TensorView grad = slotView(g, t, true);
+      HostBytes p(slotView(g, t, false));
+      const TensorView grad_view = slotView(g, t, true);
+      HostBytes grad(grad_view);
       const auto& expected = expected_gathered[static_cast<std::size_t>(step - 1)][t];
       std::vector<std::byte> expected_bytes(expected.size() * 2);
       std::memcpy(expected_bytes.data(), expected.data(), expected_bytes.size());
       compare("train step " + std::to_string(step) + " after unshard", "gathered bf16 params", tensors[t], t,
-              DType::kBF16, p.base, expected_bytes.data(), 0, tensors[t].numel);
-      for (std::int64_t e = 0; e < p.numel(); ++e) {
-        const float value = bf16ToFloat(p.data<std::uint16_t>()[e]);
+              DType::kBF16, p.data(), expected_bytes.data(), 0, tensors[t].numel);
+      for (std::int64_t e = 0; e < grad_view.numel(); ++e) {
+        const float value = bf16ToFloat(p.as<std::uint16_t>()[e]);
         activation += static_cast<double>(value);
-        grad.data<std::uint16_t>()[e] = dbuf::coll::trainGrad(value, g_args.rank, t, step);
+        grad.as<std::uint16_t>()[e] = dbuf::coll::trainGrad(value, g_args.rank, t, step);
       }
+      grad.store();
     }
     must(g.group.reduceScatter({ReduceMode::kAvg, 1.0F, 1.0F, false}, g_args.timeout),
          "step " + std::to_string(step) + ": reduceScatter");
     ++g_collectives;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const TensorView w = shardView(g, t, false);
-      const TensorView grad = shardView(g, t, true);
-      for (std::int64_t i = 0; i < w.numel(); ++i) {
-        w.data<float>()[i] = dbuf::coll::sgdUpdate(w.data<float>()[i], grad.data<float>()[i]);
+      const TensorView w_view = shardView(g, t, false);
+      HostBytes w(w_view);
+      HostBytes grad(shardView(g, t, true));
+      for (std::int64_t i = 0; i < w_view.numel(); ++i) {
+        w.as<float>()[i] = dbuf::coll::sgdUpdate(w.as<float>()[i], grad.as<float>()[i]);
       }
+      w.store();
     }
     must(g.group.reshard(g_args.timeout), "step " + std::to_string(step) + ": reshard");
     say("step %d done (sum of gathered params %.6g)", step, activation);
@@ -762,7 +850,7 @@ void scenarioTrain(Client& client) {
     const std::int64_t header[3] = {static_cast<std::int64_t>(t), w.begin, w.end};
     out.write(reinterpret_cast<const char*>(header), sizeof header);
     if (w.numel() > 0) {
-      out.write(reinterpret_cast<const char*>(w.base), static_cast<std::streamsize>(w.numel() * 4));
+      out.write(reinterpret_cast<const char*>(HostBytes(w).data()), static_cast<std::streamsize>(w.numel() * 4));
     }
   }
   out.close();
@@ -774,7 +862,7 @@ void scenarioTrain(Client& client) {
 
 // ----------------------------------------------------------------- large
 
-/// Shards larger than one step of the daemon (HostCollective::kStepElements
+/// Shards larger than one step of the daemon (LocalCollective::kStepElements
 /// = 2^22 elements per kernel call): the op cursor crosses step boundaries
 /// inside a rank's shard and inside the all-reduce's element range.
 /// --shape bf16: one bf16 -> bf16 group only (half the memory, so that two
@@ -839,6 +927,8 @@ bool parse(int argc, char** argv) {
       g_args.out = value;
     } else if (key == "--timeout-ms") {
       g_args.timeout = std::chrono::milliseconds(std::stol(value));
+    } else if (key == "--device") {
+      g_args.device = static_cast<std::int32_t>(std::stol(value));
     } else {
       return false;
     }
@@ -851,14 +941,16 @@ bool parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (!parse(argc, argv)) {
-    std::fprintf(stderr,
-                 "usage: coll-rank --socket PATH --job JOB --rank R --world W --scenario ops|fp8|train|large "
-                 "[--shape element|rows|block|mixed|tiny|medium] [--seed N] [--out FILE] [--timeout-ms MS]\n");
+    std::fprintf(
+        stderr,
+        "usage: coll-rank --socket PATH --job JOB --rank R --world W --scenario ops|fp8|train|large "
+        "[--shape element|rows|block|mixed|tiny|medium] [--seed N] [--out FILE] [--timeout-ms MS] [--device GPU]\n");
     return 2;
   }
   const auto started = std::chrono::steady_clock::now();
   Client client = must(Client::connect({g_args.socket, g_args.timeout}), "connect");
-  must(client.attach({g_args.job, g_args.rank, g_args.world, g_args.rank, -1, false, 1}, g_args.timeout), "attach");
+  must(client.attach({g_args.job, g_args.rank, g_args.world, g_args.rank, g_args.device, false, 1}, g_args.timeout),
+       "attach");
   if (g_args.scenario == "ops") {
     scenarioOps(client);
   } else if (g_args.scenario == "fp8") {

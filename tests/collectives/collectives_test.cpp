@@ -1,7 +1,14 @@
-// Grouped collectives over shared-memory rings, host backend, end to end: a
-// real dbufd (tests/multiprocess harness) and world_size real trainer
-// processes (coll-rank), each checking every result element by element
-// against the reference of reference.hpp. Label: collectives.
+// Grouped collectives over shared-memory rings, end to end: a real dbufd
+// (tests/multiprocess harness) and world_size real trainer processes
+// (coll-rank), each checking every result element by element against the
+// reference of reference.hpp. Label: collectives (host backend).
+//
+// Built a second time as gpu_collectives_test (DBUF_COLL_GPU; label gpu,
+// skipped without a GPU): the same suite on GPU memory, dbufd running its
+// cuda backend and the ranks attaching on GPU 0. One-rank jobs go through the
+// NCCL path (dbufd without virtual ranks), larger ones are virtual ranks on
+// the one GPU: a machine with one GPU can run nothing else, and both must
+// equal the reference bit for bit like the host backend.
 //
 // One process launch per (world, shape) runs every op on one group per dtype
 // pair; the fp8, training and large-shard tests have scenarios of their own.
@@ -23,6 +30,13 @@
 
 #include "harness.hpp"
 #include "reference.hpp"
+
+#if defined(DBUF_COLL_GPU)
+#include "gpu_test_support.hpp"
+#define DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED() DBUF_SKIP_WITHOUT_GPU()
+#else
+#define DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED() static_cast<void>(0)
+#endif
 
 extern char** environ;  // NOLINT(readability-identifier-naming): POSIX name
 
@@ -50,6 +64,18 @@ struct JobSpec {
   std::uint64_t seed = 1;
   bool rank_outputs = false;  ///< pass --out <dir>/<job>-<rank>.bin
 };
+
+#if defined(DBUF_COLL_GPU)
+constexpr bool kOnGpu = true;
+#else
+constexpr bool kOnGpu = false;
+#endif
+
+std::string collRankExecutable() {
+  // The GPU bundle runs its copies from its bin/ (its run script exports DBUF_BIN_DIR).
+  if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/coll-rank";  // NOLINT
+  return DBUF_COLL_RANK_EXE;
+}
 
 /// The test's environment minus what would make a child behave differently.
 std::vector<std::string> childEnvironment() {
@@ -79,10 +105,11 @@ class Job {
                                        "--shape",    spec_.shape,
                                        "--seed",     std::to_string(spec_.seed)};
       if (spec_.rank_outputs) args.insert(args.end(), {"--out", outputs_.back()});
+      if (kOnGpu) args.insert(args.end(), {"--device", "0"});
       Child::Options options;
       options.stderr_path = logs_.back();
       options.environment = childEnvironment();
-      ranks_.push_back(std::make_unique<Child>(DBUF_COLL_RANK_EXE, args, options));
+      ranks_.push_back(std::make_unique<Child>(collRankExecutable(), args, options));
     }
   }
 
@@ -144,10 +171,21 @@ class Job {
   std::vector<std::unique_ptr<Child>> ranks_;
 };
 
-/// A daemon in a fresh directory for one test.
+/// dbufd's settings for jobs of `world` ranks: the host backend, or on GPU
+/// the cuda backend with one-rank jobs through NCCL and larger ones as
+/// virtual ranks on one GPU.
+Daemon::Settings settingsFor(std::uint32_t world) {
+  Daemon::Settings settings;
+  if (kOnGpu) settings.extra_args = {"--backend", "cuda", "--virtual-ranks", world == 1 ? "0" : "8"};
+  return settings;
+}
+
+/// A daemon in a fresh directory for one test, for jobs of up to 8 ranks
+/// (`world` 1: one-rank jobs only).
 struct Node {
+  explicit Node(std::uint32_t world = 8) : daemon(dir.path(), settingsFor(world)) {}
   TempDir dir{"dbuf-coll"};
-  Daemon daemon{dir.path()};
+  Daemon daemon;
 };
 
 void runJob(Node& node, const JobSpec& spec) {
@@ -162,8 +200,9 @@ using OpsParam = std::tuple<std::uint32_t, std::string>;
 class CollectiveOps : public ::testing::TestWithParam<OpsParam> {};
 
 TEST_P(CollectiveOps, EveryOpAndDtypePairMatchesTheReference) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   const auto& [world, shape] = GetParam();
-  Node node;
+  Node node(world);
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   runJob(node, {"ops-" + shape + "-" + std::to_string(world), "ops", shape, world,
                 1000 + world * 10 + std::hash<std::string>{}(shape) % 10, false});
@@ -173,6 +212,13 @@ std::string opsName(const ::testing::TestParamInfo<OpsParam>& info) {
   return std::get<1>(info.param) + "_world" + std::to_string(std::get<0>(info.param));
 }
 
+#if defined(DBUF_COLL_GPU)
+// 1 rank: the NCCL path; 2 and 4: virtual ranks on one GPU.
+INSTANTIATE_TEST_SUITE_P(GpuRanks, CollectiveOps,
+                         ::testing::Combine(::testing::Values(1U, 2U, 4U),
+                                            ::testing::Values("element", "rows", "block", "mixed", "tiny", "medium")),
+                         opsName);
+#else
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveOps,
                          ::testing::Combine(::testing::Values(1U, 2U, 3U, 4U, 8U),
                                             ::testing::Values("element", "rows", "block", "mixed", "tiny")),
@@ -181,8 +227,10 @@ INSTANTIATE_TEST_SUITE_P(OddRanks, CollectiveOps,
                          ::testing::Combine(::testing::Values(5U, 7U), ::testing::Values("mixed")), opsName);
 INSTANTIATE_TEST_SUITE_P(MultiThreadedKernels, CollectiveOps,
                          ::testing::Combine(::testing::Values(3U), ::testing::Values("medium")), opsName);
+#endif
 
 TEST(CollectiveJobs, TwoJobsOnOneDaemonInterleave) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   Node node;
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   Job a(node.dir, node.daemon, {"interleave-a", "ops", "rows", 3, 71, false});
@@ -194,6 +242,7 @@ TEST(CollectiveJobs, TwoJobsOnOneDaemonInterleave) {
 // ----------------------------------------------------------------- fp8
 
 TEST(Fp8AllGather, ShardedBlockQuantizationEqualsFullTensorQuantizationBitwise) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   Node node;
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   for (const std::uint32_t world : {2U, 3U, 4U, 8U}) {
@@ -205,6 +254,7 @@ TEST(Fp8AllGather, ShardedBlockQuantizationEqualsFullTensorQuantizationBitwise) 
 // ----------------------------------------------------------------- training
 
 TEST(TrainingStep, FourRanksFiveSgdStepsMatchSingleProcessReference) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   Node node;
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   constexpr std::uint64_t kSeed = 4242;
@@ -277,6 +327,7 @@ TEST(TrainingStep, FourRanksFiveSgdStepsMatchSingleProcessReference) {
 // ----------------------------------------------------------------- large
 
 TEST(LargeGroup, ShardsLargerThanOneDaemonStep) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   Node node;
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   runJob(node, {"large", "large", "", 2, 99, false});
@@ -285,6 +336,7 @@ TEST(LargeGroup, ShardsLargerThanOneDaemonStep) {
 // Two jobs whose ops take several daemon steps each: the daemon gives the
 // jobs steps in turn (one fp32 reduction scratch for all of them).
 TEST(LargeGroup, TwoJobsWithMultiStepOpsInterleave) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
   Node node;
   ASSERT_NO_FATAL_FAILURE(node.daemon.start());
   Job a(node.dir, node.daemon, {"large-a", "large", "bf16", 2, 101, false});

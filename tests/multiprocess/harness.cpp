@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -165,7 +166,8 @@ Daemon::Daemon(const std::filesystem::path& dir, const Settings& settings)
     : dir_(dir),
       socket_((dir / "dbufd.sock").string()),
       config_((dir / "dbufd.toml").string()),
-      log_((dir / "dbufd.log").string()) {
+      log_((dir / "dbufd.log").string()),
+      extra_args_(settings.extra_args) {
   std::ostringstream text;
   text << "[daemon]\n"
        << "socket = \"" << socket_ << "\"\n"
@@ -185,14 +187,25 @@ Daemon::Daemon(const std::filesystem::path& dir, const Settings& settings)
   if (!out) fatal("cannot write " + config_);
 }
 
+std::vector<std::string> Daemon::commandLine() const {
+  std::vector<std::string> args{"--config", config_, "--socket", socket_, "--log-level", "info"};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  return args;
+}
+
+std::string dbufdExecutable() {
+  // The GPU bundle runs its copies from its bin/ (its run script exports DBUF_BIN_DIR).
+  if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/dbufd";  // NOLINT
+  return DBUFD_EXE;
+}
+
 Daemon::~Daemon() {
   if (process_ && process_->running()) process_->killAndReap();
 }
 
 void Daemon::start() {
   process_.reset();
-  process_.emplace(DBUFD_EXE, std::vector<std::string>{"--config", config_, "--socket", socket_, "--log-level", "info"},
-                   childOptions(false, log_));
+  process_.emplace(dbufdExecutable(), commandLine(), childOptions(false, log_));
   // Ready when a connect succeeds: retry until a deadline (the socket does not
   // exist, or nobody listens yet), and stop early if the daemon died.
   sockaddr_un address{};
@@ -213,8 +226,7 @@ void Daemon::start() {
 
 std::pair<int, std::string> Daemon::startSecond() {
   const std::string second_log = (dir_ / "second.log").string();
-  Child second(DBUFD_EXE, {"--config", config_, "--socket", socket_, "--log-level", "info"},
-               childOptions(false, second_log));
+  Child second(dbufdExecutable(), commandLine(), childOptions(false, second_log));
   const auto status = second.waitExit(milliseconds(10000));
   return {status.value_or(-1), dbuf::testing::readFile(second_log)};
 }

@@ -83,6 +83,10 @@ struct DaemonCounts {
   [[nodiscard]] std::string text() const;
 };
 
+/// dbufd: from $DBUF_BIN_DIR when set (the GPU bundle's copies), else the
+/// one this build made.
+[[nodiscard]] std::string dbufdExecutable();
+
 /// A real dbufd on `<dir>/dbufd.sock`, config written to `<dir>/dbufd.toml`,
 /// its stderr (the log) in `<dir>/dbufd.log`.
 class Daemon {
@@ -92,6 +96,7 @@ class Daemon {
     int register_ms = 30000;
     int grace_period_s = 1;
     bool tenants_by_uid = true;  ///< tenant "a" = uid 0, tenant "b" = uid 65534; else none (the default tenant)
+    std::vector<std::string> extra_args;  ///< appended to dbufd's command line (e.g. --backend cuda)
   };
   Daemon(const std::filesystem::path& dir, const Settings& settings);
   explicit Daemon(const std::filesystem::path& dir) : Daemon(dir, Settings{}) {}
@@ -134,10 +139,12 @@ class Daemon {
   void kill9();
 
  private:
+  [[nodiscard]] std::vector<std::string> commandLine() const;
   std::filesystem::path dir_;
   std::string socket_;
   std::string config_;
   std::string log_;
+  std::vector<std::string> extra_args_;
   std::optional<Child> process_;
   DaemonCounts baseline_;
 };

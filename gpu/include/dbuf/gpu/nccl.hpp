@@ -83,6 +83,22 @@ class LocalComms {
   /// reduced part is at r * count of its buffer.
   [[nodiscard]] Result<void> reduceScatter(std::span<void* const> buffers, std::size_t count, DType dtype,
                                            ncclRedOp_t op, std::span<const cudaStream_t> streams);
+  /// In place: every buffers[r] (count elements) becomes the reduction of all.
+  [[nodiscard]] Result<void> allReduce(std::span<void* const> buffers, std::size_t count, DType dtype, ncclRedOp_t op,
+                                       std::span<const cudaStream_t> streams);
+  /// Every buffers[r] (count elements) becomes a copy of buffers[root].
+  [[nodiscard]] Result<void> broadcast(std::span<void* const> buffers, std::size_t count, DType dtype, int root,
+                                       std::span<const cudaStream_t> streams);
+  /// An all-gather of parts of different sizes (NCCL's needs equal ones): rank
+  /// r's part is elements [parts[r].first, + parts[r].count) of its buffer,
+  /// and afterwards every buffer holds every part at the same place. One
+  /// broadcast per rank with a part, all in one group.
+  struct Part {
+    std::size_t first = 0;
+    std::size_t count = 0;
+  };
+  [[nodiscard]] Result<void> allGatherParts(std::span<void* const> buffers, std::span<const Part> parts, DType dtype,
+                                            std::span<const cudaStream_t> streams);
 
   /// Asynchronous errors of any communicator; the first one aborts them all
   /// and is returned now and by every later call.
@@ -92,12 +108,11 @@ class LocalComms {
  private:
   explicit LocalComms(std::vector<ncclComm_t> comms) noexcept : comms_(std::move(comms)) {}
   [[nodiscard]] Result<void> checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const;
-  /// One NCCL call per local rank, given the rank's whole buffer and its own
-  /// part (at rank * count), all inside one ncclGroupStart / ncclGroupEnd.
-  using RankCall =
-      std::function<ncclResult_t(const Nccl&, void* all, void* own, ncclDataType_t, ncclComm_t, cudaStream_t)>;
-  [[nodiscard]] Result<void> grouped(std::span<void* const> buffers, std::size_t count, DType dtype,
-                                     std::span<const cudaStream_t> streams, const char* what, const RankCall& call);
+  /// The NCCL calls of one local rank (its communicator and stream).
+  using RankCall = std::function<ncclResult_t(const Nccl&, std::size_t rank, ncclComm_t, cudaStream_t)>;
+  /// `call` for every local rank, all inside one ncclGroupStart / ncclGroupEnd.
+  [[nodiscard]] Result<void> grouped(std::span<void* const> buffers, std::span<const cudaStream_t> streams,
+                                     const char* what, const RankCall& call);
   void abortAll() noexcept;
   void release() noexcept;
 

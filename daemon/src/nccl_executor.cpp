@@ -1,0 +1,316 @@
+// The nccl executor (CUDA builds): one rank per GPU. Each rank's memory is
+// on its own GPU (mapped into the daemon), each GPU has a stream of the
+// daemon's and a CudaRunner on it, and the job's communicators (one per GPU,
+// one ncclCommInitAll) are made at the job's first op and reused. An op is
+// queued whole in one step: the per-rank fused kernels that turn each rank's
+// own part into the wire dtype (or finish a reduction), and one grouped,
+// in-place NCCL call for all ranks. NCCL's asynchronous errors are polled
+// with the op's events; the first aborts the communicators (the ranks get the
+// error, never a hang) and the next op makes new ones.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "dbuf/common/cuda_status.hpp"
+#include "dbuf/gpu/nccl.hpp"
+#include "dbuf/kernels/cuda_runner.hpp"
+#include "executor.hpp"
+
+namespace dbuf::daemon {
+namespace {
+
+using kernels::ConstBuffer;
+using kernels::MutBuffer;
+using kernels::Segment;
+
+/// One rank's GPU: its stream, the event marking an op's end on it, and the
+/// fused kernels queued on that stream. Owns the stream and event.
+struct RankGpu {
+  explicit RankGpu(int gpu) : device(gpu) {}
+  RankGpu(const RankGpu&) = delete;
+  RankGpu& operator=(const RankGpu&) = delete;
+  ~RankGpu() {
+    static_cast<void>(cudaSetDevice(device));
+    runner.reset();  // its cached segment table is on this GPU
+    if (event != nullptr) static_cast<void>(cudaEventDestroy(event));
+    if (stream != nullptr) static_cast<void>(cudaStreamDestroy(stream));
+    if (scratch != nullptr) static_cast<void>(cudaFree(scratch));
+  }
+
+  int device;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+  std::unique_ptr<kernels::cuda::CudaRunner> runner;
+  float* scratch = nullptr;  ///< LocalCollective::kStepElements floats, at the first scaled all-reduce
+};
+
+Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
+  auto gpu = std::make_unique<RankGpu>(device);
+  const std::string on = " on GPU " + std::to_string(device);
+  if (auto r = cudaStatus(cudaSetDevice(device), "cudaSetDevice" + on); !r) return r.error();
+  if (auto r = cudaStatus(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking), "cudaStreamCreate" + on);
+      !r) {
+    return r.error();
+  }
+  if (auto r = cudaStatus(cudaEventCreateWithFlags(&gpu->event, cudaEventDisableTiming), "cudaEventCreate" + on); !r) {
+    return r.error();
+  }
+  gpu->runner = std::make_unique<kernels::cuda::CudaRunner>(gpu->stream);
+  return gpu;
+}
+
+class NcclExecutor final : public Executor {
+ public:
+  explicit NcclExecutor(std::vector<std::unique_ptr<RankGpu>> gpus) : gpus_(std::move(gpus)) {
+    for (const auto& gpu : gpus_) {
+      devices_.push_back(gpu->device);
+      streams_.push_back(gpu->stream);
+    }
+    buffers_.resize(gpus_.size());
+    scale_parts_.resize(gpus_.size());
+  }
+  ~NcclExecutor() override {
+    quiesce();
+    comms_.reset();  // before the streams go
+  }
+
+  Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+                     std::span<const RankBuffers> ranks) override {
+    if (ranks.size() != gpus_.size()) {
+      return makeError(ErrorCode::kInternal, "nccl executor: " + std::to_string(gpus_.size()) + " GPUs but " +
+                                                 std::to_string(ranks.size()) + " ranks");
+    }
+    if (!comms_ || comms_->failed()) {
+      // At the job's first op, and after a failure aborted the previous ones.
+      comms_.reset();
+      auto made = gpu::LocalComms::create(devices_);
+      if (!made) return std::move(made).error();
+      comms_ = std::make_unique<gpu::LocalComms>(std::move(*made));
+    }
+    args_ = args;
+    geometry_ = &geometry;
+    ranks_ = ranks;
+    written_ = 0;
+    return {};
+  }
+
+  Result<bool> step() override {
+    Result<void> queued;
+    switch (args_.op) {
+      case ipc::OpCode::kAllGather:
+        queued = allGather();
+        break;
+      case ipc::OpCode::kReduceScatter:
+        queued = reduceScatter();
+        break;
+      case ipc::OpCode::kAllReduce:
+        queued = allReduce();
+        break;
+      case ipc::OpCode::kBroadcast:
+        queued = broadcast();
+        break;
+      case ipc::OpCode::kNoop:
+      case ipc::OpCode::kBarrier:
+        break;  // no data
+    }
+    if (!queued) return std::move(queued).error();
+    return true;  // the whole op is queued in one step
+  }
+  std::uint64_t bytesWritten() const noexcept override { return written_; }
+
+  Result<void> queued() override {
+    for (const auto& gpu : gpus_) {
+      if (auto r = cudaStatus(cudaSetDevice(gpu->device), "cudaSetDevice"); !r) return r;
+      if (auto r = cudaStatus(cudaEventRecord(gpu->event, gpu->stream), "cudaEventRecord"); !r) return r;
+    }
+    return {};
+  }
+  Result<bool> done() override {
+    // An asynchronous NCCL error aborts the communicators and fails the op.
+    if (auto r = comms_->poll(); !r) return r.error();
+    for (const auto& gpu : gpus_) {
+      static_cast<void>(cudaSetDevice(gpu->device));
+      const cudaError_t status = cudaEventQuery(gpu->event);
+      if (status == cudaErrorNotReady) return false;
+      if (auto r = cudaStatus(status, "the job's GPU work on GPU " + std::to_string(gpu->device)); !r) {
+        return r.error();
+      }
+    }
+    return true;
+  }
+  void quiesce() noexcept override {
+    // Never a plain stream synchronize: NCCL kernels whose peers cannot
+    // progress would hold it forever. Polling aborts failed communicators,
+    // which ends their kernels.
+    for (;;) {
+      if (comms_) static_cast<void>(comms_->poll());
+      bool idle = true;
+      for (const auto& gpu : gpus_) {
+        static_cast<void>(cudaSetDevice(gpu->device));
+        if (cudaStreamQuery(gpu->stream) == cudaErrorNotReady) idle = false;
+      }
+      if (idle) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+ private:
+  /// per_rank(r, rank r's memory, its GPU) for each rank, its GPU current.
+  template <typename PerRank>
+  Result<void> forEachRank(PerRank per_rank) {
+    for (std::size_t r = 0; r < gpus_.size(); ++r) {
+      if (auto made = cudaStatus(cudaSetDevice(gpus_[r]->device), "cudaSetDevice"); !made) return made;
+      if (auto done = per_rank(static_cast<std::uint32_t>(r), ranks_[r], *gpus_[r]); !done) return done;
+    }
+    return {};
+  }
+  /// Every rank's buffer of one kind (params, grads, scales), for an NCCL call.
+  template <typename T>
+  std::span<void* const> everyRank(T* RankBuffers::*member) {
+    for (std::size_t r = 0; r < ranks_.size(); ++r) buffers_[r] = ranks_[r].*member;
+    return buffers_;
+  }
+  [[nodiscard]] std::int64_t unshardedElements() const { return geometry_->world * geometry_->shard_elems; }
+
+  Result<void> allGather() {
+    // Each rank's own part of its unsharded params (cast, or quantized with
+    // its scales), then one in-place all-gather of the parts as bytes.
+    const GroupGeometry& g = *geometry_;
+    auto own_parts = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
+      const ConstBuffer shard{mine.shard, g.sharded, g.shard_elems};
+      const MutBuffer params{mine.params, g.unsharded, unshardedElements()};
+      if (g.quantized()) {
+        return gpu.runner->quantizeE4m3(shard, params, MutBuffer{mine.scales, DType::kF32, g.total_blocks},
+                                        g.ranks[r].segments);
+      }
+      const Segment own{0, r * g.shard_elems, g.shard_elems, 0, 0};
+      return gpu.runner->cast(shard, params, {&own, 1});
+    });
+    if (!own_parts) return own_parts;
+    const auto part_bytes = static_cast<std::size_t>(g.shard_elems * sizeBytes(g.unsharded));
+    if (auto r = comms_->allGather(everyRank(&RankBuffers::params), part_bytes, DType::kU8, streams_); !r) return r;
+    written_ += part_bytes * g.world * g.world;
+    if (!g.quantized()) return {};
+    for (std::size_t r = 0; r < gpus_.size(); ++r) {
+      scale_parts_[r] = {static_cast<std::size_t>(g.ranks[r].first_scale), static_cast<std::size_t>(g.ranks[r].scales)};
+    }
+    return comms_->allGatherParts(everyRank(&RankBuffers::scales), scale_parts_, DType::kF32, streams_);
+  }
+
+  Result<void> reduceScatter() {
+    // NCCL sums every rank's gradients in the gradient dtype, rank r's part
+    // landing in place at r * S of its grads; one fused pass then applies the
+    // scales (pre x post, / world for avg) and casts or accumulates it into
+    // the rank's sharded gradient.
+    const GroupGeometry& g = *geometry_;
+    if (auto r = comms_->reduceScatter(everyRank(&RankBuffers::grads), static_cast<std::size_t>(g.shard_elems), g.grad,
+                                       ncclSum, streams_);
+        !r) {
+      return r;
+    }
+    const kernels::ReduceOptions options{args_.pre_scale, postFactor(), args_.accumulate};
+    return forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
+      const ConstBuffer summed{mine.grads, g.grad, unshardedElements()};
+      const Segment own{r * g.shard_elems, 0, g.shard_elems, 0, 0};
+      written_ += static_cast<std::uint64_t>(g.shard_elems * sizeBytes(g.sharded));
+      return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.shard_grad, g.sharded, g.shard_elems}, options, {&own, 1});
+    });
+  }
+
+  Result<void> allReduce() {
+    const GroupGeometry& g = *geometry_;
+    const std::int64_t elements = unshardedElements();
+    if (auto r = comms_->allReduce(everyRank(&RankBuffers::grads), static_cast<std::size_t>(elements), g.grad, ncclSum,
+                                   streams_);
+        !r) {
+      return r;
+    }
+    written_ += static_cast<std::uint64_t>(elements * sizeBytes(g.grad)) * g.world;
+    if (args_.pre_scale == 1.0F && postFactor() == 1.0F) return {};
+    // The scales as the engine applies them (factor x sum of pre x each, in
+    // fp32, rounded once): a fused reduce of the sum into an fp32 scratch,
+    // cast back, a chunk at a time (its destination cannot be its source).
+    const kernels::ReduceOptions options{args_.pre_scale, postFactor(), false};
+    return forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) -> Result<void> {
+      auto scratch = scratchOn(gpu);
+      if (!scratch) return scratch.error();
+      kernels::Runner& runner = *gpu.runner;
+      const ConstBuffer summed{mine.grads, g.grad, elements};
+      for (std::int64_t first = 0; first < elements; first += LocalCollective::kStepElements) {
+        const std::int64_t count = std::min(LocalCollective::kStepElements, elements - first);
+        const Segment in{first, 0, count, 0, 0};
+        const Segment out{0, first, count, 0, 0};
+        if (auto r = runner.reduce({&summed, 1}, MutBuffer{*scratch, DType::kF32, count}, options, {&in, 1}); !r)
+          return r;
+        if (auto r = runner.cast(ConstBuffer{*scratch, DType::kF32, count}, MutBuffer{mine.grads, g.grad, elements},
+                                 {&out, 1});
+            !r) {
+          return r;
+        }
+      }
+      return {};
+    });
+  }
+
+  /// The fp32 scratch on `gpu` (the current GPU), made at its first use.
+  static Result<float*> scratchOn(RankGpu& gpu) {
+    if (gpu.scratch == nullptr) {
+      void* memory = nullptr;
+      if (auto r = cudaStatus(cudaMalloc(&memory, LocalCollective::kStepElements * sizeof(float)),
+                              "cudaMalloc (all-reduce scratch)");
+          !r) {
+        return r.error();
+      }
+      gpu.scratch = static_cast<float*>(memory);
+    }
+    return gpu.scratch;
+  }
+
+  Result<void> broadcast() {
+    const GroupGeometry& g = *geometry_;
+    const auto bytes = static_cast<std::size_t>(unshardedElements() * sizeBytes(g.unsharded));
+    const auto root = static_cast<int>(args_.root);
+    if (auto r = comms_->broadcast(everyRank(&RankBuffers::params), bytes, DType::kU8, root, streams_); !r) return r;
+    written_ += bytes * (g.world - 1);
+    if (!g.quantized()) return {};
+    return comms_->broadcast(everyRank(&RankBuffers::scales), static_cast<std::size_t>(g.total_blocks), DType::kF32,
+                             root, streams_);
+  }
+
+  /// The reduction's factor after the sum: post, or post / world for avg.
+  [[nodiscard]] float postFactor() const noexcept {
+    return args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
+                                                 : args_.post_scale;
+  }
+
+  std::vector<std::unique_ptr<RankGpu>> gpus_;
+  std::vector<int> devices_;
+  std::vector<cudaStream_t> streams_;
+  std::unique_ptr<gpu::LocalComms> comms_;
+  // The op.
+  CollectiveArgs args_;
+  const GroupGeometry* geometry_ = nullptr;
+  std::span<const RankBuffers> ranks_;
+  std::uint64_t written_ = 0;
+  // Per-rank argument arrays for the NCCL calls, reused by every op.
+  std::vector<void*> buffers_;
+  std::vector<gpu::LocalComms::Part> scale_parts_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices) {
+  if (auto loaded = gpu::nccl(); !loaded) return loaded.error();  // say so at attach, not at the first op
+  std::vector<std::unique_ptr<RankGpu>> gpus;
+  for (const int device : devices) {
+    auto gpu = makeRankGpu(device);
+    if (!gpu) return std::move(gpu).error();
+    gpus.push_back(std::move(*gpu));
+  }
+  return std::unique_ptr<Executor>(std::make_unique<NcclExecutor>(std::move(gpus)));
+}
+
+}  // namespace dbuf::daemon

@@ -1,0 +1,54 @@
+#include "placement.hpp"
+
+#include <string>
+#include <utility>
+
+namespace dbuf::daemon {
+
+Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer) {
+  if (!offer.gpu_memory) return Placement::kHost;
+  if (hello.world_size <= offer.virtual_ranks) return Placement::kSharedGpu;
+  if (std::cmp_greater(hello.world_size, offer.gpus)) {
+    return makeError(
+        ErrorCode::kInvalidArgument,
+        "job '" + hello.job_id + "' has " + std::to_string(hello.world_size) + " ranks but this node has " +
+            std::to_string(offer.gpus) + " GPUs for one rank each; ranks share a GPU only as virtual ranks (" +
+            (offer.virtual_ranks == 0 ? std::string("off") : "at most " + std::to_string(offer.virtual_ranks)) +
+            " per GPU on this dbufd: --virtual-ranks)");
+  }
+  return Placement::kGpuPerRank;
+}
+
+Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices, const ipc::Hello& hello,
+                             int gpus) {
+  if (placement == Placement::kHost) return {};
+  const std::string who = "rank " + std::to_string(hello.rank) + " of job '" + hello.job_id + "'";
+  if (hello.device < 0 || hello.device >= gpus) {
+    return makeError(ErrorCode::kInvalidArgument, who + " names GPU " + std::to_string(hello.device) +
+                                                      " but dbufd serves GPU memory on GPUs 0-" +
+                                                      std::to_string(gpus - 1) + " (numbered as dbufd sees them)");
+  }
+  const std::int32_t before = devices[hello.rank];
+  if (before >= 0 && before != hello.device) {
+    return makeError(ErrorCode::kInvalidArgument, who + " is on GPU " + std::to_string(hello.device) +
+                                                      " but attached on GPU " + std::to_string(before) +
+                                                      " before, where its memory is");
+  }
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    const std::int32_t other = devices[r];
+    if (r == hello.rank || other < 0) continue;
+    if (placement == Placement::kSharedGpu && other != hello.device) {
+      return makeError(ErrorCode::kInvalidArgument, who + " is on GPU " + std::to_string(hello.device) +
+                                                        " but the job's ranks share GPU " + std::to_string(other) +
+                                                        " (virtual ranks)");
+    }
+    if (placement == Placement::kGpuPerRank && other == hello.device) {
+      return makeError(ErrorCode::kInvalidArgument,
+                       who + " is on GPU " + std::to_string(hello.device) + ", which rank " + std::to_string(r) +
+                           " already has: with one rank per GPU (NCCL) each rank needs its own GPU");
+    }
+  }
+  return {};
+}
+
+}  // namespace dbuf::daemon

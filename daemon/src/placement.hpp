@@ -1,0 +1,40 @@
+#pragma once
+// Where a job's memory goes and how its collectives run, decided from its
+// ranks' Hellos: pure functions of the request, the backend and the node's
+// GPUs (tested without a GPU).
+
+#include <cstdint>
+#include <span>
+
+#include "dbuf/common/result.hpp"
+#include "dbuf/ipc/protocol.hpp"
+
+namespace dbuf::daemon {
+
+enum class Placement : std::uint8_t {
+  kHost,        ///< host memory, the CPU kernels
+  kSharedGpu,   ///< cuda, virtual ranks: every rank on one GPU, the CUDA kernels
+  kGpuPerRank,  ///< cuda: each rank on its own GPU, the CUDA kernels and NCCL
+};
+
+/// What the daemon offers: GPU memory or not, how many ranks may share one
+/// GPU (--virtual-ranks), how many GPUs it sees.
+struct GpuOffer {
+  bool gpu_memory = false;  ///< the cuda backend
+  std::uint32_t virtual_ranks = 0;
+  int gpus = 0;
+};
+
+/// Where a new job (its first Hello) goes: jobs of at most virtual_ranks
+/// ranks share a GPU, larger ones need a GPU per rank; kInvalidArgument
+/// saying so when the node has too few.
+[[nodiscard]] Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer);
+
+/// Whether a rank may attach on the GPU its Hello names, given the GPU each
+/// rank of the job attached on before (`devices`, world entries, -1 for
+/// ranks not seen yet): one that exists, the one it had (its memory is there),
+/// the others' for a shared GPU, none of the others' with a GPU per rank.
+[[nodiscard]] Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices,
+                                           const ipc::Hello& hello, int gpus);
+
+}  // namespace dbuf::daemon
