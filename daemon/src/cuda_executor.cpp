@@ -35,6 +35,10 @@ class CudaExecutor final : public EngineExecutor {
     return true;
   }
   void quiesce() noexcept override { static_cast<void>(cudaStreamSynchronize(stream_)); }
+  Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t /*rank*/,
+                                                           ipc::StreamCounters& counters) override {
+    return cudaSessionCounters(counters, device_, stream_);  // every rank's part runs on the one stream
+  }
 
  protected:
   kernels::Runner& runner() override { return runner_; }

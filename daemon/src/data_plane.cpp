@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "dbuf/common/stream_counter_word.hpp"
 #include "jobs.hpp"
 #include "rank_text.hpp"
 
@@ -17,6 +18,9 @@ namespace dbuf::daemon {
 namespace {
 
 constexpr auto kOk = std::uint16_t{0};
+
+/// How often the loop looks at a GPU while an op waits for one.
+constexpr auto kGpuPollInterval = std::chrono::microseconds(50);
 
 std::uint16_t status(ipc::WireError error) {
   return static_cast<std::uint16_t>(error);
@@ -34,6 +38,10 @@ std::string shortFloat(float value) {
   return text.data();
 }
 
+bool streamOrdered(const ipc::Submission& submission) {
+  return (submission.flags & ipc::kFlagStreamOrdered) != 0;
+}
+
 bool isGroupOp(ipc::OpCode op) {
   return op == ipc::OpCode::kAllGather || op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce ||
          op == ipc::OpCode::kBroadcast;
@@ -42,14 +50,18 @@ bool isGroupOp(ipc::OpCode op) {
 /// The fields every rank must agree on, compared bit for bit (scales too:
 /// ranks that disagree on a scale would silently diverge).
 bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
-  return a.op == b.op && a.group_id == b.group_id && a.reduce == b.reduce && a.flags == b.flags && a.root == b.root &&
+  // Stream ordering is each rank's own business.
+  constexpr auto kShared = static_cast<std::uint8_t>(~ipc::kFlagStreamOrdered);
+  return a.op == b.op && a.group_id == b.group_id && a.reduce == b.reduce &&
+         (a.flags & kShared) == (b.flags & kShared) && a.root == b.root &&
          std::memcmp(&a.pre_scale, &b.pre_scale, sizeof(float)) == 0 &&
          std::memcmp(&a.post_scale, &b.post_scale, sizeof(float)) == 0;
 }
 
 }  // namespace
 
-DataPlane::DataPlane(asio::io_context& io, const Config& config) : io_(io), config_(config), timeout_timer_(io) {}
+DataPlane::DataPlane(asio::io_context& io, const Config& config)
+    : io_(io), config_(config), timeout_timer_(io), gpu_poll_timer_(io) {}
 
 SessionPlane::~SessionPlane() {
   if (doorbell) {
@@ -114,8 +126,16 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
   RankState& state = job.ranks[rank];
   ipc::Completion completion;
   completion.handle = submission.handle;
+  if (streamOrdered(submission)) {
+    if (std::string why = streamOrderProblem(job, rank, submission); !why.empty()) {
+      completion.status = status(ipc::WireError::kBadRequest);
+      completeOne(job, rank, submission, completion, why);
+      return;
+    }
+    state.plane->last_ticket = submission.ticket;
+  }
   if (submission.op == static_cast<std::uint8_t>(ipc::OpCode::kNoop)) {
-    completeOne(job, rank, completion, {});
+    completeOne(job, rank, submission, completion, {});
     return;
   }
   if (!state.owed.empty()) {
@@ -123,27 +143,55 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
     const std::string message = std::move(state.owed.front());
     state.owed.pop_front();
     completion.status = status(ipc::WireError::kTimeout);
-    completeOne(job, rank, completion, message);
+    completeOne(job, rank, submission, completion, message);
     return;
   }
   if (!job.gone.empty()) {
     const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     completion.status = status(ipc::WireError::kConflict);
-    completeOne(job, rank, completion, describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
+    completeOne(job, rank, submission, completion,
+                describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
     return;
   }
   // The queue holds as many ops as the ring, and roomToAnswer() bounds what was
   // taken: a full queue is a daemon bug, reported rather than losing the op.
   if (!state.ops.push({submission, now})) {
     completion.status = status(ipc::WireError::kInternal);
-    completeOne(job, rank, completion, "dbufd: a rank's op queue overflowed (a bug); the op was not run");
+    completeOne(job, rank, submission, completion, "dbufd: a rank's op queue overflowed (a bug); the op was not run");
   }
 }
 
-void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion,
-                            const std::string& message) {
+std::string DataPlane::streamOrderProblem(const Job& job, std::uint32_t rank, const ipc::Submission& submission) {
+  const SessionPlane& plane = *job.ranks[rank].plane;
+  ipc::OpCode op{};
+  if (!ipc::opCodeFrom(submission.op, op) || !isGroupOp(op)) {
+    return describe(job, submission) + ": only group collectives can be ordered on a CUDA stream";
+  }
+  if (plane.stream_order_over) {
+    return describe(job, submission) +
+           ": an earlier stream-ordered op of this session failed, which ended its stream ordering (detach and attach "
+           "again)";
+  }
+  if (submission.ticket <= plane.last_ticket || isPoisoned(submission.ticket)) {
+    return describe(job, submission) + ": stream ticket " + std::to_string(submission.ticket) +
+           " does not follow the session's last one (" + std::to_string(plane.last_ticket) + ")";
+  }
+  if (job.placement == Placement::kHost) {
+    return describe(job, submission) + ": ordering on a CUDA stream needs GPU memory, and job " + job.id +
+           "'s is on the host (dbufd's host backend)";
+  }
+  return {};
+}
+
+void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
+                            const ipc::Completion& completion, const std::string& message) {
   SessionPlane* plane = job.ranks[rank].plane.get();
   if (plane == nullptr) return;  // the rank is gone; nobody to tell
+  if (completion.status != kOk && streamOrdered(submission)) {
+    // Its stream waits for done >= ticket, which the op will never write.
+    poisonCounter(plane->rings.streamCounters().done);
+    plane->stream_order_over = true;
+  }
   plane->rings.complete(completion, message);
   plane->rings.wakeClient();
 }
@@ -164,24 +212,30 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
         auto stepped = executor.step();
         if (!stepped) return failRunning(job, stepped.error());
         if (*stepped) {
-          if (auto queued = executor.queued(); !queued) return failRunning(job, queued.error());
+          if (auto queued = markQueued(job); !queued) return failRunning(job, queued.error());
           collectives.draining = true;
           break;
         }
       }
     }
     if (collectives.draining) {
-      // Polled, never waited for: while a GPU runs the op, every pass looks.
+      // Polled, never waited for: while a GPU runs the op, every pass looks
+      // (and a sleeping loop wakes up for it, see prepareSleep).
       auto done = collectives.executor->done();
       if (!done) return failRunning(job, done.error());
-      if (*done) finish(job, kOk, {}, SteadyClock::now());
+      if (!*done) return 0;
+      finish(job, kOk, {}, SteadyClock::now());
     }
     return 1;
   }
-  const bool all_arrived =
-      std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) { return !rank.ops.empty(); });
-  if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
-  start(job, now);
+  if (!collectives.validated) {
+    const bool all_arrived =
+        std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) { return !rank.ops.empty(); });
+    if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
+    if (!match(job, now)) return 1;
+  }
+  if (!streamsReady(job)) return checkStreamTimeout(job, now) ? 1 : 0;
+  start(job);
   return 1;
 }
 
@@ -193,25 +247,72 @@ std::size_t DataPlane::failRunning(Job& job, const Error& error) {
   return 1;
 }
 
-void DataPlane::start(Job& job, SteadyClock::time_point now) {
+bool DataPlane::match(Job& job, SteadyClock::time_point now) {
   const std::string why = validateFronts(job);
   if (!why.empty()) {
     spdlog::warn("job {}: {}", job.id, why);
     failFronts(job, status(ipc::WireError::kConflict), why);
-    return;
+    return false;
   }
   JobCollectives& collectives = job.collectives;
   collectives.matched = now;
   if (!isGroupOp(collectives.args.op)) {
     finish(job, kOk, {}, now);  // a barrier: everyone is here
-    return;
+    return false;
   }
+  collectives.validated = true;
+  return true;
+}
+
+bool DataPlane::streamsReady(const Job& job) {
+  // Read on the host, never waited for on a GPU stream of the daemon's: the
+  // counter is memory a client writes, and could hold that stream forever.
+  return std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) {
+    const ipc::Submission& op = rank.ops.front().submission;
+    return !streamOrdered(op) || counterValue(rank.plane->rings.streamCounters().ready) >= op.ticket;
+  });
+}
+
+bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
+  if (now - job.collectives.matched < config_.collective_timeout) return false;
+  std::vector<std::uint32_t> late;
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    const RankState& rank = job.ranks[r];
+    const ipc::Submission& op = rank.ops.front().submission;
+    if (streamOrdered(op) && counterValue(rank.plane->rings.streamCounters().ready) < op.ticket) late.push_back(r);
+  }
+  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
+                              describe(job, job.ranks.front().ops.front().submission) + " timed out after " +
+                              std::to_string(config_.collective_timeout.count()) + " ms: the CUDA stream of " +
+                              ranksPhrase(late) + " of job " + job.id +
+                              " did not reach it (the GPU work queued on it before the op has not finished)";
+  spdlog::warn("job {}: {}", job.id, message);
+  failFronts(job, status(ipc::WireError::kTimeout), message);
+  return true;
+}
+
+void DataPlane::start(Job& job) {
+  JobCollectives& collectives = job.collectives;
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
   if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
     failFronts(job, status(ipc::WireError::kInternal), "dbufd: the job has no executor (a bug); the op was not run");
     return;
   }
   collectives.executor->activate();
+  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+    SessionPlane& plane = *job.ranks[r].plane;
+    if (!streamOrdered(job.ranks[r].ops.front().submission) || plane.counters) continue;
+    auto counters = collectives.executor->sessionCounters(r, plane.rings.streamCounters());
+    if (!counters) {
+      const std::string message = describe(job, job.ranks[r].ops.front().submission) + " cannot be ordered on rank " +
+                                  std::to_string(r) + "'s CUDA stream: " + counters.error().message;
+      spdlog::error("job {}: {}", job.id, message);
+      failFronts(job, status(ipc::WireError::kInternal), message);
+      return;
+    }
+    plane.counters = std::move(*counters);
+    collectives.executor->activate();  // registering made another GPU current
+  }
   if (auto begun = collectives.executor->begin(collectives.args, group.geometry, collectives.buffers); !begun) {
     const std::string message =
         describe(job, job.ranks.front().ops.front().submission) + " cannot run in the daemon: " + begun.error().message;
@@ -233,8 +334,9 @@ std::string DataPlane::validateFronts(Job& job) {
   if (!agree) return mismatchMessage(job);
   ipc::OpCode op{};
   if (!ipc::opCodeFrom(first.op, op)) return what() + ": not an op this daemon knows";
-  if (first.reduce > static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) || (first.flags & ~ipc::kFlagAccumulate) != 0 ||
-      !std::isfinite(first.pre_scale) || !std::isfinite(first.post_scale)) {
+  if (first.reduce > static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) ||
+      (first.flags & ~(ipc::kFlagAccumulate | ipc::kFlagStreamOrdered)) != 0 || !std::isfinite(first.pre_scale) ||
+      !std::isfinite(first.post_scale)) {
     return what() + ": bad reduce mode, flags or scales";
   }
   CollectiveArgs& args = job.collectives.args;
@@ -290,20 +392,31 @@ std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
          " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
 }
 
+Result<void> DataPlane::markQueued(Job& job) {
+  for (RankState& rank : job.ranks) {
+    const ipc::Submission& op = rank.ops.front().submission;
+    if (!streamOrdered(op)) continue;
+    if (auto signalled = rank.plane->counters->signalDone(op.ticket); !signalled) return signalled;
+  }
+  return job.collectives.executor->queued();
+}
+
 void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
     RankState& rank = job.ranks[r];
     if (rank.ops.empty()) continue;
+    const ipc::Submission submission = rank.ops.front().submission;
     ipc::Completion completion;
-    completion.handle = rank.ops.front().submission.handle;
+    completion.handle = submission.handle;
     completion.sequence = collectives.next_sequence;
     completion.status = code;
     completion.wait_ns = nanosBetween(rank.ops.front().submitted, collectives.matched);
     completion.run_ns = nanosBetween(collectives.matched, now);
     rank.ops.pop();
-    completeOne(job, r, completion, message);
+    completeOne(job, r, submission, completion, message);
   }
+  collectives.validated = false;
   collectives.running = false;
   collectives.draining = false;
   collectives.finished = now;
@@ -355,6 +468,7 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   gone.ops.clear();
   gone.owed.clear();
   gone.plane.reset();
+  job.collectives.validated = false;
   job.collectives.running = false;
   job.collectives.draining = false;
   const std::string message =
@@ -371,7 +485,10 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
 
 bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
   SteadyClock::time_point deadline = SteadyClock::time_point::max();
+  bool waiting_on_gpu = false;
   for (Job* job : jobs) {
+    const JobCollectives& collectives = job->collectives;
+    waiting_on_gpu = waiting_on_gpu || collectives.draining || (collectives.validated && !collectives.running);
     for (RankState& rank : job->ranks) {
       if (!rank.ops.empty()) {
         const auto since = std::max(rank.ops.front().submitted, job->collectives.finished);
@@ -384,6 +501,11 @@ bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
       // completions) is no reason to stay awake: reaping needs no daemon.
       if (plane.rings.hasSubmission() && plane.rings.roomToAnswer()) return false;
     }
+  }
+  if (waiting_on_gpu && !gpu_poll_armed_) {
+    gpu_poll_armed_ = true;
+    gpu_poll_timer_.expires_after(kGpuPollInterval);
+    gpu_poll_timer_.async_wait([this](const asio::error_code&) { gpu_poll_armed_ = false; });
   }
   if (deadline != SteadyClock::time_point::max() && deadline != armed_deadline_) {
     // Wake up for the earliest collective timeout; the loop's next poll
@@ -407,6 +529,7 @@ void DataPlane::endSleep(std::vector<Job*>& jobs) {
 }
 
 void DataPlane::stop() {
+  gpu_poll_timer_.cancel();
   timeout_timer_.cancel();
   armed_deadline_ = SteadyClock::time_point::max();
 }

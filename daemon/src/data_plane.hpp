@@ -44,6 +44,14 @@ struct SessionPlane {
   /// Owns the eventfd. Shared with its pending wait's handler, which may run
   /// after the plane is gone (a doorbell and the session's EOF in one batch).
   std::shared_ptr<asio::posix::stream_descriptor> doorbell;
+
+  // Stream-ordered ops (GPU memory): the session's counters as the job's
+  // executor writes them (made at its first such op; destroyed before the
+  // segment); the last ticket taken (tickets only grow); whether the
+  // ordering is over (an op failed and done was poisoned).
+  std::unique_ptr<SessionCounters> counters;
+  std::uint64_t last_ticket = 0;
+  bool stream_order_over = false;
 };
 
 struct PendingOp {
@@ -94,9 +102,10 @@ class OpQueue {
 
 /// A job's collective state.
 struct JobCollectives {
-  std::uint64_t next_sequence = 0;     ///< index of the next collective to match
-  bool running = false;                ///< `op` is executing
-  bool draining = false;               ///< `op` is all queued; waiting for the executor to finish it
+  std::uint64_t next_sequence = 0;  ///< index of the next collective to match
+  bool validated = false;           ///< the ranks' next ops agree and can run (they may wait for streams)
+  bool running = false;             ///< the op is executing
+  bool draining = false;            ///< `op` is all queued; waiting for the executor to finish it
   /// Where the job's collectives run (host, one GPU, or a GPU per rank);
   /// null until the job's placement is known (one rank per GPU: every rank
   /// has attached).
@@ -104,7 +113,7 @@ struct JobCollectives {
   CollectiveArgs args;
   std::uint32_t group_id = 0;
   SteadyClock::time_point matched;
-  SteadyClock::time_point finished;                ///< when the previous collective ended (timeouts count from it)
+  SteadyClock::time_point finished;  ///< when the previous collective ended (timeouts count from it)
   std::vector<RankBuffers> buffers;  ///< world entries, reused by every op
 };
 
@@ -140,7 +149,19 @@ class DataPlane {
  private:
   static void armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell);
   void enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
-  void start(Job& job, SteadyClock::time_point now);
+  /// Checks the ranks' next ops (failing them, or finishing a barrier, at
+  /// once); true when they can run.
+  bool match(Job& job, SteadyClock::time_point now);
+  /// Whether every stream-ordered rank's stream has reached the op.
+  [[nodiscard]] static bool streamsReady(const Job& job);
+  /// Fails the op if a rank's stream did not reach it within the collective
+  /// timeout; true if it did.
+  bool checkStreamTimeout(Job& job, SteadyClock::time_point now);
+  /// Starts the matched op on the job's executor.
+  void start(Job& job);
+  /// The op's last step is queued: the stream-ordered ranks' done counters
+  /// after it, then the executor's completion mark.
+  [[nodiscard]] static Result<void> markQueued(Job& job);
   void finish(Job& job, std::uint16_t status, const std::string& message, SteadyClock::time_point now);
   /// Fails the front op of every rank that has one, with `message`.
   void failFronts(Job& job, std::uint16_t status, const std::string& message);
@@ -154,7 +175,13 @@ class DataPlane {
   /// Points the job's RankBuffers at `group`'s memory on every rank; why not
   /// (a rank holds no slot for it) or empty.
   [[nodiscard]] static std::string bindBuffers(Job& job, const GroupState& group);
-  static void completeOne(Job& job, std::uint32_t rank, const ipc::Completion& completion, const std::string& message);
+  /// Answers `submission` of `rank`. A failed stream-ordered op poisons the
+  /// session's done counter (its trainer's stream must not wait forever).
+  static void completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
+                          const ipc::Completion& completion, const std::string& message);
+  /// Why `rank` cannot submit this stream-ordered op, or empty.
+  [[nodiscard]] static std::string streamOrderProblem(const Job& job, std::uint32_t rank,
+                                                      const ipc::Submission& submission);
   [[nodiscard]] static std::string describe(const Job& job, const ipc::Submission& submission);
   [[nodiscard]] static std::string mismatchMessage(const Job& job);
 
@@ -162,6 +189,10 @@ class DataPlane {
   const Config& config_;
   asio::steady_timer timeout_timer_;
   SteadyClock::time_point armed_deadline_ = SteadyClock::time_point::max();
+  // Wakes the loop while an op waits for a GPU (its streams, or its work to
+  // finish): nothing rings a doorbell when a GPU writes a counter.
+  asio::steady_timer gpu_poll_timer_;
+  bool gpu_poll_armed_ = false;
 };
 
 }  // namespace dbuf::daemon

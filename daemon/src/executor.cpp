@@ -2,6 +2,11 @@
 
 namespace dbuf::daemon {
 
+Result<std::unique_ptr<SessionCounters>> Executor::sessionCounters(std::uint32_t /*rank*/,
+                                                                   ipc::StreamCounters& /*counters*/) {
+  return makeError(ErrorCode::kUnavailable, "stream-ordered ops need GPU memory; this job's memory is on the host");
+}
+
 Result<void> EngineExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                    std::span<const RankBuffers> ranks) {
   sources_.resize(ranks.size());  // allocates only for the job's first op

@@ -16,10 +16,21 @@
 #include <vector>
 
 #include "dbuf/common/result.hpp"
+#include "dbuf/ipc/ring.hpp"
 #include "dbuf/kernels/runner.hpp"
 #include "local_collective.hpp"
 
 namespace dbuf::daemon {
+
+/// A session's stream counters (ipc::StreamCounters) as the GPU stream that
+/// runs its rank's part of ops writes them: registered for that GPU in the
+/// daemon until destroyed (before the session's segment is unmapped).
+class SessionCounters {
+ public:
+  virtual ~SessionCounters() = default;
+  /// Queues "done = ticket" on that stream, after the work queued so far.
+  [[nodiscard]] virtual Result<void> signalDone(std::uint64_t ticket) = 0;
+};
 
 class Executor {
  public:
@@ -46,6 +57,10 @@ class Executor {
   [[nodiscard]] virtual Result<bool> done() = 0;
   /// Waits until everything queued has run: memory it touches is about to go.
   virtual void quiesce() noexcept = 0;
+  /// Rank `rank`'s session counters, for its stream-ordered ops; kUnavailable
+  /// where no GPU stream runs the rank's ops (host memory).
+  [[nodiscard]] virtual Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t rank,
+                                                                                 ipc::StreamCounters& counters);
 };
 
 /// The executors that run the engine, LocalCollective, over memory the
@@ -80,6 +95,10 @@ class EngineExecutor : public Executor {
 /// NCCL communicators are created at the first op (and again after a
 /// failure aborted them).
 [[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
+/// `counters` registered for `device`, done written by `stream` (a
+/// cudaStream_t of the executor's, which outlives what this returns).
+[[nodiscard]] Result<std::unique_ptr<SessionCounters>> cudaSessionCounters(ipc::StreamCounters& counters, int device,
+                                                                           void* stream);
 #endif
 
 }  // namespace dbuf::daemon

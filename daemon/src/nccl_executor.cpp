@@ -156,6 +156,10 @@ class NcclExecutor final : public Executor {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
+  Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t rank, ipc::StreamCounters& counters) override {
+    if (rank >= gpus_.size()) return makeError(ErrorCode::kInternal, "nccl executor: no rank " + std::to_string(rank));
+    return cudaSessionCounters(counters, gpus_[rank]->device, gpus_[rank]->stream);
+  }
 
  private:
   /// per_rank(r, rank r's memory, its GPU) for each rank, its GPU current.

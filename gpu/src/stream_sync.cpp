@@ -93,20 +93,15 @@ Result<void> StreamCounter::wait(CUstream stream, std::uint64_t value) const {
 }
 
 std::uint64_t StreamCounter::value() const noexcept {
-  return std::atomic_ref<std::uint64_t>(*host_).load(std::memory_order_acquire);
+  return counterValue(*host_);
 }
 
 void StreamCounter::publish(std::uint64_t value) const noexcept {
-  std::atomic_ref<std::uint64_t>(*host_).store(value, std::memory_order_release);
+  publishCounter(*host_, value);
 }
 
 void StreamCounter::poison() const noexcept {
-  // Once only: a second 2^62 would carry the counter past 2^63, where the
-  // driver's signed difference makes it look *behind* every target again.
-  std::atomic_ref<std::uint64_t> word(*host_);
-  std::uint64_t value = word.load(std::memory_order_acquire);
-  while (!isPoisoned(value) && !word.compare_exchange_weak(value, value + kPoisonOffset, std::memory_order_acq_rel)) {
-  }
+  poisonCounter(*host_);
 }
 
 }  // namespace dbuf::gpu

@@ -30,12 +30,12 @@ static_assert(sizeof(SegmentHeader) <= kLine);
 // so producer and consumer never share one. The client doorbell and the
 // client's waiting flag share a line: both are touched only on the sleeping
 // path.
-constexpr std::size_t kSubmitHead = 1 * kLine;      // client writes
-constexpr std::size_t kSubmitTail = 2 * kLine;      // daemon writes
-constexpr std::size_t kCompleteHead = 3 * kLine;    // daemon writes
-constexpr std::size_t kCompleteTail = 4 * kLine;    // client writes
-constexpr std::size_t kDaemonSleeping = 5 * kLine;  // daemon writes (u32)
-constexpr std::size_t kClientDoorbell = 6 * kLine;  // daemon writes (u32 futex word)
+constexpr std::size_t kSubmitHead = 1 * kLine;         // client writes
+constexpr std::size_t kSubmitTail = 2 * kLine;         // daemon writes
+constexpr std::size_t kCompleteHead = 3 * kLine;       // daemon writes
+constexpr std::size_t kCompleteTail = 4 * kLine;       // client writes
+constexpr std::size_t kDaemonSleeping = 5 * kLine;     // daemon writes (u32)
+constexpr std::size_t kClientDoorbell = 6 * kLine;     // daemon writes (u32 futex word)
 constexpr std::size_t kClientWaiting = 6 * kLine + 4;  // client writes (u32)
 constexpr std::size_t kEntriesStart = 7 * kLine;
 
@@ -108,8 +108,23 @@ bool opCodeFrom(std::uint8_t raw, OpCode& op) noexcept {
   return true;
 }
 
+std::size_t streamCountersOffset(std::uint32_t capacity) noexcept {
+  const std::size_t messages_end = messagesOffset(capacity) + std::size_t{capacity} * kCompletionMessageBytes;
+  return (messages_end + kStreamCountersBytes - 1) / kStreamCountersBytes * kStreamCountersBytes;
+}
+
 std::size_t segmentBytes(std::uint32_t capacity) noexcept {
-  return messagesOffset(capacity) + std::size_t{capacity} * kCompletionMessageBytes;
+  return streamCountersOffset(capacity) + kStreamCountersBytes;
+}
+
+StreamCounters& DaemonRings::streamCounters() const noexcept {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): a fixed place in the shared segment
+  return *reinterpret_cast<StreamCounters*>(base_ + streamCountersOffset(capacity_));
+}
+
+StreamCounters& ClientRings::streamCounters() const noexcept {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): a fixed place in the shared segment
+  return *reinterpret_cast<StreamCounters*>(base_ + streamCountersOffset(capacity_));
 }
 
 // ----------------------------------------------------------------- daemon side

@@ -203,9 +203,10 @@ dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int6
   return done ? DBUF_OK : fail(client, done.error());
 }
 
-dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
-                        uint32_t root, int wait_if_full, int64_t timeout_ms, dbuf_op* out) {
-  if (client == nullptr || out == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_submit");
+namespace {
+
+dbuf_status submitWith(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
+                       uint32_t root, const dbuf::SubmitOptions& submit, dbuf_op* out) {
   const bool needs_group = kind != DBUF_OP_BARRIER && kind != DBUF_OP_NOOP;
   if (needs_group && group == nullptr) return invalid(client, "this op needs a group");
   dbuf::ReduceOptions options;
@@ -214,7 +215,6 @@ dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kin
     options = {reduce->mode == DBUF_REDUCE_AVG ? dbuf::ReduceMode::kAvg : dbuf::ReduceMode::kSum, reduce->pre_scale,
                reduce->post_scale, reduce->accumulate != 0};
   }
-  const dbuf::SubmitOptions submit{wait_if_full != 0, ms(timeout_ms)};
   dbuf::Result<dbuf::OpHandle> handle = dbuf::Error{dbuf::ErrorCode::kInvalidArgument, "unknown op kind"};
   switch (kind) {
     case DBUF_OP_ALL_GATHER:
@@ -239,6 +239,24 @@ dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kin
   if (!handle) return fail(client, handle.error());
   *out = handle->id;
   return DBUF_OK;
+}
+
+}  // namespace
+
+dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
+                        uint32_t root, int wait_if_full, int64_t timeout_ms, dbuf_op* out) {
+  if (client == nullptr || out == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_submit");
+  return submitWith(client, group, kind, reduce, root, {wait_if_full != 0, ms(timeout_ms), {}}, out);
+}
+
+dbuf_status dbuf_submit_on_stream(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind,
+                                  const dbuf_reduce_options* reduce, uint32_t root, void* stream, int64_t timeout_ms,
+                                  dbuf_op* out) {
+  if (client == nullptr || out == nullptr || timeout_ms <= 0) {
+    return invalid(client, "bad argument to dbuf_submit_on_stream");
+  }
+  if (kind == DBUF_OP_BARRIER || kind == DBUF_OP_NOOP) return invalid(client, "only group ops are ordered on a stream");
+  return submitWith(client, group, kind, reduce, root, {true, ms(timeout_ms), stream}, out);
 }
 
 dbuf_status dbuf_wait(dbuf_client* client, dbuf_op op, int64_t timeout_ms) {

@@ -179,16 +179,16 @@ Result<OpHandle> Group::submitBroadcast(std::uint32_t root, const SubmitOptions&
 }
 
 Result<void> Group::allGather(std::optional<std::chrono::milliseconds> timeout) {
-  return state_->connection->complete(submitAllGather({true, timeout}), timeout);
+  return state_->connection->complete(submitAllGather({true, timeout, {}}), timeout);
 }
 Result<void> Group::reduceScatter(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->connection->complete(submitReduceScatter(reduce, {true, timeout}), timeout);
+  return state_->connection->complete(submitReduceScatter(reduce, {true, timeout, {}}), timeout);
 }
 Result<void> Group::allReduce(const ReduceOptions& reduce, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->connection->complete(submitAllReduce(reduce, {true, timeout}), timeout);
+  return state_->connection->complete(submitAllReduce(reduce, {true, timeout, {}}), timeout);
 }
 Result<void> Group::broadcast(std::uint32_t root, std::optional<std::chrono::milliseconds> timeout) {
-  return state_->connection->complete(submitBroadcast(root, {true, timeout}), timeout);
+  return state_->connection->complete(submitBroadcast(root, {true, timeout, {}}), timeout);
 }
 
 Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
@@ -322,7 +322,7 @@ Result<OpHandle> Client::submitBarrier(const SubmitOptions& options) {
 }
 
 Result<void> Client::barrier(std::optional<std::chrono::milliseconds> timeout) {
-  return connection_->complete(submitBarrier({true, timeout}), timeout);
+  return connection_->complete(submitBarrier({true, timeout, {}}), timeout);
 }
 
 Result<OpHandle> Client::submitNoop(const SubmitOptions& options) {

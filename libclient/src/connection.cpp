@@ -90,6 +90,7 @@ constexpr auto kAliveCheckPeriod = std::chrono::milliseconds(20);
 
 void Connection::close() noexcept {
   socket_.reset();
+  stream_order_.reset();  // unregisters its page of the segment first
   rings_ = {};
   segment_.reset();
   doorbell_.reset();
@@ -182,16 +183,40 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
                                                  std::to_string(records_.size()) +
                                                  " ops were submitted since: wait() for it first");
   }
+  if (options.stream) {
+    // Queued on the stream before the daemon can see the op (room is known).
+    auto ticket = orderOnStream(*options.stream);
+    if (!ticket) return std::move(ticket).error();
+    entry.flags |= ipc::kFlagStreamOrdered;
+    entry.ticket = *ticket;
+  }
   entry.handle = next_handle_++;
   record = OpRecord{};
   record.handle = entry.handle;
   record.group_id = entry.group_id;
   // Cannot fail: at most capacity ops are in flight, and the daemon takes a
   // submission only once it has room to complete it.
-  if (!rings_.trySubmit(entry)) return makeError(ErrorCode::kInternal, "submission ring full with room reported");
+  if (!rings_.trySubmit(entry)) {
+    if (stream_order_ && options.stream) stream_order_->abandon();  // nothing may wait for this op
+    return makeError(ErrorCode::kInternal, "submission ring full with room reported");
+  }
   ++in_flight_;
   rings_.wakeDaemon(doorbell_.get());
   return OpHandle{entry.handle};
+}
+
+Result<std::uint64_t> Connection::orderOnStream(void* stream) {
+  if (memory.kind != ipc::MemoryKind::kCuda) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "an op ordered on a CUDA stream needs GPU memory, and dbufd put this session's in host memory "
+                     "(its host backend): submit without a stream");
+  }
+  if (!stream_order_) {
+    auto opened = StreamOrder::open(rings_.streamCounters(), memory.device);
+    if (!opened) return std::move(opened).error();
+    stream_order_ = std::move(*opened);
+  }
+  return stream_order_->order(stream);
 }
 
 Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "dbuf/ipc/ring.hpp"
 #include "dbuf/ipc/socket.hpp"
 #include "dbuffer_mapping.hpp"
+#include "stream_order.hpp"
 
 namespace dbuf {
 
@@ -72,6 +74,9 @@ class Connection {
   /// notice a daemon that went away (its socket says so). False on timeout.
   [[nodiscard]] Result<bool> awaitCompletion(ipc::Clock::time_point deadline);
   [[nodiscard]] Result<void> checkAlive();
+  /// Queues the next stream-ordered op's ready / done-wait on `stream`;
+  /// its ticket.
+  [[nodiscard]] Result<std::uint64_t> orderOnStream(void* stream);
 
   UniqueFd socket_;
   std::chrono::milliseconds timeout_;
@@ -81,6 +86,7 @@ class Connection {
   Mapping segment_;
   UniqueFd doorbell_;  // the daemon's eventfd
   ipc::ClientRings rings_;
+  std::unique_ptr<StreamOrder> stream_order_;  // at the first stream-ordered op; its page is in segment_
   std::chrono::microseconds busy_poll_{0};
   std::vector<OpRecord> records_;
   std::uint64_t next_handle_ = 1;

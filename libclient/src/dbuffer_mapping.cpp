@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "dbuf/gpu/device_memory.hpp"
+#include "device_scope.hpp"
 #endif
 
 namespace dbuf {
@@ -18,26 +19,6 @@ namespace dbuf {
 struct ReservedRange::Impl {
   std::optional<gpu::AddressRange> range;
 };
-
-namespace {
-
-/// Restores the calling thread's current GPU on scope exit (the driver
-/// helpers make `device` current).
-class DeviceScope {
- public:
-  DeviceScope() { had_ = cudaGetDevice(&previous_) == cudaSuccess; }
-  ~DeviceScope() {
-    if (had_) static_cast<void>(cudaSetDevice(previous_));
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  bool had_ = false;
-};
-
-}  // namespace
 
 struct DbufferMapping::Device {
   gpu::PhysicalMemory memory;

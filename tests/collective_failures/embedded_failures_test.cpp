@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/common/stream_counter_word.hpp"
 #include "harness.hpp"
 #include "raw.hpp"
 #include "raw_ring.hpp"
@@ -617,18 +618,18 @@ TEST(CollectiveFailures, FullRingRefusesOrWaitsAndLosesNothing) {
     if (rank == 0) {
       std::vector<OpHandle> handles;
       for (std::uint32_t i = 0; i < kCapacity; ++i) {
-        auto handle = op(i, {.wait_if_full = false, .timeout = std::nullopt});
+        auto handle = op(i, {.wait_if_full = false, .timeout = std::nullopt, .stream = {}});
         ASSERT_TRUE(handle.ok()) << "op " << i << ": " << messageOf(handle);
         handles.push_back(*handle);
       }
       in_flight_when_full = client->inFlight();
       auto start = Clock::now();
-      would_block = outcomeOf(op(kCapacity, {.wait_if_full = false, .timeout = std::nullopt}), start);
+      would_block = outcomeOf(op(kCapacity, {.wait_if_full = false, .timeout = std::nullopt, .stream = {}}), start);
       start = Clock::now();
-      stayed_full = outcomeOf(op(kCapacity, {.wait_if_full = true, .timeout = milliseconds(100)}), start);
+      stayed_full = outcomeOf(op(kCapacity, {.wait_if_full = true, .timeout = milliseconds(100), .stream = {}}), start);
       phases.next();  // filled: rank 1 starts catching up
       start = Clock::now();
-      auto handle = op(kCapacity, {.wait_if_full = true, .timeout = std::nullopt});
+      auto handle = op(kCapacity, {.wait_if_full = true, .timeout = std::nullopt, .stream = {}});
       waited_for_room = outcomeOf(handle, start);
       ASSERT_TRUE(handle.ok());
       handles.push_back(*handle);
@@ -843,6 +844,68 @@ TEST(CollectiveFailures, RawBadRequestsFailOnEveryRankAndTheJobGoesOn) {
     EXPECT_NE(std::get_if<ipc::SlotReleased>(&reply->message), nullptr);
   }
   EXPECT_EQ(daemon.stats().sessions, 2U) << "nobody was disconnected";
+}
+
+// Ordering on a CUDA stream is for GPU memory; whatever a client asks, a
+// stream-ordered op that cannot run fails at once and releases the client's
+// stream (done poisoned), and its session's stream ordering is over.
+TEST(CollectiveFailures, StreamOrderedOpsTheDaemonCannotRunFailAtOnceAndReleaseTheStream) {
+  EmbeddedDaemon daemon(failureConfig(milliseconds(20000)));
+  ASSERT_TRUE(daemon.started());
+  const auto bad = ipc::WireError::kBadRequest;
+  const auto ordered = [](ipc::OpCode op, std::uint32_t group, std::uint64_t ticket) {
+    ipc::Submission entry = rawOp(op, group);
+    entry.flags |= ipc::kFlagStreamOrdered;
+    entry.ticket = ticket;
+    return entry;
+  };
+
+  auto host = RawRingClient::attach(daemon, "host-memory", 0, 1);
+  ASSERT_NE(host, nullptr);
+  ipc::StreamCounters& counters = host->streamCounters();
+  publishCounter(counters.done, 0);
+  ASSERT_TRUE(host->submit(ordered(ipc::OpCode::kAllGather, 1, 1)));
+  EXPECT_TRUE(rawFailed(host->nextCompletion(), bad,
+                        {"allGather(group 1 (unknown))", "ordering on a CUDA stream needs GPU memory",
+                         "job host-memory's is on the host"}));
+  EXPECT_TRUE(isPoisoned(counterValue(counters.done))) << "the client's stream would wait forever";
+  ASSERT_TRUE(host->submit(ordered(ipc::OpCode::kAllGather, 1, 2)));
+  EXPECT_TRUE(rawFailed(host->nextCompletion(), bad, {"ended its stream ordering"}));
+  // Host-ordered ops of the session go on.
+  ASSERT_TRUE(host->submit(rawOp(ipc::OpCode::kBarrier)));
+  const auto barrier = host->nextCompletion();
+  ASSERT_TRUE(barrier.has_value());
+  EXPECT_EQ(barrier->entry.status, 0) << barrier->message;
+
+  auto barrier_on_stream = RawRingClient::attach(daemon, "stream-barrier", 0, 1);
+  ASSERT_NE(barrier_on_stream, nullptr);
+  ASSERT_TRUE(barrier_on_stream->submit(ordered(ipc::OpCode::kBarrier, 0, 1)));
+  EXPECT_TRUE(rawFailed(barrier_on_stream->nextCompletion(), bad, {"only group collectives"}));
+
+  auto stale = RawRingClient::attach(daemon, "stale-ticket", 0, 1);
+  ASSERT_NE(stale, nullptr);
+  ASSERT_TRUE(stale->submit(ordered(ipc::OpCode::kAllGather, 1, 0)));
+  EXPECT_TRUE(rawFailed(stale->nextCompletion(), bad, {"stream ticket 0 does not follow the session's last one (0)"}));
+  EXPECT_TRUE(isPoisoned(counterValue(stale->streamCounters().done)));
+  EXPECT_EQ(daemon.stats().sessions, 3U) << "nobody was disconnected";
+}
+
+TEST(CollectiveFailures, LibdbufRefusesToOrderAnOpOnAStreamOverHostMemory) {
+  EmbeddedDaemon daemon(failureConfig(milliseconds(20000)));
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("streams", 0, 1), kClientTimeout);
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto group = client->registerGroup(oneTensor("g", 40));
+  ASSERT_TRUE(group.ok()) << messageOf(group);
+  ASSERT_TRUE(group->acquireSlot().ok());
+  SubmitOptions on_stream;
+  on_stream.stream = nullptr;  // the default stream
+  const auto refused = group->submitAllGather(on_stream);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message.find("needs GPU memory"), std::string::npos) << refused.error().message;
+  EXPECT_TRUE(group->allGather().ok()) << "the session goes on";
+  EXPECT_TRUE(client->detach().ok());
 }
 
 TEST(CollectiveFailures, BadRequestsThroughLibdbufFailOnEveryRankWithAClearMessage) {

@@ -31,8 +31,8 @@ class RawRingClient {
  public:
   /// Connects and attaches as (job, rank, world); nullptr (with a test
   /// failure) when the daemon does not answer with a Welcome and two fds.
-  static std::unique_ptr<RawRingClient> attach(const EmbeddedDaemon& daemon, const std::string& job,
-                                               std::uint32_t rank, std::uint32_t world);
+  static std::unique_ptr<RawRingClient> attach(const EmbeddedDaemon& daemon, const std::string& job, std::uint32_t rank,
+                                               std::uint32_t world);
 
   /// Sends one request frame (RegisterGroup, AcquireSlot...).
   void send(const ipc::Message& message);
@@ -42,13 +42,16 @@ class RawRingClient {
   /// Writes a submission and rings the daemon's doorbell; false if the ring is full.
   bool submit(ipc::Submission entry);
   /// The next completion, or nullopt when none came in time.
-  [[nodiscard]] std::optional<RawCompletion> nextCompletion(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  [[nodiscard]] std::optional<RawCompletion> nextCompletion(
+      std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
   /// Overwrites the submission head index in the segment (what a buggy or
   /// malicious client could do) and rings the doorbell.
   void scribbleSubmitHead(std::uint64_t head);
   /// The submission tail the daemon published.
   [[nodiscard]] std::uint64_t submitTail() const;
+  /// The session's stream-ordering counters.
+  [[nodiscard]] ipc::StreamCounters& streamCounters() const { return rings_.streamCounters(); }
 
   [[nodiscard]] int socket() const noexcept { return socket_.get(); }
   [[nodiscard]] const ipc::Welcome& welcome() const noexcept { return welcome_; }

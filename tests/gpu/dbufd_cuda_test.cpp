@@ -20,20 +20,12 @@
 #include "dbuf/client.hpp"
 #include "dbuf/kernels/convert.hpp"
 #include "forked_pair.hpp"
-#include "support/child_process.hpp"
-#include "support/temp_dir.hpp"
-#include "support/text.hpp"
+#include "gpu_dbufd.hpp"
 
 namespace dbuf {
 namespace {
 
 constexpr std::uint32_t kWorld = 2;
-
-std::string dbufdPath() {
-  // The GPU bundle runs its copies from bin/ (run exports DBUF_BIN_DIR).
-  if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/dbufd";  // NOLINT
-  return DBUFD_EXE;
-}
 
 GroupSpec layer() {
   GroupSpec spec;
@@ -115,27 +107,13 @@ int rankMain(std::uint32_t rank, const std::string& socket) {
 }
 
 TEST(DbufdCuda, VirtualRanksGatherAndReduceScatterThroughTheDaemonOnTheGpu) {
-  testing::TempDir dir("dbuf-gpu");
-  const std::string socket = dir.path("dbufd.sock");
-  const std::string log = dir.path("dbufd.log");
-  testing::Child::Options options;
-  options.stderr_path = log;
-  testing::Child daemon(dbufdPath(), {"--backend", "cuda", "--virtual-ranks", "2", "--socket", socket}, options);
-  for (int i = 0; i < 1000 && !std::filesystem::exists(socket) && daemon.running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (auto exited = daemon.waitExit(std::chrono::milliseconds(0)); exited) break;
-  }
-  if (!std::filesystem::exists(socket)) {
-    const std::string text = testing::readFile(log);
-    if (text.find("no usable CUDA device") != std::string::npos) GTEST_SKIP() << text;
-    FAIL() << "dbufd did not start:\n" << text;
-  }
+  testing::GpuDbufd daemon({"--backend", "cuda", "--virtual-ranks", "2"});
+  if (!daemon.skip().empty()) GTEST_SKIP() << daemon.skip();
+  const std::string socket = daemon.socket();
   const auto [rank0, rank1] =
       testing::runForkedPair([&](int) { return rankMain(0, socket); }, [&](int) { return rankMain(1, socket); });
-  EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << testing::readFile(log);
-  EXPECT_EQ(rank1, 0) << "rank 1 failed at step " << rank1 << "\n" << testing::readFile(log);
-  daemon.signal(SIGTERM);
-  EXPECT_EQ(daemon.waitExit(std::chrono::milliseconds(10000)), std::optional<int>(0)) << testing::readFile(log);
+  EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << daemon.log();
+  EXPECT_EQ(rank1, 0) << "rank 1 failed at step " << rank1 << "\n" << daemon.log();
 }
 
 }  // namespace

@@ -162,6 +162,15 @@ TEST(CApi, AcquireSlotThenOpsThroughSubmitWaitAndRun) {
     const int64_t owner = (dbuf_group_tensor_offset(groups[0], 0) + e) / shard_elems;
     ASSERT_EQ(static_cast<const float*>(full.data)[e], 7.0F + static_cast<float>(owner)) << e;
   }
+  // Ordering on a CUDA stream needs GPU memory (this daemon's is host memory),
+  // and applies to group ops only.
+  dbuf_op on_stream = 0;
+  EXPECT_EQ(dbuf_submit_on_stream(c0, groups[0], DBUF_OP_ALL_GATHER, nullptr, 0, nullptr, kTimeoutMs, &on_stream),
+            DBUF_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dbuf_last_error(c0)).find("needs GPU memory"), std::string::npos) << dbuf_last_error(c0);
+  EXPECT_EQ(dbuf_submit_on_stream(c0, nullptr, DBUF_OP_BARRIER, nullptr, 0, nullptr, kTimeoutMs, &on_stream),
+            DBUF_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dbuf_last_error(c0)).find("only group ops"), std::string::npos) << dbuf_last_error(c0);
   // Waiting twice for one op, or for one never submitted, is an argument error.
   EXPECT_EQ(dbuf_wait(c0, ops[0], kTimeoutMs), DBUF_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dbuf_last_error(c0)).find("not in flight"), std::string::npos) << dbuf_last_error(c0);

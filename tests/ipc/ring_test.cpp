@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dbuf/common/shared_memory.hpp"
+#include "dbuf/common/stream_counter_word.hpp"
 
 namespace dbuf::ipc {
 namespace {
@@ -231,16 +232,38 @@ bool readable(int fd, int timeout_ms) {
 
 // ------------------------------------------------------------ format / attach
 
-TEST(RingSegmentLayout, BytesAreHeaderIndicesEntriesAndMessageSlots) {
-  EXPECT_EQ(segmentBytes(16), 448U + 16 * 64 * 2 + 16 * 512);
-  EXPECT_EQ(segmentBytes(16), 10688U);
+TEST(RingSegmentLayout, BytesAreHeaderIndicesEntriesMessageSlotsThenTheStreamCountersPage) {
+  EXPECT_EQ(streamCountersOffset(16), 12288U);  // 448 + 16 * 64 * 2 + 16 * 512 = 10688, up to a page
+  EXPECT_EQ(segmentBytes(16), 12288U + 4096U);
   for (std::uint32_t capacity = kMinRingCapacity; capacity <= kMaxRingCapacity; capacity *= 2) {
-    EXPECT_EQ(segmentBytes(capacity),
-              kEntriesAt + std::size_t{capacity} * (2 * kRingEntryBytes + kCompletionMessageBytes))
-        << capacity;
-    EXPECT_EQ(segmentBytes(capacity) % 64, 0U) << capacity;
+    const std::size_t messages_end =
+        kEntriesAt + std::size_t{capacity} * (2 * kRingEntryBytes + kCompletionMessageBytes);
+    EXPECT_GE(streamCountersOffset(capacity), messages_end) << capacity;
+    EXPECT_LT(streamCountersOffset(capacity), messages_end + 4096) << capacity;
+    EXPECT_EQ(streamCountersOffset(capacity) % 4096, 0U) << capacity;
+    EXPECT_EQ(segmentBytes(capacity), streamCountersOffset(capacity) + kStreamCountersBytes) << capacity;
   }
-  EXPECT_EQ(segmentBytes(kMaxRingCapacity), 448U + 65536U * 640U);
+  EXPECT_EQ(segmentBytes(kMaxRingCapacity), 448U + 65536U * 640U + 3648U + 4096U);
+}
+
+TEST(RingSegmentLayout, BothSidesSeeOneStreamCountersPageWithItsWordsOnSeparateLines) {
+  const Segment segment(64);
+  auto daemon = DaemonRings::format(segment.memory(), 64);
+  ASSERT_TRUE(daemon);
+  auto client = ClientRings::attach(segment.memory());
+  ASSERT_TRUE(client);
+  StreamCounters& mine = client->streamCounters();
+  StreamCounters& theirs = daemon->streamCounters();
+  EXPECT_EQ(&mine, &theirs);
+  EXPECT_EQ(reinterpret_cast<std::byte*>(&mine), segment.memory().data() + streamCountersOffset(64));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(&mine.done) - reinterpret_cast<std::uintptr_t>(&mine.ready), 64U);
+  publishCounter(mine.ready, 7);  // the trainer's stream, here from the host
+  EXPECT_EQ(counterValue(theirs.ready), 7U);
+  publishCounter(theirs.done, 7);
+  poisonCounter(theirs.done);  // an op failed: the trainer's waits are released for good
+  poisonCounter(theirs.done);
+  EXPECT_TRUE(isPoisoned(counterValue(mine.done)));
+  EXPECT_EQ(counterValue(mine.done), 7U + kPoisonOffset);
 }
 
 TEST(RingFormat, RejectsCapacityOutsidePowersOfTwoInRange) {

@@ -76,7 +76,7 @@ struct TensorSpec {
 struct GroupSpec {
   std::string name;
   std::vector<TensorSpec> tensors;
-  std::string granularity = "element";   ///< default rule for 2D+ tensors
+  std::string granularity = "element";  ///< default rule for 2D+ tensors
   /// Persistent shard (master weights) and sharded gradient: fp32, bf16 or fp16.
   DType sharded_dtype = DType::kF32;
   /// Gathered parameters and their gradients: fp32, bf16, fp16, or fp8_e4m3
@@ -139,11 +139,24 @@ struct SubmitOptions {
   /// Ring full: wait for room (up to the timeout) or fail at once with kWouldBlock.
   bool wait_if_full = true;
   std::optional<std::chrono::milliseconds> timeout;  ///< empty: the client's default
+  /// GPU memory (dbufd's cuda backend) only: order the op on this CUDA stream
+  /// (a cudaStream_t; nullptr is the default stream) instead of on the host.
+  /// dbufd starts the op once the work queued on the stream before the
+  /// submit has run, and the work queued on it afterwards waits for the op:
+  /// the submit returns at once and neither host blocks. wait() still
+  /// reports the op's result. If the op fails, the stream's wait is released
+  /// anyway (what the op should have written is undefined), wait() returns
+  /// the error, and later stream-ordered submits of the session fail with
+  /// kConflict (detach and attach again). Reshard or detach only after the
+  /// stream's work on the slot is done (synchronise the stream). Needs GPUs
+  /// with 64-bit stream memory operations. Empty: host ordering (finish the
+  /// GPU work that produces the op's input before submitting it).
+  std::optional<void*> stream;
 };
 
 /// What the daemon reported about a completed op.
 struct OpResult {
-  std::uint64_t sequence = 0;  ///< index of the op among the job's collectives
+  std::uint64_t sequence = 0;        ///< index of the op among the job's collectives
   std::chrono::nanoseconds wait{0};  ///< from this rank's submission to the last rank's
   std::chrono::nanoseconds run{0};   ///< execution in the daemon
 };
@@ -255,8 +268,7 @@ class Client {
   /// Waits for an op; its error (mismatch, timeout naming the missing ranks,
   /// a rank that died, a bad request) comes back here. kTimeout leaves the op
   /// in flight (wait again); any other result ends it.
-  [[nodiscard]] Result<OpResult> wait(OpHandle handle,
-                                      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// Ops submitted and not yet completed by the daemon.
   [[nodiscard]] std::uint32_t inFlight() const noexcept;
 

@@ -118,6 +118,16 @@ typedef uint64_t dbuf_op; /* an op in flight */
  * with DBUF_WOULD_BLOCK when wait_if_full is 0. */
 dbuf_status dbuf_submit(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
                         uint32_t root, int wait_if_full, int64_t timeout_ms, dbuf_op* out);
+/* GPU memory only: dbuf_submit with the op ordered on a CUDA stream
+ * (stream: a cudaStream_t, NULL the default stream) instead of on the host:
+ * dbufd starts it once the work queued on the stream before it has run, and
+ * the stream's later work waits for it; neither host blocks. Group ops only.
+ * If the op fails the stream is released anyway and dbuf_wait returns the
+ * error; later stream-ordered submits of the client then fail
+ * (DBUF_CONFLICT). See SubmitOptions::stream in dbuf/client.hpp. */
+dbuf_status dbuf_submit_on_stream(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind,
+                                  const dbuf_reduce_options* reduce, uint32_t root, void* stream, int64_t timeout_ms,
+                                  dbuf_op* out);
 /* Waits for a submitted op; its error (mismatch, timeout, a dead rank) is
  * returned here. DBUF_TIMEOUT leaves the op in flight. */
 dbuf_status dbuf_wait(dbuf_client* client, dbuf_op op, int64_t timeout_ms);

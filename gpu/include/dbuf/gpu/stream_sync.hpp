@@ -9,10 +9,7 @@
 /// too. When a peer dies, the survivor poisons the counter: every waiter is
 /// released and sees isPoisoned(), and reports an error instead of hanging.
 ///
-/// Values: counters count up from 0 and stay below kPoisonOffset (2^62). The
-/// driver's GEQ test is (int64_t)(*addr - value) >= 0, so a poisoned counter
-/// is set to its value + 2^62: at or past every target a waiter can have
-/// (they are below 2^62 too), which an all-ones "poison" would not be.
+/// Values and poison: dbuf/common/stream_counter_word.hpp (the host side).
 ///
 /// Ownership: DeviceMappedHost owns the registration (unregistered on
 /// destruction); the memory itself belongs to the caller and must stay mapped
@@ -24,15 +21,13 @@
 #include <cstdint>
 
 #include "dbuf/common/result.hpp"
+#include "dbuf/common/stream_counter_word.hpp"
 #include "dbuf/gpu/driver.hpp"
 
 namespace dbuf::gpu {
 
-inline constexpr std::uint64_t kPoisonOffset = std::uint64_t{1} << 62;
-
-[[nodiscard]] constexpr bool isPoisoned(std::uint64_t value) noexcept {
-  return value >= kPoisonOffset;
-}
+using dbuf::isPoisoned;
+using dbuf::kPoisonOffset;
 
 /// Whether `device` runs 64-bit stream memory operations (all GPUs from
 /// Volta on with a recent driver; where not, IPC events are the fallback).

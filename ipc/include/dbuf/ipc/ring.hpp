@@ -14,6 +14,9 @@
 ///   completions        capacity * 64
 ///   messages           capacity * kCompletionMessageBytes (slot i belongs to
 ///                      completion entry i % capacity)
+///   stream counters    kStreamCountersBytes, page-aligned (StreamCounters:
+///                      its own page, so that each process can register just
+///                      it for GPU access)
 ///
 /// Trust: the daemon never trusts anything a client can write. It keeps its
 /// own copies of the indices it owns, copies an entry out before looking at
@@ -43,7 +46,7 @@ namespace dbuf::ipc {
 inline constexpr std::size_t kRingEntryBytes = 64;
 inline constexpr std::size_t kCompletionMessageBytes = 512;
 inline constexpr std::uint32_t kSegmentMagic = 0x474E4952;  // "RING"
-inline constexpr std::uint32_t kSegmentVersion = 1;
+inline constexpr std::uint32_t kSegmentVersion = 2;         // 2: the stream counters page
 
 /// What a submission asks for. Raw values travel in shared memory; the
 /// daemon validates them with `opCodeFrom`.
@@ -63,6 +66,11 @@ enum class ReduceMode : std::uint8_t { kSum = 0, kAvg = 1 };
 
 /// Submission flags.
 inline constexpr std::uint8_t kFlagAccumulate = 1U << 0;  ///< reduce-scatter adds into the sharded gradient
+/// Ordered on the trainer's CUDA stream (GPU memory only): the daemon starts
+/// the op once StreamCounters::ready >= the submission's ticket and its
+/// stream sets StreamCounters::done = ticket after the op. Per rank (ranks
+/// of one op may differ in it).
+inline constexpr std::uint8_t kFlagStreamOrdered = 1U << 1;
 
 /// One submission entry, exactly 64 bytes. Scales apply to reductions:
 /// result = post * sum_r(pre * x_r), rounded once per step; avg divides post by the world size.
@@ -76,7 +84,9 @@ struct Submission {
   std::uint32_t root = 0;  ///< broadcast source rank
   float pre_scale = 1.0F;
   float post_scale = 1.0F;
-  std::uint8_t reserved[36] = {};
+  std::uint32_t reserved1 = 0;
+  std::uint64_t ticket = 0;  ///< kFlagStreamOrdered: this op's value of the session's stream counters
+  std::uint8_t reserved[24] = {};
 };
 static_assert(sizeof(Submission) == kRingEntryBytes);
 
@@ -100,6 +110,26 @@ inline constexpr std::uint32_t kMaxRingCapacity = 65536;
 
 /// Bytes of a segment for `capacity` entries per ring.
 [[nodiscard]] std::size_t segmentBytes(std::uint32_t capacity) noexcept;
+
+/// A session's stream-ordering counters (dbuf/common/stream_counter_word.hpp),
+/// each on its own cache line of the segment's last page. Tickets count the
+/// session's stream-ordered ops from 1.
+///   ready  the trainer's stream sets it to an op's ticket once the work
+///          queued before the op has run; the daemon's host reads it before
+///          starting the op (it never makes a GPU stream of its own wait on
+///          memory a client writes).
+///   done   the daemon's stream sets it to the ticket once the op has run;
+///          the trainer's stream waits for it. The daemon's host poisons it
+///          when a stream-ordered op of the session fails, which releases the
+///          trainer's stream for good (the session's stream ordering is over).
+struct StreamCounters {
+  alignas(64) std::uint64_t ready;
+  alignas(64) std::uint64_t done;
+};
+inline constexpr std::size_t kStreamCountersBytes = 4096;
+static_assert(sizeof(StreamCounters) <= kStreamCountersBytes);
+/// Where a segment's StreamCounters page starts (a multiple of 4096).
+[[nodiscard]] std::size_t streamCountersOffset(std::uint32_t capacity) noexcept;
 
 enum class TakeResult : std::uint8_t { kEmpty, kTaken, kCorrupt };
 
@@ -137,11 +167,14 @@ class DaemonRings {
   /// Sleeping protocol: set before sleeping, then re-check hasSubmission().
   void setSleeping(bool sleeping) noexcept;
 
+  /// The session's stream counters (client-writable memory: read, not trusted).
+  [[nodiscard]] StreamCounters& streamCounters() const noexcept;
+
  private:
   std::byte* base_ = nullptr;
   std::uint32_t capacity_ = 0;
-  std::uint64_t submit_tail_ = 0;     // ours: next submission to take
-  std::uint64_t complete_head_ = 0;   // ours: next completion to publish
+  std::uint64_t submit_tail_ = 0;    // ours: next submission to take
+  std::uint64_t complete_head_ = 0;  // ours: next completion to publish
 };
 
 /// The client's side: produces submissions, consumes completions.
@@ -167,6 +200,8 @@ class ClientRings {
   /// completion is available or `deadline` passes. True if one is available.
   [[nodiscard]] bool waitForCompletion(std::chrono::steady_clock::time_point deadline,
                                        std::chrono::microseconds busy_poll) noexcept;
+
+  [[nodiscard]] StreamCounters& streamCounters() const noexcept;
 
  private:
   std::byte* base_ = nullptr;

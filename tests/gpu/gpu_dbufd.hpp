@@ -1,0 +1,70 @@
+#pragma once
+// A real dbufd for the GPU tests that run one (its cuda backend), in a fresh
+// directory: started with the given arguments, its log kept; `skip` says why
+// when dbufd found no usable GPU (the test then skips), else the test fails
+// if it did not start. SIGTERM and a clean exit are checked at the end.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/child_process.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
+
+namespace dbuf::testing {
+
+inline std::string dbufdPath() {
+  // The GPU bundle runs its copies from bin/ (run exports DBUF_BIN_DIR).
+  if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/dbufd";  // NOLINT
+  return DBUFD_EXE;
+}
+
+class GpuDbufd {
+ public:
+  explicit GpuDbufd(std::vector<std::string> args) : socket_(dir_.path("dbufd.sock")), log_(dir_.path("dbufd.log")) {
+    args.insert(args.end(), {"--socket", socket_});
+    Child::Options options;
+    options.stderr_path = log_;
+    daemon_.emplace(dbufdPath(), args, options);
+    for (int i = 0; i < 1000 && !std::filesystem::exists(socket_); ++i) {
+      if (daemon_->waitExit(std::chrono::milliseconds(0))) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (std::filesystem::exists(socket_)) return;
+    const std::string text = log();
+    if (text.find("no usable CUDA device") != std::string::npos) {
+      skip_ = text;
+    } else {
+      ADD_FAILURE() << "dbufd did not start:\n" << text;
+      skip_ = "dbufd did not start";
+    }
+  }
+  ~GpuDbufd() {
+    if (!daemon_ || !daemon_->running()) return;
+    daemon_->signal(SIGTERM);
+    EXPECT_EQ(daemon_->waitExit(std::chrono::milliseconds(10000)), std::optional<int>(0)) << log();
+  }
+  GpuDbufd(const GpuDbufd&) = delete;
+  GpuDbufd& operator=(const GpuDbufd&) = delete;
+
+  /// Why the test cannot run (no usable GPU, or dbufd did not start); empty when it runs.
+  [[nodiscard]] const std::string& skip() const noexcept { return skip_; }
+  [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
+  [[nodiscard]] std::string log() const { return readFile(log_); }
+
+ private:
+  TempDir dir_{"dbuf-gpu"};
+  std::string socket_;
+  std::string log_;
+  std::optional<Child> daemon_;
+  std::string skip_;
+};
+
+}  // namespace dbuf::testing

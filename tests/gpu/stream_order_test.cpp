@@ -1,0 +1,240 @@
+// Ops ordered on the trainer's CUDA stream, through a real dbufd (cuda
+// backend) and real rank processes using libdbuf:
+//  - the submit returns while the stream is still busy (a spin kernel queued
+//    before the shard's upload), dbufd starts the op only once that upload
+//    has run (the gathered values prove it), and the stream's download queued
+//    after the op sees its result; the same for a reduce-scatter. Two virtual
+//    ranks on one GPU, and one rank through NCCL.
+//  - a peer that dies before submitting: the survivor's stream is released
+//    (it synchronises), wait() reports the disconnect, and the session's
+//    stream ordering is over.
+// Label `gpu`; skipped when dbufd finds no usable GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "dbuf/client.hpp"
+#include "dbuf/kernels/convert.hpp"
+#include "forked_pair.hpp"
+#include "gpu_dbufd.hpp"
+#include "spin_kernel.hpp"
+
+namespace dbuf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr unsigned long long kBusyNanoseconds = 300'000'000;   // the stream's work before the op
+constexpr auto kSubmitBound = std::chrono::milliseconds(100);  // a submit that blocked on the GPU takes longer
+
+GroupSpec layer() {
+  GroupSpec spec;
+  spec.name = "layer";
+  spec.tensors = {{"w", {64, 48}, "", -1}, {"b", {100}, "element", -1}};
+  spec.granularity = "rows:1";
+  spec.sharded_dtype = DType::kF32;
+  spec.unsharded_dtype = DType::kBF16;
+  return spec;
+}
+
+/// Small integers: exact in bf16.
+float valueOf(std::size_t tensor, std::int64_t element) {
+  return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
+}
+
+/// Pinned host memory (asynchronous copies on a stream need it).
+template <typename T>
+class Pinned {
+ public:
+  explicit Pinned(std::size_t count) : count_(count) {
+    if (cudaMallocHost(&data_, count * sizeof(T)) != cudaSuccess) data_ = nullptr;
+  }
+  ~Pinned() {
+    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+  }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  [[nodiscard]] T* data() const noexcept { return static_cast<T*>(data_); }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return count_ * sizeof(T); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t count_;
+};
+
+SubmitOptions onStream(cudaStream_t stream) {
+  SubmitOptions options;
+  options.stream = static_cast<void*>(stream);
+  return options;
+}
+
+/// The stream is busy, then the submit: returns 0 if it came back at once
+/// while the stream was still busy, else the step.
+int submittedWithoutWaiting(const Clock::time_point before, cudaStream_t stream, int step) {
+  if (Clock::now() - before > kSubmitBound) return step;
+  return cudaStreamQuery(stream) == cudaErrorNotReady ? 0 : step + 1;
+}
+
+/// One rank of a `world`-rank job, every op ordered on its stream; 0 or the failed step.
+int orderedRank(std::uint32_t rank, std::uint32_t world, const std::string& socket) {
+  alarm(120);  // a hung stream or collective ends the rank (SIGALRM) instead of the test run
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  auto client = Client::connect({socket});
+  if (!client || !client->attach({"ordered", rank, world, rank, 0})) return 3;
+  auto group = client->registerGroup(layer());
+  if (!group || !group->acquireSlot()) return 4;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 5;
+  const std::size_t tensors = group->plan().tensors.size();
+
+  // All-gather: the shard's upload waits behind the spin, the op behind the upload.
+  if (testing::spinFor(stream, kBusyNanoseconds) != cudaSuccess) return 6;
+  std::vector<std::unique_ptr<Pinned<float>>> shards;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    const TensorView shard = group->shardView(t);
+    shards.push_back(std::make_unique<Pinned<float>>(static_cast<std::size_t>(shard.numel())));
+    for (std::size_t i = 0; i < shards[t]->size(); ++i) {
+      shards[t]->data()[i] = valueOf(t, shard.begin + static_cast<std::int64_t>(i));
+    }
+    if (cudaMemcpyAsync(shard.base, shards[t]->data(), shards[t]->bytes(), cudaMemcpyHostToDevice, stream) !=
+        cudaSuccess) {
+      return 7;
+    }
+  }
+  auto before = Clock::now();
+  auto gather = group->submitAllGather(onStream(stream));
+  if (!gather) return 8;
+  if (int late = submittedWithoutWaiting(before, stream, 9); late != 0) return late;
+  std::vector<std::unique_ptr<Pinned<std::uint16_t>>> gathered;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto full = group->unshardedView(t);
+    if (!full) return 11;
+    gathered.push_back(std::make_unique<Pinned<std::uint16_t>>(static_cast<std::size_t>(full->numel())));
+    if (cudaMemcpyAsync(gathered[t]->data(), full->base, gathered[t]->bytes(), cudaMemcpyDeviceToHost, stream) !=
+        cudaSuccess) {
+      return 12;
+    }
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return 13;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    for (std::size_t i = 0; i < gathered[t]->size(); ++i) {
+      if (gathered[t]->data()[i] != kernels::floatToBf16(valueOf(t, static_cast<std::int64_t>(i)))) return 14;
+    }
+  }
+  if (!client->wait(*gather)) return 15;
+
+  // Reduce-scatter (avg, post-scale 2) of gradients rank + 1, the same way.
+  if (testing::spinFor(stream, kBusyNanoseconds) != cudaSuccess) return 16;
+  std::vector<std::unique_ptr<Pinned<std::uint16_t>>> grads;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto grad = group->unshardedGradView(t);
+    if (!grad) return 17;
+    grads.push_back(std::make_unique<Pinned<std::uint16_t>>(static_cast<std::size_t>(grad->numel())));
+    for (std::size_t i = 0; i < grads[t]->size(); ++i) {
+      grads[t]->data()[i] = kernels::floatToBf16(static_cast<float>(rank + 1));
+    }
+    if (cudaMemcpyAsync(grad->base, grads[t]->data(), grads[t]->bytes(), cudaMemcpyHostToDevice, stream) !=
+        cudaSuccess) {
+      return 18;
+    }
+  }
+  before = Clock::now();
+  auto reduce = group->submitReduceScatter({ReduceMode::kAvg, 1.0F, 2.0F, false}, onStream(stream));
+  if (!reduce) return 19;
+  if (int late = submittedWithoutWaiting(before, stream, 20); late != 0) return late;
+  std::vector<std::unique_ptr<Pinned<float>>> reduced;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    const TensorView view = group->shardGradView(t);
+    reduced.push_back(std::make_unique<Pinned<float>>(static_cast<std::size_t>(view.numel())));
+    if (cudaMemcpyAsync(reduced[t]->data(), view.base, reduced[t]->bytes(), cudaMemcpyDeviceToHost, stream) !=
+        cudaSuccess) {
+      return 22;
+    }
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return 23;
+  const float expected = 2.0F * static_cast<float>(world * (world + 1) / 2) / static_cast<float>(world);
+  for (const auto& part : reduced) {
+    for (std::size_t i = 0; i < part->size(); ++i) {
+      if (part->data()[i] != expected) return 24;
+    }
+  }
+  if (!client->wait(*reduce)) return 25;
+  if (!group->reshard() || !client->detach()) return 26;
+  return cudaStreamDestroy(stream) == cudaSuccess ? 0 : 27;
+}
+
+TEST(StreamOrder, TwoVirtualRanksGatherAndReduceScatterOrderedOnTheirStreams) {
+  testing::GpuDbufd daemon({"--backend", "cuda", "--virtual-ranks", "2"});
+  if (!daemon.skip().empty()) GTEST_SKIP() << daemon.skip();
+  const std::string socket = daemon.socket();
+  const auto [rank0, rank1] = testing::runForkedPair([&](int) { return orderedRank(0, 2, socket); },
+                                                     [&](int) { return orderedRank(1, 2, socket); });
+  EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << daemon.log();
+  EXPECT_EQ(rank1, 0) << "rank 1 failed at step " << rank1 << "\n" << daemon.log();
+}
+
+TEST(StreamOrder, OneRankThroughNcclGathersAndReduceScattersOrderedOnItsStream) {
+  testing::GpuDbufd daemon({"--backend", "cuda"});  // no virtual ranks: one rank per GPU, NCCL
+  if (!daemon.skip().empty()) GTEST_SKIP() << daemon.skip();
+  const std::string socket = daemon.socket();
+  const auto [rank0, unused] =
+      testing::runForkedPair([&](int) { return orderedRank(0, 1, socket); }, [](int) { return 0; });
+  EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << daemon.log();
+}
+
+/// The survivor: its stream waits for an op the dead peer never joins.
+int survivor(int peer, const std::string& socket) {
+  alarm(120);
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  auto client = Client::connect({socket});
+  if (!client || !client->attach({"peer-dies", 0, 2, 0, 0})) return 3;
+  auto group = client->registerGroup(layer());
+  if (!group || !group->acquireSlot()) return 4;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 5;
+  auto gather = group->submitAllGather(onStream(stream));
+  if (!gather) return 6;
+  const char die = 1;
+  if (write(peer, &die, 1) != 1) return 7;
+  // Released when dbufd fails the op (the peer disconnected): poisoned, not hung.
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return 8;
+  auto result = client->wait(*gather);
+  if (result || result.error().code != ErrorCode::kConflict ||
+      result.error().message.find("disconnected") == std::string::npos) {
+    return 9;
+  }
+  auto again = group->submitAllGather(onStream(stream));
+  if (again || again.error().code != ErrorCode::kConflict) return 10;  // the session's stream ordering is over
+  return 0;
+}
+
+/// The peer: attaches, registers, and exits without a word once told.
+int peerThatDies(int survivor_socket, const std::string& socket) {
+  alarm(120);
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  auto client = Client::connect({socket});
+  if (!client || !client->attach({"peer-dies", 1, 2, 1, 0})) return 3;
+  auto group = client->registerGroup(layer());
+  if (!group || !group->acquireSlot()) return 4;
+  char die = 0;
+  if (read(survivor_socket, &die, 1) != 1) return 5;
+  _exit(0);  // no detach: the connection just ends
+}
+
+TEST(StreamOrder, APeerThatDiesReleasesTheSurvivorsStreamWithAnError) {
+  testing::GpuDbufd daemon({"--backend", "cuda", "--virtual-ranks", "2"});
+  if (!daemon.skip().empty()) GTEST_SKIP() << daemon.skip();
+  const std::string socket = daemon.socket();
+  const auto [alive, dead] = testing::runForkedPair([&](int peer) { return survivor(peer, socket); },
+                                                    [&](int peer) { return peerThatDies(peer, socket); });
+  EXPECT_EQ(alive, 0) << "the survivor failed at step " << alive << "\n" << daemon.log();
+  EXPECT_EQ(dead, 0) << "the peer failed at step " << dead << "\n" << daemon.log();
+}
+
+}  // namespace
+}  // namespace dbuf
