@@ -113,6 +113,7 @@ DaemonProcess::DaemonProcess(const std::string& executable, const DaemonSettings
     const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0) ::dup2(null, STDIN_FILENO);
     std::vector<std::string> args{executable, "--config", config_};
+    args.insert(args.end(), settings.extra_args.begin(), settings.extra_args.end());
     std::vector<char*> argv;
     for (auto& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dbuf::bench {
 
@@ -20,6 +21,7 @@ struct DaemonSettings {
   std::string memory_quota = "64GiB";  ///< the tenant of this uid
   std::uint32_t collective_ms = 120000;
   std::string log_level = "warn";
+  std::vector<std::string> extra_args;  ///< appended to dbufd's command line (e.g. --backend cuda)
 };
 
 class DaemonProcess {

@@ -176,7 +176,10 @@ class Job {
 /// virtual ranks on one GPU.
 Daemon::Settings settingsFor(std::uint32_t world) {
   Daemon::Settings settings;
-  if (kOnGpu) settings.extra_args = {"--backend", "cuda", "--virtual-ranks", world == 1 ? "0" : "8"};
+  if (kOnGpu) {
+    settings.extra_args = {"--backend", "cuda", "--virtual-ranks", world == 1 ? "0" : "8"};
+    settings.tenants_by_uid = false;  // the GPU bundle may run as any user
+  }
   return settings;
 }
 
