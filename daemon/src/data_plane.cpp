@@ -64,6 +64,9 @@ DataPlane::DataPlane(asio::io_context& io, const Config& config)
     : io_(io), config_(config), timeout_timer_(io), gpu_poll_timer_(io) {}
 
 SessionPlane::~SessionPlane() {
+  // A stream may still wait for an op of the session that will never run
+  // (its rank detached or died, the daemon is stopping): release it.
+  if (last_ticket > 0) poisonCounter(rings.streamCounters().done);
   if (doorbell) {
     asio::error_code ignored;
     doorbell->close(ignored);
@@ -415,6 +418,11 @@ void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message,
     completion.run_ns = nanosBetween(collectives.matched, now);
     rank.ops.pop();
     completeOne(job, r, submission, completion, message);
+    if (code == kOk && streamOrdered(submission) && rank.plane && rank.plane->stream_order_over) {
+      // A later op of the session failed while this one ran: its done write
+      // (now landed) replaced that poison. Poison again.
+      poisonCounter(rank.plane->rings.streamCounters().done);
+    }
   }
   collectives.validated = false;
   collectives.running = false;

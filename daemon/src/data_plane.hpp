@@ -36,6 +36,7 @@ struct SessionPlane {
   SessionPlane(const SessionPlane&) = delete;
   SessionPlane& operator=(const SessionPlane&) = delete;
   /// Closes the doorbell: a wake-up already queued for it finds it closed.
+  /// Poisons the stream counters if the session ordered ops on a stream.
   ~SessionPlane();
 
   UniqueFd segment_fd;
@@ -105,7 +106,7 @@ struct JobCollectives {
   std::uint64_t next_sequence = 0;  ///< index of the next collective to match
   bool validated = false;           ///< the ranks' next ops agree and can run (they may wait for streams)
   bool running = false;             ///< the op is executing
-  bool draining = false;            ///< `op` is all queued; waiting for the executor to finish it
+  bool draining = false;            ///< the op is all queued; waiting for the executor to finish it
   /// Where the job's collectives run (host, one GPU, or a GPU per rank);
   /// null until the job's placement is known (one rank per GPU: every rank
   /// has attached).

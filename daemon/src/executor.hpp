@@ -96,7 +96,8 @@ class EngineExecutor : public Executor {
 /// failure aborted them).
 [[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
 /// `counters` registered for `device`, done written by `stream` (a
-/// cudaStream_t of the executor's, which outlives what this returns).
+/// cudaStream_t of the executor's: signalDone is called only while the
+/// executor lives, and destroying what this returns does not touch it).
 [[nodiscard]] Result<std::unique_ptr<SessionCounters>> cudaSessionCounters(ipc::StreamCounters& counters, int device,
                                                                            void* stream);
 #endif

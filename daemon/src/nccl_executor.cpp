@@ -3,8 +3,9 @@
 // daemon's and a CudaRunner on it, and the job's communicators (one per GPU,
 // one ncclCommInitAll) are made at the job's first op and reused. An op is
 // queued whole in one step: the per-rank fused kernels that turn each rank's
-// own part into the wire dtype (or finish a reduction), and one grouped,
-// in-place NCCL call for all ranks. NCCL's asynchronous errors are polled
+// own part into the wire dtype, then one grouped in-place NCCL call for all
+// ranks; reductions go through NCCL in fp32, a chunk at a time through a
+// per-GPU scratch (see reduceScatter). NCCL's asynchronous errors are polled
 // with the op's events; the first aborts the communicators (the ranks get the
 // error, never a hang) and the next op makes new ones.
 #include <cuda_runtime_api.h>
@@ -44,7 +45,7 @@ struct RankGpu {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;
   std::unique_ptr<kernels::cuda::CudaRunner> runner;
-  float* scratch = nullptr;  ///< LocalCollective::kStepElements floats, at the first scaled all-reduce
+  float* scratch = nullptr;  ///< kScratchElements floats, at the first reduction
 };
 
 Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
@@ -62,6 +63,9 @@ Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
   return gpu;
 }
 
+/// fp32 elements of each GPU's reduction scratch (128 MiB).
+constexpr std::int64_t kScratchElements = std::int64_t{1} << 25;
+
 class NcclExecutor final : public Executor {
  public:
   explicit NcclExecutor(std::vector<std::unique_ptr<RankGpu>> gpus) : gpus_(std::move(gpus)) {
@@ -70,6 +74,7 @@ class NcclExecutor final : public Executor {
       streams_.push_back(gpu->stream);
     }
     buffers_.resize(gpus_.size());
+    scratch_buffers_.resize(gpus_.size());
     scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
@@ -204,73 +209,95 @@ class NcclExecutor final : public Executor {
     return comms_->allGatherParts(everyRank(&RankBuffers::scales), scale_parts_, DType::kF32, streams_);
   }
 
+  // Reductions run as the engine's do, in fp32 (only the order of the sum is
+  // NCCL's): every rank stages pre x its gradient in fp32 into its scratch
+  // (one fused reduce), NCCL sums the fp32 in place, and one fused pass
+  // applies the factor (post, / world for avg) and casts or accumulates.
+  // The unsharded gradient is only read (reduce-scatter) or written once at
+  // the end (all-reduce). A chunk at a time, so the scratch stays bounded.
+
   Result<void> reduceScatter() {
-    // NCCL sums every rank's gradients in the gradient dtype, rank r's part
-    // landing in place at r * S of its grads; one fused pass then applies the
-    // scales (pre x post, / world for avg) and casts or accumulates it into
-    // the rank's sharded gradient.
     const GroupGeometry& g = *geometry_;
-    if (auto r = comms_->reduceScatter(everyRank(&RankBuffers::grads), static_cast<std::size_t>(g.shard_elems), g.grad,
-                                       ncclSum, streams_);
-        !r) {
-      return r;
+    if (auto r = ensureScratch(); !r) return r;
+    const std::int64_t chunk = std::max<std::int64_t>(1, kScratchElements / g.world);
+    const kernels::ReduceOptions stage{args_.pre_scale, 1.0F, false};
+    const kernels::ReduceOptions finish{1.0F, postFactor(), args_.accumulate};
+    for (std::int64_t first = 0; first < g.shard_elems; first += chunk) {
+      const std::int64_t count = std::min(chunk, g.shard_elems - first);
+      // Scratch: the chunk of every rank's part, part w at w * count.
+      stage_segments_.clear();
+      for (std::int64_t w = 0; w < g.world; ++w)
+        stage_segments_.push_back({w * g.shard_elems + first, w * count, count, 0, 0});
+      auto staged = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
+        const ConstBuffer grads{mine.grads, g.grad, unshardedElements()};
+        return gpu.runner->reduce({&grads, 1}, MutBuffer{gpu.scratch, DType::kF32, g.world * count}, stage,
+                                  stage_segments_);
+      });
+      if (!staged) return staged;
+      if (auto r =
+              comms_->reduceScatter(scratch_buffers_, static_cast<std::size_t>(count), DType::kF32, ncclSum, streams_);
+          !r) {
+        return r;
+      }
+      auto reduced = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
+        const ConstBuffer summed{gpu.scratch, DType::kF32, g.world * count};
+        const Segment own{r * count, first, count, 0, 0};
+        return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.shard_grad, g.sharded, g.shard_elems}, finish,
+                                  {&own, 1});
+      });
+      if (!reduced) return reduced;
+      written_ += static_cast<std::uint64_t>(count * (g.world * 4 + sizeBytes(g.sharded))) * g.world;
     }
-    const kernels::ReduceOptions options{args_.pre_scale, postFactor(), args_.accumulate};
-    return forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
-      const ConstBuffer summed{mine.grads, g.grad, unshardedElements()};
-      const Segment own{r * g.shard_elems, 0, g.shard_elems, 0, 0};
-      written_ += static_cast<std::uint64_t>(g.shard_elems * sizeBytes(g.sharded));
-      return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.shard_grad, g.sharded, g.shard_elems}, options, {&own, 1});
-    });
+    return {};
   }
 
   Result<void> allReduce() {
     const GroupGeometry& g = *geometry_;
+    if (auto r = ensureScratch(); !r) return r;
     const std::int64_t elements = unshardedElements();
-    if (auto r = comms_->allReduce(everyRank(&RankBuffers::grads), static_cast<std::size_t>(elements), g.grad, ncclSum,
-                                   streams_);
-        !r) {
-      return r;
-    }
-    written_ += static_cast<std::uint64_t>(elements * sizeBytes(g.grad)) * g.world;
-    if (args_.pre_scale == 1.0F && postFactor() == 1.0F) return {};
-    // The scales as the engine applies them (factor x sum of pre x each, in
-    // fp32, rounded once): a fused reduce of the sum into an fp32 scratch,
-    // cast back, a chunk at a time (its destination cannot be its source).
-    const kernels::ReduceOptions options{args_.pre_scale, postFactor(), false};
-    return forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) -> Result<void> {
-      auto scratch = scratchOn(gpu);
-      if (!scratch) return scratch.error();
-      kernels::Runner& runner = *gpu.runner;
-      const ConstBuffer summed{mine.grads, g.grad, elements};
-      for (std::int64_t first = 0; first < elements; first += LocalCollective::kStepElements) {
-        const std::int64_t count = std::min(LocalCollective::kStepElements, elements - first);
+    const kernels::ReduceOptions stage{args_.pre_scale, 1.0F, false};
+    const kernels::ReduceOptions finish{1.0F, postFactor(), false};
+    for (std::int64_t first = 0; first < elements; first += kScratchElements) {
+      const std::int64_t count = std::min(kScratchElements, elements - first);
+      auto staged = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
+        const ConstBuffer grads{mine.grads, g.grad, elements};
         const Segment in{first, 0, count, 0, 0};
-        const Segment out{0, first, count, 0, 0};
-        if (auto r = runner.reduce({&summed, 1}, MutBuffer{*scratch, DType::kF32, count}, options, {&in, 1}); !r)
-          return r;
-        if (auto r = runner.cast(ConstBuffer{*scratch, DType::kF32, count}, MutBuffer{mine.grads, g.grad, elements},
-                                 {&out, 1});
-            !r) {
-          return r;
-        }
+        return gpu.runner->reduce({&grads, 1}, MutBuffer{gpu.scratch, DType::kF32, count}, stage, {&in, 1});
+      });
+      if (!staged) return staged;
+      if (auto r = comms_->allReduce(scratch_buffers_, static_cast<std::size_t>(count), DType::kF32, ncclSum, streams_);
+          !r) {
+        return r;
       }
-      return {};
-    });
+      auto written = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
+        const ConstBuffer summed{gpu.scratch, DType::kF32, count};
+        const Segment out{0, first, count, 0, 0};
+        return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.grads, g.grad, elements}, finish, {&out, 1});
+      });
+      if (!written) return written;
+      written_ += static_cast<std::uint64_t>(count * (4 + sizeBytes(g.grad))) * g.world;
+    }
+    return {};
   }
 
-  /// The fp32 scratch on `gpu` (the current GPU), made at its first use.
-  static Result<float*> scratchOn(RankGpu& gpu) {
-    if (gpu.scratch == nullptr) {
-      void* memory = nullptr;
-      if (auto r = cudaStatus(cudaMalloc(&memory, LocalCollective::kStepElements * sizeof(float)),
-                              "cudaMalloc (all-reduce scratch)");
-          !r) {
-        return r.error();
+  /// Every rank's GPU has its fp32 scratch (made at the first reduction).
+  Result<void> ensureScratch() {
+    for (std::size_t r = 0; r < gpus_.size(); ++r) {
+      RankGpu& gpu = *gpus_[r];
+      if (gpu.scratch == nullptr) {
+        if (auto current = cudaStatus(cudaSetDevice(gpu.device), "cudaSetDevice"); !current) return current;
+        void* memory = nullptr;
+        if (auto made =
+                cudaStatus(cudaMalloc(&memory, kScratchElements * sizeof(float)),
+                           "cudaMalloc (reduction scratch, " + std::to_string(kScratchElements * 4 >> 20) + " MiB)");
+            !made) {
+          return made;
+        }
+        gpu.scratch = static_cast<float*>(memory);
       }
-      gpu.scratch = static_cast<float*>(memory);
+      scratch_buffers_[r] = gpu.scratch;
     }
-    return gpu.scratch;
+    return {};
   }
 
   Result<void> broadcast() {
@@ -301,6 +328,8 @@ class NcclExecutor final : public Executor {
   std::uint64_t written_ = 0;
   // Per-rank argument arrays for the NCCL calls, reused by every op.
   std::vector<void*> buffers_;
+  std::vector<void*> scratch_buffers_;   // every rank's fp32 scratch
+  std::vector<Segment> stage_segments_;  // a reduce-scatter chunk's staging
   std::vector<gpu::LocalComms::Part> scale_parts_;
 };
 

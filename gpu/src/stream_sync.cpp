@@ -71,6 +71,17 @@ Result<CUdeviceptr> DeviceMappedHost::devicePointer(const void* p) const {
   return base + static_cast<CUdeviceptr>(at - begin);
 }
 
+Result<DeviceMappedHost> registerCounterPages(void* pages, std::size_t bytes, int device) {
+  auto supported = streamMemOpsSupported(device);
+  if (!supported) return supported.error();
+  if (!*supported) {
+    return makeError(ErrorCode::kUnavailable, "GPU " + std::to_string(device) +
+                                                  " has no 64-bit stream memory operations: ops cannot be ordered on "
+                                                  "its streams (order them on the host)");
+  }
+  return DeviceMappedHost::registerPages(pages, bytes, device);
+}
+
 // ---- StreamCounter --------------------------------------------------------------------------
 
 Result<StreamCounter> StreamCounter::at(const DeviceMappedHost& pages, std::uint64_t* word) {

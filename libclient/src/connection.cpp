@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 namespace dbuf {
 namespace {
@@ -86,11 +89,32 @@ namespace {
 
 constexpr auto kAliveCheckPeriod = std::chrono::milliseconds(20);
 
+/// Keeps a closed session's stream counters registered and its segment
+/// mapped until the process exits (one segment per session that ordered ops
+/// on a stream, released by exit).
+void retire(std::unique_ptr<StreamOrder> order, Mapping segment) {
+  struct Retired {
+    std::unique_ptr<StreamOrder> order;
+    Mapping segment;
+  };
+  static std::mutex mutex;
+  // Never destroyed: unregistering at exit could run after CUDA's own teardown.
+  static auto* retired = new std::vector<Retired>();  // NOLINT(cppcoreguidelines-owning-memory)
+  const std::lock_guard lock(mutex);
+  retired->push_back({std::move(order), std::move(segment)});
+}
+
 }  // namespace
 
 void Connection::close() noexcept {
+  if (stream_order_) {
+    // Releases every stream (watcher stopped before its socket closes). The
+    // page stays registered and the segment mapped for the process's life:
+    // a stream may not have reached a wait queued on them yet.
+    stream_order_->stop();
+    retire(std::move(stream_order_), std::move(segment_));
+  }
   socket_.reset();
-  stream_order_.reset();  // unregisters its page of the segment first
   rings_ = {};
   segment_.reset();
   doorbell_.reset();
@@ -184,6 +208,10 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
                                                  " ops were submitted since: wait() for it first");
   }
   if (options.stream) {
+    if (entry.op == static_cast<std::uint8_t>(ipc::OpCode::kBarrier) ||
+        entry.op == static_cast<std::uint8_t>(ipc::OpCode::kNoop)) {
+      return makeError(ErrorCode::kInvalidArgument, "only group collectives can be ordered on a CUDA stream");
+    }
     // Queued on the stream before the daemon can see the op (room is known).
     auto ticket = orderOnStream(*options.stream);
     if (!ticket) return std::move(ticket).error();
@@ -197,7 +225,7 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
   // Cannot fail: at most capacity ops are in flight, and the daemon takes a
   // submission only once it has room to complete it.
   if (!rings_.trySubmit(entry)) {
-    if (stream_order_ && options.stream) stream_order_->abandon();  // nothing may wait for this op
+    if (stream_order_ && options.stream) stream_order_->release();  // nothing may wait for this op
     return makeError(ErrorCode::kInternal, "submission ring full with room reported");
   }
   ++in_flight_;
@@ -212,7 +240,7 @@ Result<std::uint64_t> Connection::orderOnStream(void* stream) {
                      "(its host backend): submit without a stream");
   }
   if (!stream_order_) {
-    auto opened = StreamOrder::open(rings_.streamCounters(), memory.device);
+    auto opened = StreamOrder::open(rings_.streamCounters(), memory.device, socket_.get());
     if (!opened) return std::move(opened).error();
     stream_order_ = std::move(*opened);
   }

@@ -63,6 +63,7 @@ struct JobSpec {
   std::uint32_t world = 1;
   std::uint64_t seed = 1;
   bool rank_outputs = false;  ///< pass --out <dir>/<job>-<rank>.bin
+  bool gpu_per_rank = false;  ///< GPU suite: rank r attaches on GPU r (else every rank on GPU 0)
 };
 
 #if defined(DBUF_COLL_GPU)
@@ -105,7 +106,7 @@ class Job {
                                        "--shape",    spec_.shape,
                                        "--seed",     std::to_string(spec_.seed)};
       if (spec_.rank_outputs) args.insert(args.end(), {"--out", outputs_.back()});
-      if (kOnGpu) args.insert(args.end(), {"--device", "0"});
+      if (kOnGpu) args.insert(args.end(), {"--device", spec_.gpu_per_rank ? std::to_string(rank) : "0"});
       Child::Options options;
       options.stderr_path = logs_.back();
       options.environment = childEnvironment();
@@ -172,12 +173,12 @@ class Job {
 };
 
 /// dbufd's settings for jobs of `world` ranks: the host backend, or on GPU
-/// the cuda backend with one-rank jobs through NCCL and larger ones as
-/// virtual ranks on one GPU.
-Daemon::Settings settingsFor(std::uint32_t world) {
+/// the cuda backend with one-rank jobs (and `gpu_per_rank` ones) through
+/// NCCL and other ones as virtual ranks on one GPU.
+Daemon::Settings settingsFor(std::uint32_t world, bool gpu_per_rank) {
   Daemon::Settings settings;
   if (kOnGpu) {
-    settings.extra_args = {"--backend", "cuda", "--virtual-ranks", world == 1 ? "0" : "8"};
+    settings.extra_args = {"--backend", "cuda", "--virtual-ranks", world == 1 || gpu_per_rank ? "0" : "8"};
     settings.tenants_by_uid = false;  // the GPU bundle may run as any user
   }
   return settings;
@@ -186,7 +187,8 @@ Daemon::Settings settingsFor(std::uint32_t world) {
 /// A daemon in a fresh directory for one test, for jobs of up to 8 ranks
 /// (`world` 1: one-rank jobs only).
 struct Node {
-  explicit Node(std::uint32_t world = 8) : daemon(dir.path(), settingsFor(world)) {}
+  explicit Node(std::uint32_t world = 8, bool gpu_per_rank = false)
+      : daemon(dir.path(), settingsFor(world, gpu_per_rank)) {}
   TempDir dir{"dbuf-coll"};
   Daemon daemon;
 };
@@ -221,6 +223,31 @@ INSTANTIATE_TEST_SUITE_P(GpuRanks, CollectiveOps,
                          ::testing::Combine(::testing::Values(1U, 2U, 4U),
                                             ::testing::Values("element", "rows", "block", "mixed", "tiny", "medium")),
                          opsName);
+
+// Two ranks on two GPUs through NCCL, where the machine has them. Bit for
+// bit like the reference: NCCL sums in fp32 like the engine, and a sum of
+// two is the same in either order (with more ranks the order is NCCL's).
+class NcclCollectiveOps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NcclCollectiveOps, TwoRanksOnTwoGpusMatchTheReference) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpus;
+  Node node(2, true);
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  JobSpec spec{"nccl-" + GetParam(), "ops", GetParam(), 2, 2000 + std::hash<std::string>{}(GetParam()) % 10, false};
+  spec.gpu_per_rank = true;
+  runJob(node, spec);
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoGpus, NcclCollectiveOps, ::testing::Values("rows", "block", "mixed"));
+
+TEST(Fp8AllGather, OneRankThroughNcclEqualsFullTensorQuantizationBitwise) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
+  Node node(1);
+  ASSERT_NO_FATAL_FAILURE(node.daemon.start());
+  runJob(node, {"fp8-1", "fp8", "", 1, 501, false});
+}
 #else
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveOps,
                          ::testing::Combine(::testing::Values(1U, 2U, 3U, 4U, 8U),

@@ -27,20 +27,8 @@ namespace {
 
 constexpr std::uint32_t kWorld = 2;
 
-GroupSpec layer() {
-  GroupSpec spec;
-  spec.name = "layer";
-  spec.tensors = {{"w", {64, 48}, "", -1}, {"b", {100}, "element", -1}};
-  spec.granularity = "rows:1";
-  spec.sharded_dtype = DType::kF32;
-  spec.unsharded_dtype = DType::kBF16;
-  return spec;
-}
-
-/// Small integers: exact in bf16, so the gathered bf16 copy is known exactly.
-float valueOf(std::size_t tensor, std::int64_t element) {
-  return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
-}
+using testing::layer;
+using testing::valueOf;
 
 /// Copies to the device and waits until it has landed: a host-to-device
 /// cudaMemcpy from pageable memory may return before, and the daemon's

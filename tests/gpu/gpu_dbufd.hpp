@@ -1,8 +1,9 @@
 #pragma once
-// A real dbufd for the GPU tests that run one (its cuda backend), in a fresh
-// directory: started with the given arguments, its log kept; `skip` says why
-// when dbufd found no usable GPU (the test then skips), else the test fails
-// if it did not start. SIGTERM and a clean exit are checked at the end.
+// What the GPU tests that run a real dbufd (its cuda backend) share: the
+// daemon, in a fresh directory, started with the given arguments, its log
+// kept (`skip` says why when dbufd found no usable GPU, and the test then
+// skips; else the test fails if it did not start; SIGTERM and a clean exit
+// are checked at the end), and a small group with values exact in bf16.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "dbuf/client.hpp"
 #include "support/child_process.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
@@ -24,6 +26,22 @@ inline std::string dbufdPath() {
   // The GPU bundle runs its copies from bin/ (run exports DBUF_BIN_DIR).
   if (const char* dir = std::getenv("DBUF_BIN_DIR"); dir != nullptr) return std::string(dir) + "/dbufd";  // NOLINT
   return DBUFD_EXE;
+}
+
+/// Two tensors, fp32 shards gathered as bf16.
+inline GroupSpec layer() {
+  GroupSpec spec;
+  spec.name = "layer";
+  spec.tensors = {{"w", {64, 48}, "", -1}, {"b", {100}, "element", -1}};
+  spec.granularity = "rows:1";
+  spec.sharded_dtype = DType::kF32;
+  spec.unsharded_dtype = DType::kBF16;
+  return spec;
+}
+
+/// Small integers: exact in bf16, so the gathered bf16 copy is known exactly.
+inline float valueOf(std::size_t tensor, std::int64_t element) {
+  return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
 }
 
 class GpuDbufd {

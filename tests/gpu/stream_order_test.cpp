@@ -31,20 +31,8 @@ using Clock = std::chrono::steady_clock;
 constexpr unsigned long long kBusyNanoseconds = 300'000'000;   // the stream's work before the op
 constexpr auto kSubmitBound = std::chrono::milliseconds(100);  // a submit that blocked on the GPU takes longer
 
-GroupSpec layer() {
-  GroupSpec spec;
-  spec.name = "layer";
-  spec.tensors = {{"w", {64, 48}, "", -1}, {"b", {100}, "element", -1}};
-  spec.granularity = "rows:1";
-  spec.sharded_dtype = DType::kF32;
-  spec.unsharded_dtype = DType::kBF16;
-  return spec;
-}
-
-/// Small integers: exact in bf16.
-float valueOf(std::size_t tensor, std::int64_t element) {
-  return static_cast<float>((static_cast<std::int64_t>(tensor) * 37 + element) % 201 - 100);
-}
+using testing::layer;
+using testing::valueOf;
 
 /// Pinned host memory (asynchronous copies on a stream need it).
 template <typename T>

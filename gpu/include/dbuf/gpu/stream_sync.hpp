@@ -57,6 +57,11 @@ class DeviceMappedHost {
   std::size_t bytes_ = 0;
 };
 
+/// Counter pages for stream ordering: kUnavailable (saying to order on the
+/// host instead) where `device` lacks 64-bit stream memory operations, else
+/// DeviceMappedHost::registerPages.
+[[nodiscard]] Result<DeviceMappedHost> registerCounterPages(void* pages, std::size_t bytes, int device);
+
 class StreamCounter {
  public:
   /// A view of the 8-byte aligned `word` inside `pages`.
