@@ -904,6 +904,10 @@ TEST(CollectiveFailures, LibdbufRefusesToOrderAnOpOnAStreamOverHostMemory) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
   EXPECT_NE(refused.error().message.find("needs GPU memory"), std::string::npos) << refused.error().message;
+  const auto barrier = client->submitBarrier(on_stream);
+  ASSERT_FALSE(barrier.ok());
+  EXPECT_EQ(barrier.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(barrier.error().message.find("only group collectives"), std::string::npos) << barrier.error().message;
   EXPECT_TRUE(group->allGather().ok()) << "the session goes on";
   EXPECT_TRUE(client->detach().ok());
 }
