@@ -5,6 +5,7 @@
 #if defined(DBUF_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "dbuf/common/cuda_device.hpp"
 #include "dbuf/gpu/nccl.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #endif
@@ -52,13 +53,17 @@ Result<Backend> resolveBackend(const Config& config) {
   return Backend::kCuda;
 }
 
-int visibleGpus() {
+std::vector<GpuUuid> visibleGpus() {
+  std::vector<GpuUuid> gpus;
 #if defined(DBUF_WITH_CUDA)
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-#else
-  return 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return gpus;
+  for (int d = 0; d < count; ++d) {
+    auto uuid = gpuUuidOf(d);
+    gpus.push_back(uuid ? *uuid : GpuUuid{});
+  }
 #endif
+  return gpus;
 }
 
 }  // namespace dbuf::daemon

@@ -1,6 +1,9 @@
 #pragma once
 // Which backend a daemon can actually run, decided once at start.
 
+#include <vector>
+
+#include "dbuf/common/gpu_uuid.hpp"
 #include "dbuf/common/result.hpp"
 #include "dbuf/daemon/config.hpp"
 
@@ -13,8 +16,9 @@ namespace dbuf::daemon {
 /// or NCCL loads for one rank per GPU), else host.
 [[nodiscard]] Result<Backend> resolveBackend(const Config& config);
 
-/// The GPUs the cuda backend places ranks on: 0 .. visibleGpus() - 1 as this
-/// process sees them (CUDA_VISIBLE_DEVICES applies); 0 without CUDA.
-[[nodiscard]] int visibleGpus();
+/// The GPUs the cuda backend places ranks on, by index as this process sees
+/// them (CUDA_VISIBLE_DEVICES applies): their UUIDs (unknown where the
+/// runtime would not say); none without CUDA.
+[[nodiscard]] std::vector<GpuUuid> visibleGpus();
 
 }  // namespace dbuf::daemon

@@ -32,7 +32,7 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       allocator_(hostAllocator()),
       host_scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
       gpu_offer_{config.backend == Backend::kCuda, config.virtual_ranks,
-                 config.backend == Backend::kCuda ? visibleGpus() : 0},
+                 config.backend == Backend::kCuda ? visibleGpus() : std::vector<GpuUuid>{}},
       data_plane_(io, config) {}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -107,7 +107,14 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   }
   auto plane = data_plane_.openSession("dbuf:" + hello.job_id + ":session:" + std::to_string(hello.rank));
   if (!plane) return refuse(ipc::WireError::kInternal, "cannot create the session's rings: " + plane.error().message);
-  auto job = attachTo(hello, session->peer(), *tenant);
+  // The rank's GPU as dbufd numbers it (the trainer may see its GPUs otherwise).
+  ipc::Hello placed = hello;
+  if (config_.backend == Backend::kCuda) {
+    auto device = daemonDevice(hello, gpu_offer_.gpus);
+    if (!device) return refuse(ipc::WireError::kBadRequest, device.error().message);
+    placed.device = *device;
+  }
+  auto job = attachTo(placed, session->peer(), *tenant);
   if (!job) {
     const ErrorCode code = job.error().code;
     return refuse(code == ErrorCode::kNotFound     ? ipc::WireError::kPermissionDenied
@@ -201,7 +208,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
 Result<void> JobTable::placeRank(Job& job, const ipc::Hello& hello) {
   std::vector<std::int32_t> devices;
   for (const RankState& rank : job.ranks) devices.push_back(rank.device);
-  if (auto fits = checkRankDevice(job.placement, devices, hello, gpu_offer_.gpus); !fits) return fits;
+  if (auto fits = checkRankDevice(job.placement, devices, hello, gpu_offer_.gpuCount()); !fits) return fits;
   if (!job.collectives.executor) {
     auto executor = executorFor(job, hello);
     if (!executor) return std::move(executor).error();

@@ -8,15 +8,29 @@ namespace dbuf::daemon {
 Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer) {
   if (!offer.gpu_memory) return Placement::kHost;
   if (hello.world_size <= offer.virtual_ranks) return Placement::kSharedGpu;
-  if (std::cmp_greater(hello.world_size, offer.gpus)) {
+  if (std::cmp_greater(hello.world_size, offer.gpuCount())) {
     return makeError(
         ErrorCode::kInvalidArgument,
         "job '" + hello.job_id + "' has " + std::to_string(hello.world_size) + " ranks but this node has " +
-            std::to_string(offer.gpus) + " GPUs for one rank each; ranks share a GPU only as virtual ranks (" +
+            std::to_string(offer.gpuCount()) + " GPUs for one rank each; ranks share a GPU only as virtual ranks (" +
             (offer.virtual_ranks == 0 ? std::string("off") : "at most " + std::to_string(offer.virtual_ranks)) +
             " per GPU on this dbufd: --virtual-ranks)");
   }
   return Placement::kGpuPerRank;
+}
+
+Result<std::int32_t> daemonDevice(const ipc::Hello& hello, std::span<const GpuUuid> uuids) {
+  if (!hello.gpu_uuid.known()) return hello.device;
+  for (std::size_t d = 0; d < uuids.size(); ++d) {
+    if (uuids[d] == hello.gpu_uuid) return static_cast<std::int32_t>(d);
+  }
+  std::string seen;
+  for (const GpuUuid& uuid : uuids) seen += (seen.empty() ? "" : ", ") + uuid.text();
+  return makeError(ErrorCode::kInvalidArgument,
+                   "rank " + std::to_string(hello.rank) + " of job '" + hello.job_id + "' is on " +
+                       hello.gpu_uuid.text() + ", which is not one of dbufd's GPUs (" +
+                       (seen.empty() ? std::string("it sees none") : seen) +
+                       "): run dbufd where it sees the trainers' GPUs (its CUDA_VISIBLE_DEVICES)");
 }
 
 Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices, const ipc::Hello& hello,

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "dbuf/common/gpu_uuid.hpp"
 #include "dbuf/common/result.hpp"
 #include "dbuf/ipc/protocol.hpp"
 
@@ -18,12 +20,19 @@ enum class Placement : std::uint8_t {
 };
 
 /// What the daemon offers: GPU memory or not, how many ranks may share one
-/// GPU (--virtual-ranks), how many GPUs it sees.
+/// GPU (--virtual-ranks), the GPUs it sees.
 struct GpuOffer {
   bool gpu_memory = false;  ///< the cuda backend
   std::uint32_t virtual_ranks = 0;
-  int gpus = 0;
+  std::vector<GpuUuid> gpus;  ///< [device]: each GPU's UUID (unknown where the runtime would not say)
+  [[nodiscard]] int gpuCount() const noexcept { return static_cast<int>(gpus.size()); }
 };
+
+/// The GPU a Hello names, as dbufd numbers it: the one with the Hello's UUID
+/// (the client may number its GPUs otherwise: CUDA_VISIBLE_DEVICES), or, from
+/// a client that sent none, its index as is. kInvalidArgument naming the UUID
+/// when dbufd has no such GPU.
+[[nodiscard]] Result<std::int32_t> daemonDevice(const ipc::Hello& hello, std::span<const GpuUuid> uuids);
 
 /// Where a new job (its first Hello) goes: jobs of at most virtual_ranks
 /// ranks share a GPU, larger ones need a GPU per rank; kInvalidArgument

@@ -114,6 +114,8 @@ void fields(Io& io, M& m) {
   io.integer("world_size", m.world_size);
   io.integer("local_rank", m.local_rank);
   io.integer("device", m.device);
+  io.integer("gpu_uuid_high", m.gpu_uuid.high);
+  io.integer("gpu_uuid_low", m.gpu_uuid.low);
   io.integer("nonce", m.nonce);
   io.boolean("persistent", m.persistent);
   io.integer("prefetch_depth", m.prefetch_depth);

@@ -6,6 +6,9 @@
 
 #include "connection.hpp"
 #include "dbuf/common/shared_memory.hpp"
+#if defined(DBUF_WITH_CUDA)
+#include "dbuf/common/cuda_device.hpp"
+#endif
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/ring.hpp"
 
@@ -41,6 +44,21 @@ Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::R
       return makeError(ErrorCode::kInternal, "dbufd described a region outside its file");
     }
   }
+  return {};
+}
+
+/// The UUID of the trainer's GPU `device`, so that dbufd finds it whatever
+/// CUDA_VISIBLE_DEVICES each process has; unknown without CUDA or a GPU
+/// (dbufd then takes the index as it is).
+GpuUuid uuidOf(std::int32_t device) {
+#if defined(DBUF_WITH_CUDA)
+  if (device >= 0) {
+    auto uuid = gpuUuidOf(device);
+    if (uuid) return *uuid;
+  }
+#else
+  static_cast<void>(device);
+#endif
   return {};
 }
 
@@ -255,6 +273,7 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   hello.world_size = options.world_size;
   hello.local_rank = options.local_rank;
   hello.device = options.device;
+  hello.gpu_uuid = uuidOf(options.device);
   hello.persistent = options.persistent;
   hello.prefetch_depth = options.prefetch_depth;
   hello.nonce = std::random_device{}();
@@ -272,7 +291,8 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   connection_->rank = options.rank;
   connection_->reattached = welcome->reattached;
   connection_->instance_id = welcome->daemon_instance_id;
-  connection_->memory = {welcome->memory_kind, welcome->device};
+  // Mapped on the trainer's GPU as it numbers it (dbufd's index may differ).
+  connection_->memory = {welcome->memory_kind, options.device};
   return {};
 }
 

@@ -19,7 +19,14 @@ ipc::Hello hello(std::uint32_t rank, std::uint32_t world, std::int32_t device) {
   return h;
 }
 
-constexpr GpuOffer kHostBackend{false, 0, 0};
+/// A node with `gpus` GPUs (UUIDs 1..gpus).
+GpuOffer offer(bool gpu_memory, std::uint32_t virtual_ranks, int gpus) {
+  GpuOffer made{gpu_memory, virtual_ranks, {}};
+  for (int d = 0; d < gpus; ++d) made.gpus.push_back(GpuUuid{0, static_cast<std::uint64_t>(d + 1)});
+  return made;
+}
+
+const GpuOffer kHostBackend = offer(false, 0, 0);
 
 TEST(Placement, TheHostBackendPutsEveryJobInHostMemoryWhateverItsRanksName) {
   ASSERT_EQ(*placeJob(hello(0, 64, 3), kHostBackend), Placement::kHost);
@@ -28,23 +35,23 @@ TEST(Placement, TheHostBackendPutsEveryJobInHostMemoryWhateverItsRanksName) {
 }
 
 TEST(Placement, JobsUpToTheVirtualRanksShareOneGpuLargerOnesNeedAGpuPerRank) {
-  const GpuOffer eight_gpus_four_virtual{true, 4, 8};
+  const GpuOffer eight_gpus_four_virtual = offer(true, 4, 8);
   EXPECT_EQ(*placeJob(hello(0, 1, 0), eight_gpus_four_virtual), Placement::kSharedGpu);
   EXPECT_EQ(*placeJob(hello(0, 4, 0), eight_gpus_four_virtual), Placement::kSharedGpu);
   EXPECT_EQ(*placeJob(hello(0, 5, 0), eight_gpus_four_virtual), Placement::kGpuPerRank);
   EXPECT_EQ(*placeJob(hello(0, 8, 0), eight_gpus_four_virtual), Placement::kGpuPerRank);
   // Without virtual ranks even a one-rank job runs through NCCL.
-  EXPECT_EQ(*placeJob(hello(0, 1, 0), GpuOffer{true, 0, 1}), Placement::kGpuPerRank);
+  EXPECT_EQ(*placeJob(hello(0, 1, 0), offer(true, 0, 1)), Placement::kGpuPerRank);
 }
 
 TEST(Placement, MoreRanksThanGpusWithoutVirtualRanksIsRefusedSayingHowToRunIt) {
-  const auto refused = placeJob(hello(0, 2, 0), GpuOffer{true, 0, 1});
+  const auto refused = placeJob(hello(0, 2, 0), offer(true, 0, 1));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
   EXPECT_NE(refused.error().message.find("has 2 ranks but this node has 1 GPUs"), std::string::npos)
       << refused.error().message;
   EXPECT_NE(refused.error().message.find("off"), std::string::npos) << refused.error().message;
-  const auto too_many = placeJob(hello(0, 9, 0), GpuOffer{true, 4, 8});
+  const auto too_many = placeJob(hello(0, 9, 0), offer(true, 4, 8));
   ASSERT_FALSE(too_many);
   EXPECT_NE(too_many.error().message.find("at most 4 per GPU"), std::string::npos) << too_many.error().message;
 }
@@ -81,6 +88,32 @@ TEST(Placement, ARankAttachingAgainMustComeBackToTheGpuItsMemoryIsOn) {
   const auto moved = checkRankDevice(Placement::kGpuPerRank, std::vector<std::int32_t>{-1, 1}, hello(1, 2, 0), 2);
   ASSERT_FALSE(moved);
   EXPECT_NE(moved.error().message.find("attached on GPU 1 before"), std::string::npos) << moved.error().message;
+}
+
+TEST(GpuUuid, ReadsTheRuntimesSixteenBytesInOrderAndPrintsThemAsNvidiaSmiDoes) {
+  const std::array<std::uint8_t, 16> bytes{0x5f, 0x2b, 0x1c, 0x3d, 0x4e, 0x5a, 0x6b, 0x7c,
+                                           0x8d, 0x9e, 0xaf, 0xb0, 0xc1, 0xd2, 0xe3, 0xf4};
+  const GpuUuid uuid = GpuUuid::fromBytes(bytes);
+  EXPECT_EQ(uuid, (GpuUuid{0x5f2b1c3d4e5a6b7cULL, 0x8d9eafb0c1d2e3f4ULL}));
+  EXPECT_EQ(uuid.text(), "GPU-5f2b1c3d-4e5a-6b7c-8d9e-afb0c1d2e3f4");
+  EXPECT_TRUE(uuid.known());
+  EXPECT_FALSE(GpuUuid{}.known());
+}
+
+TEST(Placement, ARanksGpuIsFoundByItsUuidWhateverIndexTheTrainerGivesIt) {
+  const GpuOffer node = offer(true, 0, 4);
+  ipc::Hello sees_one_gpu = hello(0, 1, 0);  // CUDA_VISIBLE_DEVICES=2: its GPU 0 is dbufd's GPU 2
+  sees_one_gpu.gpu_uuid = node.gpus[2];
+  EXPECT_EQ(*daemonDevice(sees_one_gpu, node.gpus), 2);
+  EXPECT_EQ(*daemonDevice(hello(0, 1, 3), node.gpus), 3) << "no UUID: the index as it is";
+  ipc::Hello elsewhere = hello(1, 2, 0);
+  elsewhere.gpu_uuid = GpuUuid{0x0123456789abcdefULL, 0x0011223344556677ULL};
+  const auto refused = daemonDevice(elsewhere, node.gpus);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("rank 1 of job 'job' is on GPU-01234567-89ab-cdef-0011-223344556677, which is "
+                                         "not one of dbufd's GPUs (GPU-00000000-0000-0000-0000-000000000001, "),
+            std::string::npos)
+      << refused.error().message;
 }
 
 }  // namespace

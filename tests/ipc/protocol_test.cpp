@@ -179,10 +179,23 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
   hello.world_size = 2;
   hello.local_rank = 3;
   hello.device = -1;
+  hello.gpu_uuid = {0x1122334455667788ULL, 0x99aabbccddeeff00ULL};
   hello.nonce = 9;
   hello.persistent = true;
   hello.prefetch_depth = 4;
-  const auto expected = Bytes().u16(kProtocolVersion).str("ab").u32(1).u32(2).u32(3).i32(-1).u64(9).u8(1).u32(4).get();
+  const auto expected = Bytes()
+                            .u16(kProtocolVersion)
+                            .str("ab")
+                            .u32(1)
+                            .u32(2)
+                            .u32(3)
+                            .i32(-1)
+                            .u64(0x1122334455667788ULL)
+                            .u64(0x99aabbccddeeff00ULL)
+                            .u64(9)
+                            .u8(1)
+                            .u32(4)
+                            .get();
   EXPECT_EQ(payloadOf(hello), expected);
 }
 
@@ -492,7 +505,8 @@ TEST(ProtocolPayload, BadJobIdIsRejectedOnBothSides) {
     Hello hello = sampleHello();
     hello.job_id = job_id;
     EXPECT_EQ(encodeError(hello), "Hello.job_id: " + reason);
-    const auto payload = Bytes().u16(1).str(job_id).u32(0).u32(1).u32(0).i32(-1).u64(0).u8(0).u32(1).get();
+    const auto payload =
+        Bytes().u16(1).str(job_id).u32(0).u32(1).u32(0).i32(-1).u64(0).u64(0).u64(0).u8(0).u32(1).get();
     EXPECT_EQ(decodeError(MessageType::kHello, payload), "Hello.job_id: " + reason);
     EXPECT_FALSE(validateJobId(job_id).ok());
   }

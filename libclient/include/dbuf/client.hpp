@@ -61,7 +61,10 @@ struct AttachOptions {
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
   std::uint32_t local_rank = 0;
-  std::int32_t device = -1;          ///< -1: host memory
+  /// The trainer's GPU, as it numbers its GPUs (libdbuf also sends the GPU's
+  /// UUID, so dbufd finds it whatever CUDA_VISIBLE_DEVICES each process
+  /// has); -1: none (host memory).
+  std::int32_t device = -1;
   bool persistent = false;           ///< keep shards for the daemon's grace period if every rank dies
   std::uint32_t prefetch_depth = 1;  ///< unsharded slots = prefetch_depth + 1
 };

@@ -27,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "dbuf/common/gpu_uuid.hpp"
 #include "dbuf/common/result.hpp"
 
 namespace dbuf::ipc {
@@ -93,7 +94,8 @@ struct Hello {
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
   std::uint32_t local_rank = 0;
-  std::int32_t device = -1;  ///< GPU index, -1 for host memory
+  std::int32_t device = -1;  ///< GPU index as the client sees it, -1 for host memory
+  GpuUuid gpu_uuid;          ///< that GPU's UUID (unknown: dbufd takes `device` as its own index)
   std::uint64_t nonce = 0;
   bool persistent = false;           ///< keep the job's memory for the grace period if every rank goes
   std::uint32_t prefetch_depth = 1;  ///< unsharded slots per rank = prefetch_depth + 1
@@ -103,7 +105,7 @@ struct Hello {
 /// Where a session's DBuffers live, and so what the group and slot fds are.
 enum class MemoryKind : std::uint8_t {
   kHost = 0,  ///< memfds: mmap them
-  kCuda = 1,  ///< CUDA VMM allocations exported as POSIX fds: import and map them on Welcome::device
+  kCuda = 1,  ///< CUDA VMM allocations exported as POSIX fds: import and map them on the Hello's GPU
 };
 
 struct Welcome {
@@ -119,7 +121,7 @@ struct Welcome {
   std::uint64_t segment_bytes = 0;
   std::uint32_t busy_poll_us = 0;              ///< how long to spin before sleeping
   MemoryKind memory_kind = MemoryKind::kHost;  ///< what the group and slot fds are
-  std::int32_t device = 0;                     ///< kCuda: the GPU holding this rank's memory
+  std::int32_t device = 0;                     ///< kCuda: the GPU holding this rank's memory, as dbufd numbers it
   friend bool operator==(const Welcome&, const Welcome&) = default;
 };
 
