@@ -1,23 +1,29 @@
 // What going through dbufd costs an all-gather, against the same NCCL call
-// made in the trainer process (issue 5's overhead goal: within 3%), 64 MiB to
-// 1 GiB of bf16 parameters. One process, one GPU, one rank: dbufd without
-// virtual ranks runs a one-rank job through its NCCL path, which is what a
-// machine with one GPU can compare. Per size, interleaved rep by rep so that
-// noise hits every row alike, median of the reps:
-//   direct        the trainer's own copy-in of its shard into its part of the
+// made in the trainer processes (issue 5's overhead goal: within 3%), 64 MiB
+// to 1 GiB of bf16 parameters (the whole unsharded buffer). One trainer
+// process per GPU (--ranks, default: every GPU), as in a deployment; dbufd
+// without virtual ranks runs the job through its NCCL path. Per size,
+// interleaved rep by rep so that noise hits every row alike:
+//   direct        each trainer's copy-in of its shard into its part of the
 //                 buffer (cudaMemcpyAsync D2D, what FSDP2 does per unit), the
-//                 in-place ncclAllGather, cudaStreamSynchronize
-//   dbufd         submitAllGather + wait (host-ordered)
+//                 in-place ncclAllGather on a communicator of the trainers
+//                 (ncclCommInitRank), cudaStreamSynchronize
+//   dbufd         allGather() (submit + wait, host-ordered)
 //   dbufd stream  submitAllGather ordered on the trainer's stream, then
 //                 cudaStreamSynchronize and wait
-// and the ratio of each dbufd row to direct (1.03 is the goal).
+// Each rank takes the median of its reps; the slowest rank's median is the
+// row's time; ratios to direct are printed (1.03 is the goal).
 //
-//   bench_gpu_allgather [--reps R] [--max-mib M] [--json PATH]
+//   bench_gpu_allgather [--ranks N] [--reps R] [--max-mib M] [--json PATH]
 //
-// Without a usable GPU: "bench_gpu_allgather: skipped: ..." and exit 0.
+// The trainers are forked before anything touches CUDA. Without a usable
+// GPU: "bench_gpu_allgather: skipped: ..." and exit 0.
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,37 +40,47 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr std::int64_t kFirstMib = 64;
+constexpr int kNoGpu = 77;
+constexpr std::size_t kVariants = 3;  // direct, dbufd, dbufd stream
+
 struct Args {
+  int ranks = 0;  ///< 0: every GPU
   int reps = 20;
   std::int64_t max_mib = 1024;
   std::string json;
 };
 
+[[noreturn]] void usage() {
+  std::fprintf(stderr, "usage: bench_gpu_allgather [--ranks N] [--reps R] [--max-mib M] [--json PATH]\n");
+  std::exit(2);
+}
+
 Args parseArgs(int argc, char** argv) {
   Args args;
+  if (argc % 2 == 0) usage();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* value = argv[i + 1];
-    if (flag == "--reps") {
+    if (flag == "--ranks") {
+      args.ranks = std::max(1, std::atoi(value));
+    } else if (flag == "--reps") {
       args.reps = std::max(3, std::atoi(value));
     } else if (flag == "--max-mib") {
-      args.max_mib = std::max<std::int64_t>(64, std::atoll(value));
+      args.max_mib = std::max<std::int64_t>(kFirstMib, std::atoll(value));
     } else if (flag == "--json") {
       args.json = value;
     } else {
-      std::fprintf(stderr, "usage: bench_gpu_allgather [--reps R] [--max-mib M] [--json PATH]\n");
-      std::exit(2);
+      usage();
     }
-  }
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "usage: bench_gpu_allgather [--reps R] [--max-mib M] [--json PATH]\n");
-    std::exit(2);
   }
   return args;
 }
 
-double seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
+std::vector<std::int64_t> sizesMib(const Args& args) {
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t mib = kFirstMib; mib <= args.max_mib; mib *= 2) sizes.push_back(mib);
+  return sizes;
 }
 
 double median(std::vector<double> values) {
@@ -72,26 +88,23 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "bench_gpu_allgather: %s\n", what.c_str());
-  std::exit(1);
+// ---- a trainer process (one rank) ---------------------------------------------------------
+
+[[noreturn]] void fail(int rank, const std::string& what) {
+  std::fprintf(stderr, "bench_gpu_allgather rank %d: %s\n", rank, what.c_str());
+  std::_Exit(1);
 }
 
-void cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-/// The baseline: the same bytes and NCCL call, made in this process.
+/// The baseline: the rank's shard copied into its part of the buffer, then
+/// the in-place all-gather on the trainers' own communicator.
 class DirectAllGather {
  public:
-  DirectAllGather(std::size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
-    cuda(cudaMalloc(&shard_, bytes), "cudaMalloc shard");
-    cuda(cudaMalloc(&buffer_, bytes), "cudaMalloc buffer");
-    cuda(cudaMemset(shard_, 1, bytes), "cudaMemset");
-    const int device = 0;
-    auto comms = dbuf::gpu::LocalComms::create({&device, 1});
-    if (!comms) fail("NCCL: " + comms.error().message);
-    comms_.emplace(std::move(*comms));
+  DirectAllGather(int rank, int ranks, std::size_t bytes, ncclComm_t comm, cudaStream_t stream)
+      : rank_(rank), part_(bytes / static_cast<std::size_t>(ranks) / 2 * 2), comm_(comm), stream_(stream) {
+    if (cudaMalloc(&shard_, part_) != cudaSuccess || cudaMalloc(&buffer_, bytes) != cudaSuccess ||
+        cudaMemset(shard_, 1, part_) != cudaSuccess) {
+      fail(rank, "cudaMalloc / cudaMemset");
+    }
   }
   ~DirectAllGather() {
     static_cast<void>(cudaFree(shard_));
@@ -101,27 +114,27 @@ class DirectAllGather {
   DirectAllGather& operator=(const DirectAllGather&) = delete;
 
   void run() {
-    cuda(cudaMemcpyAsync(buffer_, shard_, bytes_, cudaMemcpyDeviceToDevice, stream_), "copy-in");
-    void* const buffers[] = {buffer_};
-    const cudaStream_t streams[] = {stream_};
-    if (auto r = comms_->allGather(buffers, bytes_ / 2, dbuf::DType::kBF16, streams); !r) fail(r.error().message);
-    cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    auto* own = static_cast<unsigned char*>(buffer_) + static_cast<std::size_t>(rank_) * part_;
+    if (cudaMemcpyAsync(own, shard_, part_, cudaMemcpyDeviceToDevice, stream_) != cudaSuccess) fail(rank_, "copy-in");
+    const dbuf::gpu::Nccl& nccl = **dbuf::gpu::nccl();
+    if (nccl.allGather(own, buffer_, part_ / 2, ncclBfloat16, comm_, stream_) != ncclSuccess) {
+      fail(rank_, "ncclAllGather");
+    }
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) fail(rank_, "cudaStreamSynchronize");
   }
 
  private:
-  std::size_t bytes_;
+  int rank_;
+  std::size_t part_;
+  ncclComm_t comm_;
   cudaStream_t stream_;
   void* shard_ = nullptr;
   void* buffer_ = nullptr;
-  std::optional<dbuf::gpu::LocalComms> comms_;
 };
 
-struct Row {
-  std::int64_t mib = 0;
-  double direct_s = 0, dbufd_s = 0, stream_s = 0;
-};
-
-Row measure(dbuf::Client& client, std::int64_t mib, int reps, cudaStream_t stream) {
+/// The rank's median seconds per variant for one size.
+std::array<double, kVariants> measure(int rank, int ranks, dbuf::Client& client, std::int64_t mib, int reps,
+                                      ncclComm_t comm, cudaStream_t stream) {
   const std::size_t bytes = static_cast<std::size_t>(mib) << 20;
   dbuf::GroupSpec spec;
   spec.name = "params-" + std::to_string(mib);
@@ -129,80 +142,185 @@ Row measure(dbuf::Client& client, std::int64_t mib, int reps, cudaStream_t strea
   spec.sharded_dtype = dbuf::DType::kBF16;
   spec.unsharded_dtype = dbuf::DType::kBF16;
   auto group = client.registerGroup(spec);
-  if (!group) fail("registerGroup: " + group.error().message);
-  if (auto r = group->acquireSlot(); !r) fail("acquireSlot: " + r.error().message);
-  DirectAllGather direct(bytes, stream);
+  if (!group) fail(rank, "registerGroup: " + group.error().message);
+  if (auto r = group->acquireSlot(); !r) fail(rank, "acquireSlot: " + r.error().message);
+  DirectAllGather direct(rank, ranks, bytes, comm, stream);
   dbuf::SubmitOptions on_stream;
   on_stream.stream = static_cast<void*>(stream);
-  const std::function<void()> through_dbufd = [&] {
-    if (auto r = group->allGather(); !r) fail("allGather: " + r.error().message);
-  };
-  const std::function<void()> through_dbufd_on_stream = [&] {
-    auto handle = group->submitAllGather(on_stream);
-    if (!handle) fail("submitAllGather: " + handle.error().message);
-    cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (auto r = client.wait(*handle); !r) fail("wait: " + r.error().message);
-  };
-  std::vector<double> times[3];
+  const std::function<void()> variants[kVariants] = {[&] { direct.run(); },
+                                                     [&] {
+                                                       if (auto r = group->allGather(); !r)
+                                                         fail(rank, "allGather: " + r.error().message);
+                                                     },
+                                                     [&] {
+                                                       auto handle = group->submitAllGather(on_stream);
+                                                       if (!handle)
+                                                         fail(rank, "submitAllGather: " + handle.error().message);
+                                                       if (cudaStreamSynchronize(stream) != cudaSuccess)
+                                                         fail(rank, "cudaStreamSynchronize");
+                                                       if (auto r = client.wait(*handle); !r)
+                                                         fail(rank, "wait: " + r.error().message);
+                                                     }};
+  std::array<std::vector<double>, kVariants> seconds;
   for (int rep = -2; rep < reps; ++rep) {  // two warm-up rounds
-    const std::function<void()> runs[] = {[&] { direct.run(); }, through_dbufd, through_dbufd_on_stream};
-    for (int which = 0; which < 3; ++which) {
+    for (std::size_t v = 0; v < kVariants; ++v) {
       const auto start = Clock::now();
-      runs[which]();
-      if (rep >= 0) times[which].push_back(seconds(Clock::now() - start));
+      variants[v]();
+      if (rep >= 0) seconds[v].push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
   }
-  if (auto r = group->reshard(); !r) fail("reshard: " + r.error().message);
-  return {mib, median(times[0]), median(times[1]), median(times[2])};
+  if (auto r = group->reshard(); !r) fail(rank, "reshard: " + r.error().message);
+  return {median(seconds[0]), median(seconds[1]), median(seconds[2])};
 }
 
-void writeJson(const std::string& path, const std::vector<Row>& rows) {
+/// One trainer: reads the NCCL id from `id_in` (rank 0 makes it and writes it
+/// to the others' pipes), writes its medians to `out`.
+[[noreturn]] void trainer(int rank, int ranks, const Args& args, const std::string& socket, int id_in,
+                          const std::vector<int>& id_outs, int out) {
+  if (cudaSetDevice(rank) != cudaSuccess) std::_Exit(kNoGpu);
+  auto nccl = dbuf::gpu::nccl();
+  if (!nccl) fail(rank, nccl.error().message);
+  ncclUniqueId id{};
+  if (rank == 0) {
+    if ((*nccl)->getUniqueId(&id) != ncclSuccess) fail(rank, "ncclGetUniqueId");
+    for (const int fd : id_outs) {
+      if (write(fd, &id, sizeof(id)) != static_cast<ssize_t>(sizeof(id))) fail(rank, "sending the NCCL id");
+    }
+  } else if (read(id_in, &id, sizeof(id)) != static_cast<ssize_t>(sizeof(id))) {
+    fail(rank, "receiving the NCCL id");
+  }
+  ncclComm_t comm = nullptr;
+  if ((*nccl)->commInitRank(&comm, ranks, id, rank) != ncclSuccess) fail(rank, "ncclCommInitRank");
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) fail(rank, "cudaStreamCreate");
+  auto client = dbuf::Client::connect({socket});
+  if (!client) fail(rank, "connect: " + client.error().message);
+  const auto r = static_cast<std::uint32_t>(rank);
+  if (auto a = client->attach({"allgather-bench", r, static_cast<std::uint32_t>(ranks), r, rank}); !a) {
+    fail(rank, "attach: " + a.error().message);
+  }
+  for (const std::int64_t mib : sizesMib(args)) {
+    const auto medians = measure(rank, ranks, *client, mib, args.reps, comm, stream);
+    if (write(out, medians.data(), sizeof(medians)) != static_cast<ssize_t>(sizeof(medians))) fail(rank, "report");
+  }
+  if (auto d = client->detach(); !d) fail(rank, "detach: " + d.error().message);
+  static_cast<void>((*nccl)->commDestroy(comm));
+  std::_Exit(0);
+}
+
+// ---- the driver ----------------------------------------------------------------------------
+
+struct Row {
+  std::int64_t mib = 0;
+  std::array<double, kVariants> seconds{};  ///< the slowest rank's median
+};
+
+void writeJson(const std::string& path, int ranks, const std::vector<Row>& rows) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return;
-  std::fprintf(f, "{\"bench\": \"gpu_allgather\", \"rows\": [");
+  std::fprintf(f, "{\"bench\": \"gpu_allgather\", \"ranks\": %d, \"rows\": [", ranks);
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+    const auto& s = rows[i].seconds;
     std::fprintf(f,
                  "%s\n  {\"mib\": %lld, \"direct_s\": %.6f, \"dbufd_s\": %.6f, \"dbufd_stream_s\": %.6f, "
                  "\"dbufd_ratio\": %.4f, \"dbufd_stream_ratio\": %.4f}",
-                 i == 0 ? "" : ",", static_cast<long long>(r.mib), r.direct_s, r.dbufd_s, r.stream_s,
-                 r.dbufd_s / r.direct_s, r.stream_s / r.direct_s);
+                 i == 0 ? "" : ",", static_cast<long long>(rows[i].mib), s[0], s[1], s[2], s[1] / s[0], s[2] / s[0]);
   }
   std::fprintf(f, "\n]}\n");
   std::fclose(f);
+}
+
+/// The number of GPUs, counted in a child (this process must not touch CUDA
+/// before forking the trainers).
+int countGpus() {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return 0;
+  const pid_t child = fork();
+  if (child == 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    std::_Exit(write(pipe_fds[1], &count, sizeof(count)) == sizeof(count) ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  int count = 0;
+  if (read(pipe_fds[0], &count, sizeof(count)) != sizeof(count)) count = 0;
+  close(pipe_fds[0]);
+  waitpid(child, nullptr, 0);
+  return count;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args args = parseArgs(argc, argv);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  const int gpus = countGpus();
+  if (gpus == 0) {
     std::printf("bench_gpu_allgather: skipped: no usable CUDA device\n");
     return 0;
   }
+  const int ranks = args.ranks == 0 ? gpus : std::min(args.ranks, gpus);
   dbuf::bench::DaemonSettings settings;
-  settings.extra_args = {"--backend", "cuda"};  // no virtual ranks: the one-rank job goes through NCCL
+  settings.extra_args = {"--backend", "cuda"};  // no virtual ranks: a GPU per rank, NCCL
   dbuf::bench::DaemonProcess daemon(dbuf::bench::dbufdExecutable(), settings);
-  if (!daemon.ok()) fail("dbufd: " + daemon.error() + "\n" + daemon.logTail());
-  cuda(cudaSetDevice(0), "cudaSetDevice");
-  cudaStream_t stream = nullptr;
-  cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  auto client = dbuf::Client::connect({daemon.socket()});
-  if (!client) fail("connect: " + client.error().message);
-  if (auto r = client->attach({"allgather-bench", 0, 1, 0, 0}); !r) fail("attach: " + r.error().message);
-
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "bench_gpu_allgather: dbufd: %s\n%s\n", daemon.error().c_str(), daemon.logTail().c_str());
+    return 1;
+  }
+  // Pipes: the NCCL id from rank 0 to each other rank; each rank's medians back.
+  std::vector<std::array<int, 2>> id_pipes(static_cast<std::size_t>(ranks));
+  std::vector<std::array<int, 2>> report_pipes(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    if (pipe(id_pipes[static_cast<std::size_t>(r)].data()) != 0 ||
+        pipe(report_pipes[static_cast<std::size_t>(r)].data()) != 0) {
+      std::perror("pipe");
+      return 1;
+    }
+  }
+  std::vector<int> id_outs;
+  for (int r = 1; r < ranks; ++r) id_outs.push_back(id_pipes[static_cast<std::size_t>(r)][1]);
+  std::vector<pid_t> children;
+  for (int r = 0; r < ranks; ++r) {
+    const pid_t child = fork();
+    if (child == 0) {
+      trainer(r, ranks, args, daemon.socket(), id_pipes[static_cast<std::size_t>(r)][0], id_outs,
+              report_pipes[static_cast<std::size_t>(r)][1]);
+    }
+    children.push_back(child);
+  }
   std::vector<Row> rows;
-  for (std::int64_t mib = 64; mib <= args.max_mib; mib *= 2) rows.push_back(measure(*client, mib, args.reps, stream));
-  std::printf("AllGather of bf16 parameters, 1 rank (NCCL), median of %d reps, wall time per op\n", args.reps);
+  for (const std::int64_t mib : sizesMib(args)) rows.push_back({mib, {}});
+  bool ok = true;
+  for (int r = 0; r < ranks && ok; ++r) {
+    for (Row& row : rows) {
+      std::array<double, kVariants> medians{};
+      if (read(report_pipes[static_cast<std::size_t>(r)][0], medians.data(), sizeof(medians)) !=
+          static_cast<ssize_t>(sizeof(medians))) {
+        ok = false;
+        break;
+      }
+      for (std::size_t v = 0; v < kVariants; ++v) row.seconds[v] = std::max(row.seconds[v], medians[v]);
+    }
+  }
+  for (const pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "bench_gpu_allgather: a trainer failed\n%s\n", daemon.logTail().c_str());
+    return 1;
+  }
+  std::printf(
+      "AllGather of bf16 parameters, %d rank(s), one GPU each (dbufd: NCCL path), slowest rank's median of "
+      "%d reps\n",
+      ranks, args.reps);
   std::printf("%8s %12s %12s %12s %12s %12s\n", "MiB", "direct ms", "dbufd ms", "stream ms", "dbufd/dir", "stream/dir");
-  for (const Row& r : rows) {
-    std::printf("%8lld %12.3f %12.3f %12.3f %12.3f %12.3f\n", static_cast<long long>(r.mib), r.direct_s * 1e3,
-                r.dbufd_s * 1e3, r.stream_s * 1e3, r.dbufd_s / r.direct_s, r.stream_s / r.direct_s);
+  for (const Row& row : rows) {
+    const auto& s = row.seconds;
+    std::printf("%8lld %12.3f %12.3f %12.3f %12.3f %12.3f\n", static_cast<long long>(row.mib), s[0] * 1e3, s[1] * 1e3,
+                s[2] * 1e3, s[1] / s[0], s[2] / s[0]);
   }
   std::printf("goal: dbufd/direct <= 1.03\n");
-  if (!args.json.empty()) writeJson(args.json, rows);
-  if (auto r = client->detach(); !r) fail("detach: " + r.error().message);
-  static_cast<void>(cudaStreamDestroy(stream));
+  if (!args.json.empty()) writeJson(args.json, ranks, rows);
   return daemon.stop() ? 0 : 1;
 }

@@ -37,6 +37,8 @@ Result<Nccl> load() {
   get("ncclGetVersion", n.getVersion);
   get("ncclGetErrorString", n.getErrorString);
   get("ncclCommInitAll", n.commInitAll);
+  get("ncclGetUniqueId", n.getUniqueId);
+  get("ncclCommInitRank", n.commInitRank);
   get("ncclCommDestroy", n.commDestroy);
   get("ncclCommAbort", n.commAbort);
   get("ncclCommGetAsyncError", n.commGetAsyncError);

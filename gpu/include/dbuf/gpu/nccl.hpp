@@ -37,6 +37,8 @@ struct Nccl {
   decltype(&::ncclGetVersion) getVersion = nullptr;
   decltype(&::ncclGetErrorString) getErrorString = nullptr;
   decltype(&::ncclCommInitAll) commInitAll = nullptr;
+  decltype(&::ncclGetUniqueId) getUniqueId = nullptr;    ///< a communicator across processes (benchmarks)
+  decltype(&::ncclCommInitRank) commInitRank = nullptr;
   decltype(&::ncclCommDestroy) commDestroy = nullptr;
   decltype(&::ncclCommAbort) commAbort = nullptr;
   decltype(&::ncclCommGetAsyncError) commGetAsyncError = nullptr;
