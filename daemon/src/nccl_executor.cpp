@@ -27,6 +27,9 @@ using kernels::ConstBuffer;
 using kernels::MutBuffer;
 using kernels::Segment;
 
+/// fp32 elements of each GPU's reduction scratch (128 MiB).
+constexpr std::int64_t kScratchElements = std::int64_t{1} << 25;
+
 /// One rank's GPU: its stream, the event marking an op's end on it, and the
 /// fused kernels queued on that stream. Owns the stream and event.
 struct RankGpu {
@@ -45,7 +48,7 @@ struct RankGpu {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;
   std::unique_ptr<kernels::cuda::CudaRunner> runner;
-  float* scratch = nullptr;  ///< kScratchElements floats, at the first reduction
+  float* scratch = nullptr;  ///< kScratchElements floats for reductions
 };
 
 Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
@@ -59,12 +62,19 @@ Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
   if (auto r = cudaStatus(cudaEventCreateWithFlags(&gpu->event, cudaEventDisableTiming), "cudaEventCreate" + on); !r) {
     return r.error();
   }
+  void* scratch = nullptr;
+  // Made with the job, so that a GPU too full for it fails the attach, not a
+  // reduction halfway through training.
+  if (auto r =
+          cudaStatus(cudaMalloc(&scratch, kScratchElements * sizeof(float)),
+                     "cudaMalloc (reduction scratch, " + std::to_string(kScratchElements * 4 >> 20) + " MiB)" + on);
+      !r) {
+    return r.error();
+  }
+  gpu->scratch = static_cast<float*>(scratch);
   gpu->runner = std::make_unique<kernels::cuda::CudaRunner>(gpu->stream);
   return gpu;
 }
-
-/// fp32 elements of each GPU's reduction scratch (128 MiB).
-constexpr std::int64_t kScratchElements = std::int64_t{1} << 25;
 
 class NcclExecutor final : public Executor {
  public:
@@ -74,7 +84,7 @@ class NcclExecutor final : public Executor {
       streams_.push_back(gpu->stream);
     }
     buffers_.resize(gpus_.size());
-    scratch_buffers_.resize(gpus_.size());
+    for (const auto& gpu : gpus_) scratch_buffers_.push_back(gpu->scratch);
     scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
@@ -209,29 +219,29 @@ class NcclExecutor final : public Executor {
     return comms_->allGatherParts(everyRank(&RankBuffers::scales), scale_parts_, DType::kF32, streams_);
   }
 
-  // Reductions run as the engine's do, in fp32 (only the order of the sum is
-  // NCCL's): every rank stages pre x its gradient in fp32 into its scratch
-  // (one fused reduce), NCCL sums the fp32 in place, and one fused pass
-  // applies the factor (post, / world for avg) and casts or accumulates.
-  // The unsharded gradient is only read (reduce-scatter) or written once at
-  // the end (all-reduce). A chunk at a time, so the scratch stays bounded.
+  // Reductions run as the engine's do, in fp32: every rank stages pre x its
+  // gradient in fp32 into its scratch (a cast or copy, then a scale), NCCL
+  // sums the fp32 in place, and one fused reduce applies the factor (post,
+  // / world for avg) and casts or accumulates. Only the order of the sum is
+  // NCCL's: one or two ranks give the engine's bits (NaN payloads aside), more
+  // may differ in the last bits. The unsharded gradient is only read
+  // (reduce-scatter) or written once at the end (all-reduce). A chunk at a
+  // time, so the scratch stays bounded; the buffers' pointers move with the
+  // chunk instead of the segments' offsets, so every chunk reuses the same
+  // device segment tables (no upload, no host wait for a free table copy).
 
   Result<void> reduceScatter() {
     const GroupGeometry& g = *geometry_;
-    if (auto r = ensureScratch(); !r) return r;
     const std::int64_t chunk = std::max<std::int64_t>(1, kScratchElements / g.world);
-    const kernels::ReduceOptions stage{args_.pre_scale, 1.0F, false};
     const kernels::ReduceOptions finish{1.0F, postFactor(), args_.accumulate};
     for (std::int64_t first = 0; first < g.shard_elems; first += chunk) {
       const std::int64_t count = std::min(chunk, g.shard_elems - first);
-      // Scratch: the chunk of every rank's part, part w at w * count.
+      // The scratch holds the chunk of every rank's part, part w at w * count.
       stage_segments_.clear();
-      for (std::int64_t w = 0; w < g.world; ++w)
-        stage_segments_.push_back({w * g.shard_elems + first, w * count, count, 0, 0});
+      for (std::int64_t w = 0; w < g.world; ++w) stage_segments_.push_back({w * g.shard_elems, w * count, count, 0, 0});
       auto staged = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
-        const ConstBuffer grads{mine.grads, g.grad, unshardedElements()};
-        return gpu.runner->reduce({&grads, 1}, MutBuffer{gpu.scratch, DType::kF32, g.world * count}, stage,
-                                  stage_segments_);
+        return stage(ConstBuffer{elementAt(mine.grads, first, g.grad), g.grad, unshardedElements() - first},
+                     g.world * count, stage_segments_, gpu);
       });
       if (!staged) return staged;
       if (auto r =
@@ -241,9 +251,10 @@ class NcclExecutor final : public Executor {
       }
       auto reduced = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
         const ConstBuffer summed{gpu.scratch, DType::kF32, g.world * count};
-        const Segment own{r * count, first, count, 0, 0};
-        return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.shard_grad, g.sharded, g.shard_elems}, finish,
-                                  {&own, 1});
+        const Segment own{r * count, 0, count, 0, 0};
+        return gpu.runner->reduce(
+            {&summed, 1}, MutBuffer{elementAt(mine.shard_grad, first, g.sharded), g.sharded, g.shard_elems - first},
+            finish, {&own, 1});
       });
       if (!reduced) return reduced;
       written_ += static_cast<std::uint64_t>(count * (g.world * 4 + sizeBytes(g.sharded))) * g.world;
@@ -253,16 +264,14 @@ class NcclExecutor final : public Executor {
 
   Result<void> allReduce() {
     const GroupGeometry& g = *geometry_;
-    if (auto r = ensureScratch(); !r) return r;
     const std::int64_t elements = unshardedElements();
-    const kernels::ReduceOptions stage{args_.pre_scale, 1.0F, false};
     const kernels::ReduceOptions finish{1.0F, postFactor(), false};
     for (std::int64_t first = 0; first < elements; first += kScratchElements) {
       const std::int64_t count = std::min(kScratchElements, elements - first);
+      const Segment whole{0, 0, count, 0, 0};
       auto staged = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
-        const ConstBuffer grads{mine.grads, g.grad, elements};
-        const Segment in{first, 0, count, 0, 0};
-        return gpu.runner->reduce({&grads, 1}, MutBuffer{gpu.scratch, DType::kF32, count}, stage, {&in, 1});
+        return stage(ConstBuffer{elementAt(mine.grads, first, g.grad), g.grad, elements - first}, count, {&whole, 1},
+                     gpu);
       });
       if (!staged) return staged;
       if (auto r = comms_->allReduce(scratch_buffers_, static_cast<std::size_t>(count), DType::kF32, ncclSum, streams_);
@@ -271,8 +280,9 @@ class NcclExecutor final : public Executor {
       }
       auto written = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
         const ConstBuffer summed{gpu.scratch, DType::kF32, count};
-        const Segment out{0, first, count, 0, 0};
-        return gpu.runner->reduce({&summed, 1}, MutBuffer{mine.grads, g.grad, elements}, finish, {&out, 1});
+        return gpu.runner->reduce({&summed, 1},
+                                  MutBuffer{elementAt(mine.grads, first, g.grad), g.grad, elements - first}, finish,
+                                  {&whole, 1});
       });
       if (!written) return written;
       written_ += static_cast<std::uint64_t>(count * (4 + sizeBytes(g.grad))) * g.world;
@@ -280,24 +290,19 @@ class NcclExecutor final : public Executor {
     return {};
   }
 
-  /// Every rank's GPU has its fp32 scratch (made at the first reduction).
-  Result<void> ensureScratch() {
-    for (std::size_t r = 0; r < gpus_.size(); ++r) {
-      RankGpu& gpu = *gpus_[r];
-      if (gpu.scratch == nullptr) {
-        if (auto current = cudaStatus(cudaSetDevice(gpu.device), "cudaSetDevice"); !current) return current;
-        void* memory = nullptr;
-        if (auto made =
-                cudaStatus(cudaMalloc(&memory, kScratchElements * sizeof(float)),
-                           "cudaMalloc (reduction scratch, " + std::to_string(kScratchElements * 4 >> 20) + " MiB)");
-            !made) {
-          return made;
-        }
-        gpu.scratch = static_cast<float*>(memory);
-      }
-      scratch_buffers_[r] = gpu.scratch;
-    }
-    return {};
+  /// pre x `grads` (along `segments`) into the first `elements` of the
+  /// rank's fp32 scratch, on its GPU.
+  Result<void> stage(ConstBuffer grads, std::int64_t elements, std::span<const Segment> segments, RankGpu& gpu) const {
+    const MutBuffer scratch{gpu.scratch, DType::kF32, elements};
+    auto staged = grads.dtype == DType::kF32 ? gpu.runner->copy(grads, scratch, segments)
+                                             : gpu.runner->cast(grads, scratch, segments);
+    if (!staged || args_.pre_scale == 1.0F) return staged;
+    const Segment all{0, 0, elements, 0, 0};
+    return gpu.runner->scale(scratch, args_.pre_scale, {&all, 1});
+  }
+
+  static std::byte* elementAt(std::byte* base, std::int64_t element, DType dtype) {
+    return base + element * sizeBytes(dtype);
   }
 
   Result<void> broadcast() {

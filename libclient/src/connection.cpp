@@ -54,7 +54,7 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
         lost_ = "dbufd is shutting down: " + shutdown->reason;
       }
     }
-    socket_.reset();
+    dropSocket();
     return makeError(ErrorCode::kUnavailable, lost_);
   }
   for (;;) {
@@ -64,12 +64,12 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
       // A late reply would desynchronise the stream: the connection is done either way.
       lost_ = timed_out ? "dbufd did not answer in time; connection closed"
                         : "lost the connection to dbufd: " + frame.error().message;
-      socket_.reset();
+      dropSocket();
       return makeError(timed_out ? ErrorCode::kTimeout : ErrorCode::kUnavailable, lost_);
     }
     if (const auto* shutdown = std::get_if<ipc::Shutdown>(&frame->message)) {
       lost_ = "dbufd is shutting down: " + shutdown->reason;
-      socket_.reset();
+      dropSocket();
       return makeError(ErrorCode::kUnavailable, lost_);
     }
     if (frame->header.request_id != id) continue;  // stale reply of an abandoned call
@@ -106,15 +106,18 @@ void retire(std::unique_ptr<StreamOrder> order, Mapping segment) {
 
 }  // namespace
 
+void Connection::dropSocket() noexcept {
+  if (stream_order_) stream_order_->stop();  // its watcher polls the socket, and streams must not wait on a lost daemon
+  socket_.reset();
+}
+
 void Connection::close() noexcept {
+  dropSocket();
   if (stream_order_) {
-    // Releases every stream (watcher stopped before its socket closes). The
-    // page stays registered and the segment mapped for the process's life:
-    // a stream may not have reached a wait queued on them yet.
-    stream_order_->stop();
+    // The page stays registered and the segment mapped for the process's
+    // life: a stream may not have reached a wait queued on them yet.
     retire(std::move(stream_order_), std::move(segment_));
   }
-  socket_.reset();
   rings_ = {};
   segment_.reset();
   doorbell_.reset();
@@ -225,8 +228,11 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
   // Cannot fail: at most capacity ops are in flight, and the daemon takes a
   // submission only once it has room to complete it.
   if (!rings_.trySubmit(entry)) {
-    if (stream_order_ && options.stream) stream_order_->release();  // nothing may wait for this op
-    return makeError(ErrorCode::kInternal, "submission ring full with room reported");
+    // A daemon bug. Dropping the connection also makes dbufd poison the
+    // counters last, after any done write still in flight.
+    lost_ = "dbufd's submission ring was full with room reported (a bug); connection closed";
+    dropSocket();
+    return makeError(ErrorCode::kInternal, lost_);
   }
   ++in_flight_;
   rings_.wakeDaemon(doorbell_.get());

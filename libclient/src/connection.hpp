@@ -74,6 +74,8 @@ class Connection {
   /// notice a daemon that went away (its socket says so). False on timeout.
   [[nodiscard]] Result<bool> awaitCompletion(ipc::Clock::time_point deadline);
   [[nodiscard]] Result<void> checkAlive();
+  /// Closes the socket (stream ordering stopped and released first).
+  void dropSocket() noexcept;
   /// Queues the next stream-ordered op's ready / done-wait on `stream`;
   /// its ticket.
   [[nodiscard]] Result<std::uint64_t> orderOnStream(void* stream);

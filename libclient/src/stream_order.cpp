@@ -6,6 +6,8 @@
 
 #if defined(DBUF_WITH_CUDA)
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -31,18 +33,24 @@ namespace {
 class DaemonWatch {
  public:
   DaemonWatch(std::uint64_t& done, int socket, UniqueFd stop) : stop_(std::move(stop)) {
+    // Signals stay with the trainer's threads.
+    sigset_t all;
+    sigset_t previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
     thread_ = std::thread([&done, socket, stop_fd = stop_.get()] {
       pollfd watched[2] = {{socket, POLLRDHUP, 0}, {stop_fd, POLLIN, 0}};
       for (;;) {
         const int ready = ::poll(watched, 2, -1);
         if (ready < 0 && errno == EINTR) continue;
         if (ready < 0 || (watched[1].revents & POLLIN) != 0) return;
-        if ((watched[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        if (watched[0].revents != 0) {  // hang-up, error, or the fd gone (POLLNVAL)
           poisonCounter(done);
           return;
         }
       }
     });
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   }
   ~DaemonWatch() { stop(); }
   DaemonWatch(const DaemonWatch&) = delete;

@@ -226,7 +226,8 @@ INSTANTIATE_TEST_SUITE_P(GpuRanks, CollectiveOps,
 
 // Two ranks on two GPUs through NCCL, where the machine has them. Bit for
 // bit like the reference: NCCL sums in fp32 like the engine, and a sum of
-// two is the same in either order (with more ranks the order is NCCL's).
+// two is the same in either order (with more ranks the order is NCCL's;
+// NaN payloads would differ, and the suite's gradients are finite).
 class NcclCollectiveOps : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NcclCollectiveOps, TwoRanksOnTwoGpusMatchTheReference) {

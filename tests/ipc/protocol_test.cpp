@@ -151,14 +151,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x04, 0x00,                                      // version 4 (stream-ordered ops)
+      0x05, 0x00,                                      // version 5 (the GPU's UUID in Hello)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 4, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 5, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -312,10 +312,11 @@ TEST(ProtocolHeader, BadMagicIsRejected) {
 
 TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   // 1 is the version before the data plane, 2 the one before the memory
-  // kind, 3 the one before stream-ordered ops (a smaller session segment):
-  // they must be refused as a version, not half-decoded.
+  // kind, 3 the one before stream-ordered ops (a smaller session segment), 4
+  // the one before the GPU's UUID (a shorter Hello): they must be refused as
+  // a version, not half-decoded.
   for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{3},
-                                      std::uint16_t{5}, std::uint16_t{0xFFFF}}) {
+                                      std::uint16_t{4}, std::uint16_t{6}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;

@@ -33,8 +33,9 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 4;  // 2: session segment, collectives; 3: memory kind;
-                                                      // 4: stream-ordered ops (segment version 2)
+inline constexpr std::uint16_t kProtocolVersion = 5;  // 2: session segment, collectives; 3: memory kind;
+                                                      // 4: stream-ordered ops (segment version 2);
+                                                      // 5: the GPU's UUID in Hello
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
