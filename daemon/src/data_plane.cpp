@@ -238,8 +238,7 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
     if (!match(job, now)) return 1;
   }
   if (!streamsReady(job)) return checkStreamTimeout(job, now) ? 1 : 0;
-  start(job);
-  return 1;
+  return start(job) ? 1 : 0;
 }
 
 std::size_t DataPlane::failRunning(Job& job, const Error& error) {
@@ -294,12 +293,12 @@ bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   return true;
 }
 
-void DataPlane::start(Job& job) {
+bool DataPlane::start(Job& job) {
   JobCollectives& collectives = job.collectives;
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
   if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
     failFronts(job, status(ipc::WireError::kInternal), "dbufd: the job has no executor (a bug); the op was not run");
-    return;
+    return true;
   }
   collectives.executor->activate();
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
@@ -311,19 +310,22 @@ void DataPlane::start(Job& job) {
                                   std::to_string(r) + "'s CUDA stream: " + counters.error().message;
       spdlog::error("job {}: {}", job.id, message);
       failFronts(job, status(ipc::WireError::kInternal), message);
-      return;
+      return true;
     }
     plane.counters = std::move(*counters);
     collectives.executor->activate();  // registering made another GPU current
   }
-  if (auto begun = collectives.executor->begin(collectives.args, group.geometry, collectives.buffers); !begun) {
+  auto begun = collectives.executor->begin(collectives.args, group.geometry, collectives.buffers);
+  if (!begun) {
     const std::string message =
         describe(job, job.ranks.front().ops.front().submission) + " cannot run in the daemon: " + begun.error().message;
     spdlog::error("job {}: {}", job.id, message);
     failFronts(job, status(ipc::WireError::kInternal), message);
-    return;
+    return true;
   }
+  if (!*begun) return false;  // the executor is not ready yet: the next pass asks again
   collectives.running = true;
+  return true;
 }
 
 std::string DataPlane::validateFronts(Job& job) {

@@ -158,8 +158,10 @@ class DataPlane {
   /// Fails the op if a rank's stream did not reach it within the collective
   /// timeout; true if it did.
   bool checkStreamTimeout(Job& job, SteadyClock::time_point now);
-  /// Starts the matched op on the job's executor.
-  void start(Job& job);
+  /// Starts the matched op on the job's executor (or fails it); false when
+  /// the executor is not ready for it yet (it stays matched, and waits like
+  /// an op waiting for a GPU).
+  bool start(Job& job);
   /// The op's last step is queued: the stream-ordered ranks' done counters
   /// after it, then the executor's completion mark.
   [[nodiscard]] static Result<void> markQueued(Job& job);

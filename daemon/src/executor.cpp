@@ -7,11 +7,11 @@ Result<std::unique_ptr<SessionCounters>> Executor::sessionCounters(std::uint32_t
   return makeError(ErrorCode::kUnavailable, "stream-ordered ops need GPU memory; this job's memory is on the host");
 }
 
-Result<void> EngineExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+Result<bool> EngineExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                    std::span<const RankBuffers> ranks) {
   sources_.resize(ranks.size());  // allocates only for the job's first op
   op_ = LocalCollective(args, &geometry, ranks, sources_, scratch(), runner());
-  return {};
+  return true;
 }
 
 namespace {

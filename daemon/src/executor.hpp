@@ -43,8 +43,10 @@ class Executor {
   /// plane serves jobs on several GPUs in turn); nothing for the host.
   virtual void activate() noexcept {}
   /// Starts an op. `geometry` and `ranks` (world entries, the daemon's view
-  /// of every rank's memory) outlive it. An error: the op cannot run.
-  [[nodiscard]] virtual Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+  /// of every rank's memory) outlive it. False: not yet (something the op
+  /// needs is being made on another thread): call again later. An error:
+  /// the op cannot run.
+  [[nodiscard]] virtual Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                            std::span<const RankBuffers> ranks) = 0;
   /// Runs (host) or queues (GPU) the op's next step; true once its last step
   /// is. An error ends the op.
@@ -67,7 +69,7 @@ class Executor {
 /// daemon addresses for every rank (host, and virtual ranks on one GPU).
 class EngineExecutor : public Executor {
  public:
-  Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+  Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                      std::span<const RankBuffers> ranks) override;
   Result<bool> step() override { return op_.step(); }
   std::uint64_t bytesWritten() const noexcept override { return op_.bytesWritten(); }
@@ -92,8 +94,9 @@ class EngineExecutor : public Executor {
 /// the daemon's.
 [[nodiscard]] Result<std::unique_ptr<Executor>> cudaExecutor(int device);
 /// One rank per GPU: rank r's memory is on devices[r] (distinct GPUs). The
-/// NCCL communicators are created at the first op (and again after a
-/// failure aborted them).
+/// NCCL communicators are made for the first op (and again after a failure
+/// aborted them) on a thread of their own: the data plane keeps serving the
+/// other jobs meanwhile.
 [[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
 /// `counters` registered for `device`, done written by `stream` (a
 /// cudaStream_t of the executor's: signalDone is called only while the

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -88,28 +89,26 @@ class NcclExecutor final : public Executor {
     scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
+    if (making_.valid()) making_.wait();  // NCCL's set-up cannot be interrupted
     quiesce();
     comms_.reset();  // before the streams go
   }
 
-  Result<void> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
+  Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                      std::span<const RankBuffers> ranks) override {
     if (ranks.size() != gpus_.size()) {
       return makeError(ErrorCode::kInternal, "nccl executor: " + std::to_string(gpus_.size()) + " GPUs but " +
                                                  std::to_string(ranks.size()) + " ranks");
     }
     if (!comms_ || comms_->failed()) {
-      // At the job's first op, and after a failure aborted the previous ones.
-      comms_.reset();
-      auto made = gpu::LocalComms::create(devices_);
-      if (!made) return std::move(made).error();
-      comms_ = std::make_unique<gpu::LocalComms>(std::move(*made));
+      auto ready = communicators();
+      if (!ready || !*ready) return ready;
     }
     args_ = args;
     geometry_ = &geometry;
     ranks_ = ranks;
     written_ = 0;
-    return {};
+    return true;
   }
 
   Result<bool> step() override {
@@ -177,6 +176,21 @@ class NcclExecutor final : public Executor {
   }
 
  private:
+  /// Makes the communicators (the job's first op, or after a failure aborted
+  /// them) on a thread of their own: ncclCommInitAll takes a while, and the
+  /// data plane's thread serves every job. True once they are there.
+  Result<bool> communicators() {
+    if (!making_.valid()) {
+      comms_.reset();
+      making_ = std::async(std::launch::async, [devices = devices_] { return gpu::LocalComms::create(devices); });
+    }
+    if (making_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    auto made = making_.get();  // making_ is empty again
+    if (!made) return std::move(made).error();
+    comms_ = std::make_unique<gpu::LocalComms>(std::move(*made));
+    return true;
+  }
+
   /// per_rank(r, rank r's memory, its GPU) for each rank, its GPU current.
   template <typename PerRank>
   Result<void> forEachRank(PerRank per_rank) {
@@ -326,6 +340,7 @@ class NcclExecutor final : public Executor {
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
   std::unique_ptr<gpu::LocalComms> comms_;
+  std::future<Result<gpu::LocalComms>> making_;  // the communicators being made
   // The op.
   CollectiveArgs args_;
   const GroupGeometry* geometry_ = nullptr;
