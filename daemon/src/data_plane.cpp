@@ -42,6 +42,14 @@ bool streamOrdered(const ipc::Submission& submission) {
   return (submission.flags & ipc::kFlagStreamOrdered) != 0;
 }
 
+/// Whether the rank's next op waits for its CUDA stream to reach it. Read
+/// on the host, never waited for on a GPU stream of the daemon's: the
+/// counter is memory a client writes, and could hold that stream forever.
+bool streamBehind(const RankState& rank) {
+  const ipc::Submission& op = rank.ops.front().submission;
+  return streamOrdered(op) && counterValue(rank.plane->rings.streamCounters().ready) < op.ticket;
+}
+
 bool isGroupOp(ipc::OpCode op) {
   return op == ipc::OpCode::kAllGather || op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce ||
          op == ipc::OpCode::kBroadcast;
@@ -267,21 +275,14 @@ bool DataPlane::match(Job& job, SteadyClock::time_point now) {
 }
 
 bool DataPlane::streamsReady(const Job& job) {
-  // Read on the host, never waited for on a GPU stream of the daemon's: the
-  // counter is memory a client writes, and could hold that stream forever.
-  return std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) {
-    const ipc::Submission& op = rank.ops.front().submission;
-    return !streamOrdered(op) || counterValue(rank.plane->rings.streamCounters().ready) >= op.ticket;
-  });
+  return std::none_of(job.ranks.begin(), job.ranks.end(), streamBehind);
 }
 
 bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   if (now - job.collectives.matched < config_.collective_timeout) return false;
   std::vector<std::uint32_t> late;
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
-    const RankState& rank = job.ranks[r];
-    const ipc::Submission& op = rank.ops.front().submission;
-    if (streamOrdered(op) && counterValue(rank.plane->rings.streamCounters().ready) < op.ticket) late.push_back(r);
+    if (streamBehind(job.ranks[r])) late.push_back(r);
   }
   const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
                               describe(job, job.ranks.front().ops.front().submission) + " timed out after " +
