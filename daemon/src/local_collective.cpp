@@ -157,9 +157,7 @@ Result<bool> LocalCollective::copyPartStep() {
 }
 
 kernels::ReduceOptions LocalCollective::reduction(bool accumulate) const noexcept {
-  const float factor = args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
-                                                             : args_.post_scale;
-  return kernels::ReduceOptions{args_.pre_scale, factor, accumulate};
+  return kernels::ReduceOptions{args_.pre_scale, args_.factor(geometry_->world), accumulate};
 }
 
 Result<bool> LocalCollective::reduceScatterStep() {

@@ -37,6 +37,11 @@ struct CollectiveArgs {
   std::uint32_t root = 0;
   float pre_scale = 1.0F;
   float post_scale = 1.0F;
+
+  /// What a reduction's sum is multiplied by: post, or post / world for avg.
+  [[nodiscard]] float factor(std::uint32_t world) const noexcept {
+    return reduce == ipc::ReduceMode::kAvg ? post_scale / static_cast<float>(world) : post_scale;
+  }
 };
 
 class LocalCollective {
@@ -70,7 +75,7 @@ class LocalCollective {
   /// Copies [first, first + count) elements of rank `from`'s params into rank
   /// `to`'s.
   Result<void> copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count);
-  /// The reduction's scales: factor = post, or post / world for avg.
+  /// The reduction's scales (pre, CollectiveArgs::factor).
   [[nodiscard]] kernels::ReduceOptions reduction(bool accumulate) const noexcept;
 
   CollectiveArgs args_;

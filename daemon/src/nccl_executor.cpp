@@ -247,7 +247,7 @@ class NcclExecutor final : public Executor {
   Result<void> reduceScatter() {
     const GroupGeometry& g = *geometry_;
     const std::int64_t chunk = std::max<std::int64_t>(1, kScratchElements / g.world);
-    const kernels::ReduceOptions finish{1.0F, postFactor(), args_.accumulate};
+    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
     for (std::int64_t first = 0; first < g.shard_elems; first += chunk) {
       const std::int64_t count = std::min(chunk, g.shard_elems - first);
       // The scratch holds the chunk of every rank's part, part w at w * count.
@@ -279,7 +279,7 @@ class NcclExecutor final : public Executor {
   Result<void> allReduce() {
     const GroupGeometry& g = *geometry_;
     const std::int64_t elements = unshardedElements();
-    const kernels::ReduceOptions finish{1.0F, postFactor(), false};
+    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), false};
     for (std::int64_t first = 0; first < elements; first += kScratchElements) {
       const std::int64_t count = std::min(kScratchElements, elements - first);
       const Segment whole{0, 0, count, 0, 0};
@@ -328,12 +328,6 @@ class NcclExecutor final : public Executor {
     if (!g.quantized()) return {};
     return comms_->broadcast(everyRank(&RankBuffers::scales), static_cast<std::size_t>(g.total_blocks), DType::kF32,
                              root, streams_);
-  }
-
-  /// The reduction's factor after the sum: post, or post / world for avg.
-  [[nodiscard]] float postFactor() const noexcept {
-    return args_.reduce == ipc::ReduceMode::kAvg ? args_.post_scale / static_cast<float>(geometry_->world)
-                                                 : args_.post_scale;
   }
 
   std::vector<std::unique_ptr<RankGpu>> gpus_;
