@@ -331,6 +331,7 @@ class NcclExecutor final : public Executor {
   }
 
   std::vector<std::unique_ptr<RankGpu>> gpus_;
+  // gpus_' devices and streams side by side, as the NCCL calls take them.
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
   std::unique_ptr<gpu::LocalComms> comms_;
