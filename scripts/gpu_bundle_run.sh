@@ -4,8 +4,11 @@
 #   gpu-bundle/run [RESULTS_DIR]     # default ./gpu-results
 #
 # Runs every GPU test executable (bin/gpu_tests.txt), then every GPU benchmark
-# (bin/bench_gpu_*), each under `timeout` (GPU_TEST_TIMEOUT / GPU_BENCH_TIMEOUT
-# seconds, default 300), and writes into RESULTS_DIR: environment.txt,
+# (bin/bench_gpu_*), then the longest test (gpu_collectives_test) last, each
+# under `timeout` (GPU_TEST_TIMEOUT / GPU_BENCH_TIMEOUT seconds, default 300)
+# and all within GPU_RUN_BUDGET seconds if set (device time is lent by the
+# minute: what does not fit is marked NOT RUN, and the quick checks and the
+# benchmark figures come before the long suite), and writes into RESULTS_DIR: environment.txt,
 # <name>.log (stdout + stderr), <test>.xml (GoogleTest), <bench>.json and
 # summary.txt (also printed). Exits 0 when every executable exited 0, else 1.
 # Works from any working directory; executables run with the bundle's root as
@@ -16,6 +19,11 @@ BUNDLE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
 BIN="$BUNDLE/bin"
 TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-300}
 BENCH_TIMEOUT=${GPU_BENCH_TIMEOUT:-300}
+RUN_BUDGET=${GPU_RUN_BUDGET:-0} # 0: no limit
+RUN_DEADLINE=$(($(date +%s) + RUN_BUDGET))
+# Run after the benchmarks: the longest by far, so that a budget cut costs
+# part of it rather than the figures.
+LAST_TESTS=(gpu_collectives_test)
 
 RESULTS_DIR=${1:-./gpu-results}
 mkdir -p "$RESULTS_DIR" || {
@@ -160,6 +168,16 @@ run_one() {
   local kind=$1 name=$2 limit=$3
   shift 3
   local exe="$BIN/$name" log="$RESULTS_DIR/$name.log" rc status detail start secs
+  if ((RUN_BUDGET > 0)); then
+    local left=$((RUN_DEADLINE - $(date +%s) - 5)) # 5 s for the summary
+    if ((left < 15)); then
+      echo "run: $kind $name NOT RUN: GPU_RUN_BUDGET=${RUN_BUDGET}s spent" | tee "$log"
+      printf '%-32s rc=%-4s %-7s %5ss  %s\n' "$name" - "NOT RUN" 0 "GPU_RUN_BUDGET spent" >>"$SUMMARY"
+      all_ok=0
+      return
+    fi
+    ((limit > left)) && limit=$left
+  fi
   echo "run: $kind $name (timeout ${limit}s)"
   if [[ ! -x "$exe" ]]; then
     echo "run: $exe is missing or not executable" >"$log"
@@ -202,9 +220,17 @@ else
   echo "run: $BIN/gpu_tests.txt is missing" | tee -a "$SUMMARY" >&2
   all_ok=0
 fi
+run_test() {
+  rm -f "$RESULTS_DIR/$1.xml"
+  run_one test "$1" "$TEST_TIMEOUT" "--gtest_output=xml:$RESULTS_DIR/$1.xml"
+}
+is_last_test() {
+  local last
+  for last in "${LAST_TESTS[@]}"; do [[ $1 == "$last" ]] && return 0; done
+  return 1
+}
 for name in "${tests[@]}"; do
-  rm -f "$RESULTS_DIR/$name.xml"
-  run_one test "$name" "$TEST_TIMEOUT" "--gtest_output=xml:$RESULTS_DIR/$name.xml"
+  is_last_test "$name" || run_test "$name"
 done
 
 for exe in "$BIN"/bench_gpu_*; do
@@ -235,6 +261,10 @@ if [[ -x "$BIN/bench_gpu_overlap" ]] && command -v nvidia-cuda-mps-control >/dev
 else
   echo "bench_gpu_overlap under MPS: not run (no nvidia-cuda-mps-control)" >>"$SUMMARY"
 fi
+
+for name in "${tests[@]}"; do
+  is_last_test "$name" && run_test "$name"
+done
 
 {
   echo "--"

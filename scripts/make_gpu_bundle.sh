@@ -204,9 +204,13 @@ Run
 from any working directory. Environment:
     GPU_TEST_TIMEOUT   seconds per test executable (default 300)
     GPU_BENCH_TIMEOUT  seconds per benchmark (default 300)
+    GPU_RUN_BUDGET     seconds for the whole run (default: no limit); what no
+                       longer fits is marked NOT RUN in summary.txt
 
 'run' runs every test executable in bin/gpu_tests.txt (whole binary, all of
-its cases), then every bin/bench_gpu_*, each under 'timeout', with the
+its cases), then every bin/bench_gpu_* (bench_gpu_overlap again under MPS
+where nvidia-cuda-mps-control starts), then gpu_collectives_test, the longest,
+last (a budget cut costs part of it, not the figures), each under 'timeout', with the
 bundle's root as working directory, DBUF_BIN_DIR=<bundle>/bin (where tests
 find helper binaries) and LD_LIBRARY_PATH starting with <bundle>/lib and the
 NCCL folder it found. It exits 0 when every executable exited 0, else 1.
