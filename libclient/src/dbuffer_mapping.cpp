@@ -27,7 +27,16 @@ struct DbufferMapping::Device {
 
   explicit Device(gpu::PhysicalMemory m) : memory(std::move(m)) {}
   ~Device() {
-    if (range != nullptr) static_cast<void>(range->unmap(0));
+    if (range == nullptr) return;
+    // Kernels this process queued may still use the range (the trainer's
+    // compute on unsharded params, say, queued before reshard), and touching
+    // an unmapped range is a sticky fault that ends the process's CUDA
+    // context: wait for this process's work on the GPU first. Stream waits
+    // on dbufd's counters do not hold this forever: a failed or abandoned op
+    // poisons them.
+    const DeviceScope scope;
+    if (gpu::useDevice(memory.device())) static_cast<void>(cudaDeviceSynchronize());
+    static_cast<void>(range->unmap(0));
   }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

@@ -150,8 +150,8 @@ struct SubmitOptions {
   /// reports the op's result. If the op fails, the stream's wait is released
   /// anyway (what the op should have written is undefined), wait() returns
   /// the error, and later stream-ordered submits of the session fail with
-  /// kConflict (detach and attach again). Reshard or detach only after the
-  /// stream's work on the slot is done (synchronise the stream). Needs GPUs
+  /// kConflict (detach and attach again). reshard() and detach wait for the
+  /// process's GPU work before they unmap (see reshard()). Needs GPUs
   /// with 64-bit stream memory operations. Empty: host ordering (finish the
   /// GPU work that produces the op's input before submitting it).
   std::optional<void*> stream;
@@ -196,7 +196,10 @@ class Group {
   /// Waits for this group's ops in flight (not other groups': a prefetched
   /// all-gather of the next unit keeps running), then unmaps the slot, which
   /// goes back to the rank's pool (pages kept for the next group). Not a
-  /// collective.
+  /// collective. With GPU memory it first waits for all of this process's
+  /// work on the GPU (cudaDeviceSynchronize): kernels still reading the slot
+  /// would fault once it is unmapped. Detaching, and destroying the Group,
+  /// wait the same way.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   [[nodiscard]] bool unsharded() const noexcept;
 

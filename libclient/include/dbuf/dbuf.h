@@ -85,7 +85,8 @@ int64_t dbuf_group_scale_index(const dbuf_group* group, size_t index);
 dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
 /* Collective: acquire the slot if needed, then all-gather into it. */
 dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
-/* Waits for this client's ops in flight, then gives the slot back. */
+/* Waits for this client's ops in flight (and, with GPU memory, for all of the
+ * process's work on the GPU), then gives the slot back. */
 dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
 
 /* ---- collectives (dbuf/client.hpp documents their semantics) ---- */
