@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dbuf/common/cuda_device.hpp"
+#include "dbuf/gpu/device_memory.hpp"
 #include "dbuf/gpu/nccl.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #endif
@@ -23,6 +24,7 @@ std::string cudaUnavailable() {
   int count = 0;
   static_cast<void>(cudaGetDeviceCount(&count));
   for (int d = 0; d < count; ++d) {
+    if (auto sharing = gpu::checkSharedMemorySupport(d); !sharing) return sharing.error().message;
     if (cudaSetDevice(d) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
       return "GPU " + std::to_string(d) + " has no usable CUDA context";
     }

@@ -29,6 +29,11 @@ class CudaMemory final : public DbufferMemory {
 class CudaAllocator final : public DbufferAllocator {
  public:
   explicit CudaAllocator(int device) : device_(device) {}
+  ~CudaAllocator() override {
+    if (zeroing_ != nullptr) static_cast<void>(cudaStreamDestroy(zeroing_));
+  }
+  CudaAllocator(const CudaAllocator&) = delete;
+  CudaAllocator& operator=(const CudaAllocator&) = delete;
 
   Result<std::uint64_t> roundedSize(std::uint64_t bytes) const override {
     auto granularity = gpu::allocationGranularity(device_);
@@ -42,16 +47,7 @@ class CudaAllocator final : public DbufferAllocator {
     auto range = gpu::AddressRange::reserve(memory->size(), device_);
     if (!range) return std::move(range).error();
     if (auto mapped = range->map(0, *memory); !mapped) return std::move(mapped).error();
-    // New physical memory holds whatever was there before: zero it, as a
-    // memfd is, so no job sees another's bytes; and wait for that before the
-    // fd goes out (cudaMemset returns before it has run).
-    if (auto zeroed = cudaStatus(cudaMemset(range->pointer(), 0, memory->size()), "cudaMemset (new DBuffer)");
-        !zeroed) {
-      return std::move(zeroed).error();
-    }
-    if (auto synced = cudaStatus(cudaDeviceSynchronize(), "zeroing a new DBuffer"); !synced) {
-      return std::move(synced).error();
-    }
+    if (auto zeroed = zero(range->pointer(), memory->size()); !zeroed) return std::move(zeroed).error();
     auto fd = memory->exportFd();
     if (!fd) return std::move(fd).error();
     return std::unique_ptr<DbufferMemory>(
@@ -59,7 +55,28 @@ class CudaAllocator final : public DbufferAllocator {
   }
 
  private:
+  /// New physical memory holds whatever was there before: zeroed, as a memfd
+  /// is, so no job sees another's bytes, and waited for before the fd goes
+  /// out. On a stream of its own: a device-wide wait would also wait for
+  /// every job's queued work, for good if an NCCL op is stuck. (`device_` is
+  /// current: the allocation above made it so.)
+  Result<void> zero(void* memory, std::size_t bytes) {
+    if (zeroing_ == nullptr) {
+      if (auto made = cudaStatus(cudaStreamCreateWithFlags(&zeroing_, cudaStreamNonBlocking),
+                                 "cudaStreamCreate (zeroing new DBuffers)");
+          !made) {
+        return made;
+      }
+    }
+    if (auto queued = cudaStatus(cudaMemsetAsync(memory, 0, bytes, zeroing_), "cudaMemsetAsync (new DBuffer)");
+        !queued) {
+      return queued;
+    }
+    return cudaStatus(cudaStreamSynchronize(zeroing_), "zeroing a new DBuffer");
+  }
+
   int device_;
+  cudaStream_t zeroing_ = nullptr;
 };
 
 }  // namespace

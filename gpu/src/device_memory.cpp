@@ -29,6 +29,37 @@ Result<void> useDevice(int device) {
   return cudaStatus(cudaSetDevice(device), onDevice("cudaSetDevice", device));
 }
 
+Result<void> checkSharedMemorySupport(int device) {
+  auto d = driver();
+  if (!d) return d.error();
+  const auto attribute = [&](CUdevice_attribute which, const char* name) -> Result<int> {
+    int value = 0;
+    if (auto r = cuStatus((*d)->deviceGetAttribute(&value, which, device),
+                          onDevice((std::string("cuDeviceGetAttribute(") + name + ")").c_str(), device));
+        !r) {
+      return r.error();
+    }
+    return value;
+  };
+  auto vmm = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED");
+  if (!vmm) return vmm.error();
+  auto fds = attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                       "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED");
+  if (!fds) return fds.error();
+  auto mode = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, "COMPUTE_MODE");
+  if (!mode) return mode.error();
+  const std::string gpu = "GPU " + std::to_string(device);
+  if (*vmm == 0) return makeError(ErrorCode::kUnavailable, gpu + " has no CUDA virtual memory management");
+  if (*fds == 0) return makeError(ErrorCode::kUnavailable, gpu + " cannot export memory as POSIX file descriptors");
+  if (*mode != CU_COMPUTEMODE_DEFAULT) {
+    return makeError(ErrorCode::kUnavailable,
+                     gpu + " is in compute mode " + std::to_string(*mode) +
+                         " (exclusive-process or prohibited): dbufd and the trainers each need a context on it; "
+                         "set the default mode (nvidia-smi -c DEFAULT) or run them under MPS");
+  }
+  return {};
+}
+
 Result<std::size_t> allocationGranularity(int device) {
   auto d = driver();
   if (!d) return d.error();

@@ -33,6 +33,12 @@ namespace dbuf::gpu {
 /// multiple of (the driver's minimum granularity, 2 MiB on current GPUs).
 [[nodiscard]] Result<std::size_t> allocationGranularity(int device);
 
+/// Whether `device` can hold DBuffers shared with trainer processes: the
+/// virtual memory management API, export as POSIX fds, and a compute mode
+/// that lets the daemon and the trainers hold contexts on it together
+/// (kUnavailable naming what is missing).
+[[nodiscard]] Result<void> checkSharedMemorySupport(int device);
+
 /// `bytes` rounded up to a multiple of `granularity`.
 [[nodiscard]] constexpr std::size_t roundUp(std::size_t bytes, std::size_t granularity) noexcept {
   return (bytes + granularity - 1) / granularity * granularity;
