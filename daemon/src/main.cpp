@@ -69,6 +69,24 @@ std::optional<std::string> environment(const char* name) {
   return value ? std::optional<std::string>(value) : std::nullopt;
 }
 
+/// NCCL settings dbufd's use of it depends on, made before any thread
+/// starts (NCCL reads them when its first communicator is made).
+void setNcclEnvironment() {
+  const auto force = [](const char* name, const char* value) {
+    if (auto was = environment(name); was && *was != value) {
+      spdlog::warn("{}={} overridden to {}: dbufd needs it", name, *was, value);
+    }
+    ::setenv(name, value, 1);  // NOLINT(concurrency-mt-unsafe): no other thread yet
+  };
+  // One process drives every GPU of a job, so NCCL would read and write the
+  // peers' buffers directly; DBuffers come from the VMM API with access
+  // granted to their own GPU only, which that would fault on. Through NCCL's
+  // own buffers instead, as between the trainer processes of a plain job.
+  force("NCCL_P2P_DIRECT_DISABLE", "1");
+  // The executor's NCCL calls are written for blocking communicators.
+  force("NCCL_COMM_BLOCKING", "1");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +107,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   dbuf::daemon::setupLogging(config->log_level);
+  setNcclEnvironment();
   auto server = dbuf::daemon::Server::create(std::move(*config));
   if (!server) {
     spdlog::error("{}", server.error().message);

@@ -149,22 +149,22 @@ class NcclExecutor final : public Executor {
       static_cast<void>(cudaSetDevice(gpu->device));
       const cudaError_t status = cudaEventQuery(gpu->event);
       if (status == cudaErrorNotReady) return false;
-      if (auto r = cudaStatus(status, "the job's GPU work on GPU " + std::to_string(gpu->device)); !r) {
-        return r.error();
-      }
+      if (auto r = gpuFailed(status, "the job's GPU work", *gpu); !r) return r.error();
     }
     return true;
   }
   void quiesce() noexcept override {
     // Never a plain stream synchronize: NCCL kernels whose peers cannot
     // progress would hold it forever. Polling aborts failed communicators,
-    // which ends their kernels.
+    // and a GPU in error aborts them too, which ends their kernels.
     for (;;) {
       if (comms_) static_cast<void>(comms_->poll());
       bool idle = true;
       for (const auto& gpu : gpus_) {
         static_cast<void>(cudaSetDevice(gpu->device));
-        if (cudaStreamQuery(gpu->stream) == cudaErrorNotReady) idle = false;
+        const cudaError_t status = cudaStreamQuery(gpu->stream);
+        if (status == cudaErrorNotReady) idle = false;
+        static_cast<void>(gpuFailed(status, "quiescing the job's GPU work", *gpu));
       }
       if (idle) return;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -176,6 +176,16 @@ class NcclExecutor final : public Executor {
   }
 
  private:
+  /// A failed query of `gpu`'s work as an error. NCCL does not see a GPU
+  /// fault: the other ranks' kernels would wait for the faulted one forever,
+  /// so the communicators are aborted (the next op makes new ones).
+  Result<void> gpuFailed(cudaError_t status, const std::string& what, const RankGpu& gpu) {
+    if (status == cudaSuccess || status == cudaErrorNotReady) return {};
+    Result<void> failed = cudaStatus(status, what + " on GPU " + std::to_string(gpu.device));
+    if (comms_) comms_->fail(failed.error());
+    return failed;
+  }
+
   /// Makes the communicators (the job's first op, or after a failure aborted
   /// them) on a thread of their own: ncclCommInitAll takes a while, and the
   /// data plane's thread serves every job. True once they are there.

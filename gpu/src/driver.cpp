@@ -41,6 +41,8 @@ Result<Driver> load() {
   };
   get("cuGetErrorName", d.getErrorName);
   get("cuDeviceGetAttribute", d.deviceGetAttribute);
+  get("cuCtxGetCurrent", d.ctxGetCurrent);
+  get("cuCtxSetCurrent", d.ctxSetCurrent);
   get("cuMemCreate", d.memCreate);
   get("cuMemRelease", d.memRelease);
   get("cuMemExportToShareableHandle", d.memExportToShareableHandle);

@@ -36,6 +36,7 @@ Result<Nccl> load() {
   };
   get("ncclGetVersion", n.getVersion);
   get("ncclGetErrorString", n.getErrorString);
+  get("ncclGetLastError", n.getLastError);
   get("ncclCommInitAll", n.commInitAll);
   get("ncclGetUniqueId", n.getUniqueId);
   get("ncclCommInitRank", n.commInitRank);
@@ -64,7 +65,13 @@ Result<const Nccl*> nccl() {
 Result<void> ncclStatus(ncclResult_t status, std::string_view what) {
   if (status == ncclSuccess) return {};
   std::string text = "ncclResult " + std::to_string(static_cast<int>(status));
-  if (auto n = nccl(); n) text = (*n)->getErrorString(status);
+  if (auto n = nccl(); n) {
+    text = (*n)->getErrorString(status);
+    // The error string is generic ("unhandled cuda error..."); the last
+    // error says which call failed and why.
+    const char* last = (*n)->getLastError(nullptr);
+    if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+  }
   return makeError(ErrorCode::kDevice, std::string(what) + ": " + text);
 }
 
@@ -159,11 +166,30 @@ Result<void> LocalComms::grouped(std::span<void* const> buffers, std::span<const
   if (auto r = checkShapes(buffers, streams); !r) return r;
   const Nccl& n = **nccl();
   if (auto r = ncclStatus(n.groupStart(), "ncclGroupStart"); !r) return r;
+  ncclResult_t failed = ncclSuccess;
   Result<void> queued;
-  for (std::size_t r = 0; r < comms_.size() && queued; ++r)
-    queued = ncclStatus(call(n, r, comms_[r], streams[r]), what);
-  if (auto r = ncclStatus(n.groupEnd(), "ncclGroupEnd"); !r) return r;
+  for (std::size_t r = 0; r < comms_.size() && queued; ++r) {
+    failed = call(n, r, comms_[r], streams[r]);
+    queued = ncclStatus(failed, what);
+  }
+  // The group must be closed either way; the call's own error is the more
+  // telling one (NCCL then launches nothing and reports a generic error).
+  const ncclResult_t ended = n.groupEnd();
+  if (queued) {
+    failed = ended;
+    queued = ncclStatus(ended, "ncclGroupEnd");
+  }
+  // Bad arguments leave the communicators as they were; anything else (a
+  // CUDA or system error, ncclInProgress from a non-blocking communicator
+  // dbufd does not expect) may have left a rank's part queued: abort.
+  if (!queued && failed != ncclInvalidArgument && failed != ncclInvalidUsage) fail(queued.error());
   return queued;
+}
+
+void LocalComms::fail(Error why) noexcept {
+  if (failure_) return;
+  failure_ = std::move(why);
+  abortAll();
 }
 
 namespace {
@@ -248,8 +274,7 @@ Result<void> LocalComms::poll() {
       status = ncclStatus(async, "communicator of local rank " + std::to_string(r) + " failed");
     }
     if (!status) {
-      failure_ = status.error();
-      abortAll();
+      fail(status.error());
       return status;
     }
   }

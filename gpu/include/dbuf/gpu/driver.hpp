@@ -19,6 +19,8 @@ namespace dbuf::gpu {
 struct Driver {
   decltype(&::cuGetErrorName) getErrorName = nullptr;
   decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
+  decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
+  decltype(&::cuCtxSetCurrent) ctxSetCurrent = nullptr;
   decltype(&::cuMemCreate) memCreate = nullptr;
   decltype(&::cuMemRelease) memRelease = nullptr;
   decltype(&::cuMemExportToShareableHandle) memExportToShareableHandle = nullptr;

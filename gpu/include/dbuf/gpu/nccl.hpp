@@ -36,6 +36,7 @@ namespace dbuf::gpu {
 struct Nccl {
   decltype(&::ncclGetVersion) getVersion = nullptr;
   decltype(&::ncclGetErrorString) getErrorString = nullptr;
+  decltype(&::ncclGetLastError) getLastError = nullptr;  ///< NCCL's own words on the last failure
   decltype(&::ncclCommInitAll) commInitAll = nullptr;
   decltype(&::ncclGetUniqueId) getUniqueId = nullptr;    ///< a communicator across processes (benchmarks)
   decltype(&::ncclCommInitRank) commInitRank = nullptr;
@@ -106,6 +107,10 @@ class LocalComms {
   /// and is returned now and by every later call.
   [[nodiscard]] Result<void> poll();
   [[nodiscard]] bool failed() const noexcept { return failure_.has_value(); }
+  /// Aborts every communicator for a failure NCCL cannot see (a GPU fault on
+  /// one rank leaves the others' kernels waiting for it); `why` is returned
+  /// by every later call. A failure already recorded is kept.
+  void fail(Error why) noexcept;
 
  private:
   explicit LocalComms(std::vector<ncclComm_t> comms) noexcept : comms_(std::move(comms)) {}
