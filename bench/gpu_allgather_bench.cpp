@@ -19,12 +19,15 @@
 // The trainers are forked before anything touches CUDA. Without a usable
 // GPU: "bench_gpu_allgather: skipped: ..." and exit 0.
 #include <cuda_runtime.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -249,6 +252,53 @@ int countGpus() {
   return count;
 }
 
+using Pipes = std::vector<std::array<int, 2>>;
+
+/// Closes, in trainer `rank` (or in the parent: nullopt), the pipe ends
+/// someone else uses, so that a reader sees end-of-file once the writers'
+/// processes are gone instead of waiting forever. Rank 0 writes the NCCL id
+/// into every other rank's id pipe; rank r writes its report pipe, which the
+/// parent reads.
+void closeOthersEnds(Pipes& id_pipes, Pipes& report_pipes, std::optional<int> rank) {
+  for (std::size_t r = 0; r < id_pipes.size(); ++r) {
+    const bool mine = rank && static_cast<std::size_t>(*rank) == r;
+    if (!mine) close(id_pipes[r][0]);
+    if (!(rank == 0 && r > 0)) close(id_pipes[r][1]);
+    if (rank) close(report_pipes[r][0]);
+    if (!mine) close(report_pipes[r][1]);
+  }
+}
+
+/// Every rank's medians, row by row, into `rows` (the slowest rank's per
+/// variant). Reads every report pipe as data comes, so a trainer that dies
+/// ends the wait (end-of-file) even while the others block in NCCL.
+bool collectReports(const std::vector<int>& reports, std::vector<Row>& rows) {
+  std::vector<std::size_t> received(reports.size(), 0);
+  std::size_t pending = reports.size();
+  while (pending > 0) {
+    std::vector<pollfd> fds;
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      if (received[r] < rows.size()) fds.push_back({reports[r], POLLIN, 0});
+    }
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      if (received[r] == rows.size()) continue;
+      const auto it = std::find_if(fds.begin(), fds.end(), [&](const pollfd& p) { return p.fd == reports[r]; });
+      if (it->revents == 0) continue;
+      std::array<double, kVariants> medians{};
+      // One report is one write of a few bytes: pipes deliver it whole.
+      if (read(reports[r], medians.data(), sizeof(medians)) != static_cast<ssize_t>(sizeof(medians))) return false;
+      Row& row = rows[received[r]++];
+      for (std::size_t v = 0; v < kVariants; ++v) row.seconds[v] = std::max(row.seconds[v], medians[v]);
+      if (received[r] == rows.size()) --pending;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,8 +317,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Pipes: the NCCL id from rank 0 to each other rank; each rank's medians back.
-  std::vector<std::array<int, 2>> id_pipes(static_cast<std::size_t>(ranks));
-  std::vector<std::array<int, 2>> report_pipes(static_cast<std::size_t>(ranks));
+  Pipes id_pipes(static_cast<std::size_t>(ranks));
+  Pipes report_pipes(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     if (pipe(id_pipes[static_cast<std::size_t>(r)].data()) != 0 ||
         pipe(report_pipes[static_cast<std::size_t>(r)].data()) != 0) {
@@ -282,26 +332,21 @@ int main(int argc, char** argv) {
   for (int r = 0; r < ranks; ++r) {
     const pid_t child = fork();
     if (child == 0) {
+      closeOthersEnds(id_pipes, report_pipes, r);
       trainer(r, ranks, args, daemon.socket(), id_pipes[static_cast<std::size_t>(r)][0], id_outs,
               report_pipes[static_cast<std::size_t>(r)][1]);
     }
     children.push_back(child);
   }
+  closeOthersEnds(id_pipes, report_pipes, std::nullopt);
   std::vector<Row> rows;
   for (const std::int64_t mib : sizesMib(args)) rows.push_back({mib, {}});
-  bool ok = true;
-  for (int r = 0; r < ranks && ok; ++r) {
-    for (Row& row : rows) {
-      std::array<double, kVariants> medians{};
-      if (read(report_pipes[static_cast<std::size_t>(r)][0], medians.data(), sizeof(medians)) !=
-          static_cast<ssize_t>(sizeof(medians))) {
-        ok = false;
-        break;
-      }
-      for (std::size_t v = 0; v < kVariants; ++v) row.seconds[v] = std::max(row.seconds[v], medians[v]);
-    }
-  }
+  std::vector<int> reports;
+  for (const auto& ends : report_pipes) reports.push_back(ends[0]);
+  bool ok = collectReports(reports, rows);
   for (const pid_t child : children) {
+    // A trainer that failed may leave the others blocked in NCCL for good.
+    if (!ok) kill(child, SIGKILL);
     int status = 0;
     waitpid(child, &status, 0);
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;

@@ -83,6 +83,8 @@ done < <(nccl_candidates)
 LD_LIBRARY_PATH="$BUNDLE/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 export DBUF_BIN_DIR="$BIN"
+# A failing NCCL call then leaves its cause in the logs.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 # --- environment.txt ------------------------------------------------------------
 {
@@ -112,6 +114,7 @@ for d in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
     except Exception: pass' 2>/dev/null
   fi
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "NCCL_DEBUG=$NCCL_DEBUG"
   echo "DBUF_BIN_DIR=$DBUF_BIN_DIR"
   echo
   echo "== nvidia-smi"

@@ -206,6 +206,7 @@ from any working directory. Environment:
     GPU_BENCH_TIMEOUT  seconds per benchmark (default 300)
     GPU_RUN_BUDGET     seconds for the whole run (default: no limit); what no
                        longer fits is marked NOT RUN in summary.txt
+    NCCL_DEBUG         passed on (default WARN: NCCL's failures in the logs)
 
 'run' runs every test executable in bin/gpu_tests.txt (whole binary, all of
 its cases), then every bin/bench_gpu_* (bench_gpu_overlap again under MPS

@@ -261,6 +261,9 @@ Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKerne
   }
   cudaStream_t stream = launch.stream;
   const auto grid = static_cast<unsigned>(table.tile_count);
+  // A launch reports its error through cudaGetLastError: clear what an
+  // earlier call left there, so that an old error is not blamed on it.
+  static_cast<void>(cudaGetLastError());
   if (launch.table != nullptr) {
     DeviceTable::Impl& cache = launch.table->impl();
     auto device = cache.prepare(table.bytes, stream);

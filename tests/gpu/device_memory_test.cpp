@@ -58,6 +58,7 @@ TEST(DeviceMemory, ChunksMapUnmapAndRemapAtStableAddresses) {
 
   must(range.map(0, a));
   ASSERT_EQ(cudaMemset(slot, 0x11, a.size()), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // cudaMemset may return before it ran: not while unmapped
   must(range.unmap(0));
   must(range.map(0, b));  // the next group's chunk, same address
   EXPECT_EQ(range.pointer(0), slot);
@@ -109,7 +110,11 @@ bool finishes(cudaStream_t stream) {
 /// GPU still polls outlives the registered page.
 struct ReleaseWaitersAtExit {
   const StreamCounter& counter;
-  ~ReleaseWaitersAtExit() { counter.poison(); }
+  ~ReleaseWaitersAtExit() {
+    counter.poison();
+    // Nothing may still wait on the page when it is unregistered and unmapped.
+    static_cast<void>(cudaDeviceSynchronize());
+  }
 };
 
 /// One shared, page-aligned page of counters, as in a session segment.

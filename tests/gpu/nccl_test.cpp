@@ -58,6 +58,9 @@ TEST(Nccl, GroupedInPlaceAllGatherAndReduceScatterOverLocalGpus) {
     ASSERT_EQ(cudaMemcpy(static_cast<float*>(buffers[r]) + r * kCount, own.data(), kCount * sizeof(float),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
+    // From pageable memory it may return before the data has landed, and
+    // NCCL's non-blocking streams do not wait for the legacy stream.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   auto gathered = comms->allGather(buffers, kCount, DType::kF32, streams);
   ASSERT_TRUE(gathered.ok()) << gathered.error().message;

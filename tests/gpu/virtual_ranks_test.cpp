@@ -155,6 +155,9 @@ struct DeviceRanks {
       b.scales = reinterpret_cast<float*>(upload(r.scales));
       buffers.push_back(b);
     }
+    // A cudaMemcpy from pageable memory may return before its data has
+    // landed, and the engine's stream does not wait for the legacy one.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   ~DeviceRanks() {
     for (void* p : allocations) cudaFree(p);
