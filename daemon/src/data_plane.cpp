@@ -294,6 +294,17 @@ bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   return true;
 }
 
+bool DataPlane::executorTimeout(Job& job) {
+  if (SteadyClock::now() - job.collectives.matched < config_.collective_timeout) return false;
+  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
+                              describe(job, job.ranks.front().ops.front().submission) + " timed out after " +
+                              std::to_string(config_.collective_timeout.count()) + " ms: the daemon could not start " +
+                              "it (the job's NCCL communicators are still being made)";
+  spdlog::error("job {}: {}", job.id, message);
+  failFronts(job, status(ipc::WireError::kTimeout), message);
+  return true;
+}
+
 bool DataPlane::start(Job& job) {
   JobCollectives& collectives = job.collectives;
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
@@ -324,7 +335,7 @@ bool DataPlane::start(Job& job) {
     failFronts(job, status(ipc::WireError::kInternal), message);
     return true;
   }
-  if (!*begun) return false;  // the executor is not ready yet: the next pass asks again
+  if (!*begun) return executorTimeout(job);  // not ready yet (NCCL set-up): the next pass asks again
   collectives.running = true;
   return true;
 }

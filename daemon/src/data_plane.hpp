@@ -162,6 +162,9 @@ class DataPlane {
   /// the executor is not ready for it yet (it stays matched, and waits like
   /// an op waiting for a GPU).
   bool start(Job& job);
+  /// Fails the op if the executor was not ready within the collective
+  /// timeout of the match; true if it did.
+  bool executorTimeout(Job& job);
   /// The op's last step is queued: the stream-ordered ranks' done counters
   /// after it, then the executor's completion mark.
   [[nodiscard]] static Result<void> markQueued(Job& job);

@@ -89,7 +89,12 @@ class NcclExecutor final : public Executor {
     scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
-    if (making_.valid()) making_.wait();  // NCCL's set-up cannot be interrupted
+    if (making_.valid()) {
+      // NCCL's set-up cannot be interrupted, and one that hangs must not
+      // hold the data plane: it ends on a thread of its own, which then
+      // destroys what it made.
+      std::thread([pending = std::move(making_)]() mutable { pending.wait(); }).detach();
+    }
     quiesce();
     comms_.reset();  // before the streams go
   }
