@@ -15,12 +15,16 @@
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/detail/checks.hpp"
 #include "dbuf/kernels/detail/dispatch.hpp"
+#include "dbuf/kernels/detail/table_image.hpp"
 #include "dbuf/kernels/detail/tile_body.hpp"
 #include "dbuf/kernels/detail/tiles.hpp"
 
 namespace dbuf::kernels::cuda {
 
 using detail::ReduceOut;
+using detail::TableImage;
+using detail::TableKey;
+using detail::TableLayout;
 using detail::Tile;
 
 namespace {
@@ -35,38 +39,10 @@ struct TableView {
   const void* const* sources = nullptr;
 };
 
-/// The host image of a table: segments, then tiles, then source pointers.
-struct HostTable {
-  std::vector<std::byte> bytes;
-  std::size_t tiles_at = 0;
-  std::size_t sources_at = 0;
-  std::size_t tile_count = 0;
-};
-
-template <typename T>
-void append(std::vector<std::byte>& bytes, std::span<const T> items) {
-  const std::size_t at = bytes.size();
-  bytes.resize(at + items.size_bytes());
-  if (!items.empty()) std::memcpy(bytes.data() + at, items.data(), items.size_bytes());
-}
-
-HostTable makeTable(std::span<const Segment> segments, std::int64_t tile_elements, bool blocked,
-                    std::span<const void* const> sources = {}) {
-  HostTable table;
-  const std::vector<Tile> tiles = detail::planTiles(segments, tile_elements, blocked);
-  append(table.bytes, segments);
-  table.tiles_at = table.bytes.size();
-  append(table.bytes, std::span<const Tile>(tiles));
-  table.sources_at = table.bytes.size();
-  append(table.bytes, sources);
-  table.tile_count = tiles.size();
-  return table;
-}
-
-TableView viewAt(const void* device, const HostTable& table) {
+TableView viewAt(const void* device, const TableLayout& layout) {
   const auto* base = static_cast<const std::byte*>(device);
-  return {reinterpret_cast<const Segment*>(base), reinterpret_cast<const Tile*>(base + table.tiles_at),
-          reinterpret_cast<const void* const*>(base + table.sources_at)};
+  return {reinterpret_cast<const Segment*>(base), reinterpret_cast<const Tile*>(base + layout.tiles_at),
+          reinterpret_cast<const void* const*>(base + layout.sources_at)};
 }
 
 // ---- kernels ---------------------------------------------------------------------------
@@ -133,7 +109,7 @@ Result<void> check(cudaError_t status, const char* what) {
 /// Runs `launch_kernel(view, grid)` with the table on the device, through
 /// `launch.table` or a temporary stream-ordered copy.
 template <typename LaunchKernel>
-Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKernel&& launch_kernel);
+Result<void> withTable(const TableKey& key, const Launch& launch, LaunchKernel&& launch_kernel);
 
 }  // namespace
 
@@ -143,7 +119,8 @@ Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKerne
 /// the copy has landed (staging reusable), `used` after the last kernel that
 /// read it.
 struct TableCopy {
-  std::vector<std::byte> bytes;  // what the device copy holds
+  detail::TableKeyCopy key;  // what the device copy holds, if anything
+  TableLayout layout;
   void* device = nullptr;
   void* staging = nullptr;  // pinned, the same capacity
   std::size_t capacity = 0;
@@ -182,7 +159,7 @@ struct TableCopy {
     static_cast<void>(cudaFreeHost(staging));
     device = staging = nullptr;
     capacity = 0;
-    bytes.clear();
+    key.clear();
     if (auto r = check(cudaMalloc(&device, want), "cudaMalloc (segment table)"); !r) return r;
     if (auto r = check(cudaMallocHost(&staging, want), "cudaMallocHost (segment table staging)"); !r) return r;
     capacity = want;
@@ -217,31 +194,34 @@ struct DeviceTable::Impl {
     return victim;
   }
 
-  /// The device copy of `bytes`, valid for work queued on `stream` next.
-  Result<const void*> prepare(const std::vector<std::byte>& bytes, cudaStream_t stream) {
+  /// The device copy of `key`'s table, valid for work queued on `stream`
+  /// next: one held already (found by key, nothing planned), or a new upload.
+  Result<const TableCopy*> prepare(const TableKey& key, cudaStream_t stream) {
     for (auto& c : copies) {
-      if (c->bytes == bytes) {
+      if (c->key.matches(key)) {
         // Uploaded before, perhaps on another stream: wait for that copy.
         if (auto r = check(cudaStreamWaitEvent(stream, c->uploaded, 0), "cudaStreamWaitEvent"); !r) return r.error();
         last = c.get();
-        return static_cast<const void*>(c->device);
+        return last;
       }
     }
     auto copy = freeCopy();
     if (!copy) return copy.error();
     TableCopy& c = **copy;
-    if (auto r = c.reserve(bytes.size()); !r) return r.error();
-    c.bytes.clear();  // until the upload below is queued, the copy holds no table
-    std::memcpy(c.staging, bytes.data(), bytes.size());
-    if (auto r = check(cudaMemcpyAsync(c.device, c.staging, bytes.size(), cudaMemcpyHostToDevice, stream),
+    const TableImage table = detail::makeTableImage(key);
+    if (auto r = c.reserve(table.bytes.size()); !r) return r.error();
+    c.key.clear();  // until the upload below is queued, the copy holds no table
+    std::memcpy(c.staging, table.bytes.data(), table.bytes.size());
+    if (auto r = check(cudaMemcpyAsync(c.device, c.staging, table.bytes.size(), cudaMemcpyHostToDevice, stream),
                        "cudaMemcpyAsync (segment table)");
         !r) {
       return r.error();
     }
     if (auto r = check(cudaEventRecord(c.uploaded, stream), "cudaEventRecord"); !r) return r.error();
-    c.bytes = bytes;
+    c.key.assign(key);
+    c.layout = table.layout;
     last = &c;
-    return static_cast<const void*>(c.device);
+    return last;
   }
 
   Result<void> markUsed(cudaStream_t stream) { return check(cudaEventRecord(last->used, stream), "cudaEventRecord"); }
@@ -252,26 +232,35 @@ DeviceTable::~DeviceTable() = default;
 
 namespace {
 
-template <typename LaunchKernel>
-Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKernel&& launch_kernel) {
-  if (table.tile_count == 0) return {};
-  if (table.tile_count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    return makeError(ErrorCode::kInvalidArgument, "kernels::cuda: " + std::to_string(table.tile_count) +
+/// The grid for `tiles` tiles, one block each.
+Result<unsigned> gridFor(std::size_t tiles) {
+  if (tiles > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return makeError(ErrorCode::kInvalidArgument, "kernels::cuda: " + std::to_string(tiles) +
                                                       " tiles do not fit one grid; raise Launch::tile_elements");
   }
+  return static_cast<unsigned>(tiles);
+}
+
+template <typename LaunchKernel>
+Result<void> withTable(const TableKey& key, const Launch& launch, LaunchKernel&& launch_kernel) {
+  if (detail::totalElements(key.segments) == 0) return {};  // no tiles: nothing to launch
   cudaStream_t stream = launch.stream;
-  const auto grid = static_cast<unsigned>(table.tile_count);
   // A launch reports its error through cudaGetLastError: clear what an
   // earlier call left there, so that an old error is not blamed on it.
   static_cast<void>(cudaGetLastError());
   if (launch.table != nullptr) {
     DeviceTable::Impl& cache = launch.table->impl();
-    auto device = cache.prepare(table.bytes, stream);
-    if (!device) return device.error();
-    launch_kernel(viewAt(*device, table), grid, stream);
+    auto copy = cache.prepare(key, stream);
+    if (!copy) return copy.error();
+    auto grid = gridFor((*copy)->layout.tile_count);
+    if (!grid) return grid.error();
+    launch_kernel(viewAt((*copy)->device, (*copy)->layout), *grid, stream);
     if (auto r = check(cudaGetLastError(), "kernel launch"); !r) return r;
     return cache.markUsed(stream);
   }
+  const TableImage table = detail::makeTableImage(key);
+  auto grid = gridFor(table.layout.tile_count);
+  if (!grid) return grid.error();
   void* device = nullptr;
   if (auto r = check(cudaMallocAsync(&device, table.bytes.size(), stream), "cudaMallocAsync (segment table)"); !r) {
     return r;
@@ -282,7 +271,7 @@ Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKerne
         !r) {
       return r;
     }
-    launch_kernel(viewAt(device, table), grid, stream);
+    launch_kernel(viewAt(device, table.layout), *grid, stream);
     return check(cudaGetLastError(), "kernel launch");
   };
   Result<void> result = upload_and_launch();
@@ -293,10 +282,10 @@ Result<void> withTable(const HostTable& table, const Launch& launch, LaunchKerne
 template <typename Op>
 Result<void> runElementwise(const Op& op, const void* src, void* dst, std::span<const Segment> segments,
                             const Launch& launch) {
-  const HostTable table = makeTable(segments, launch.tile_elements, false);
-  return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
-    elementwiseKernel<Op><<<grid, kThreads, 0, stream>>>(view, op, src, dst);
-  });
+  return withTable({segments, launch.tile_elements, false, {}}, launch,
+                   [&](TableView view, unsigned grid, cudaStream_t stream) {
+                     elementwiseKernel<Op><<<grid, kThreads, 0, stream>>>(view, op, src, dst);
+                   });
 }
 
 }  // namespace
@@ -356,12 +345,12 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
   std::vector<const void*> pointers;
   pointers.reserve(srcs.size());
   for (const ConstBuffer& src : srcs) pointers.push_back(src.data);
-  const HostTable table = makeTable(segments, launch.tile_elements, false, pointers);
+  const TableKey key{segments, launch.tile_elements, false, pointers};
   const detail::ReduceSources sources{nullptr, static_cast<int>(srcs.size()), reduction.pre, reduction.factor,
                                       detail::sourcesCongruent(srcs)};
   return detail::withFloatType(srcs[0].dtype, [&](auto s_tag) {
     return detail::withReduceOutput(dst.dtype, reduction, [&](auto d_tag, auto out) {
-      return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+      return withTable(key, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
         reduceKernel<decltype(s_tag), decltype(d_tag), decltype(out)::value>
             <<<grid, kThreads, 0, stream>>>(view, sources, dst.data);
       });
@@ -372,24 +361,24 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
 Result<void> quantizeE4m3(ConstBuffer src, MutBuffer dst, MutBuffer scales, std::span<const Segment> segments,
                           const Launch& launch) {
   if (auto r = detail::checkQuantize(src, dst, scales, segments); !r) return r;
-  const HostTable table = makeTable(segments, launch.tile_elements, true);
   return detail::withFloatType(src.dtype, [&](auto tag) {
-    return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
-      quantizeKernel<decltype(tag)>
-          <<<grid, kThreads, 0, stream>>>(view, src.data, dst.data, static_cast<float*>(scales.data));
-    });
+    return withTable({segments, launch.tile_elements, true, {}}, launch,
+                     [&](TableView view, unsigned grid, cudaStream_t stream) {
+                       quantizeKernel<decltype(tag)>
+                           <<<grid, kThreads, 0, stream>>>(view, src.data, dst.data, static_cast<float*>(scales.data));
+                     });
   });
 }
 
 Result<void> dequantizeE4m3(ConstBuffer src, ConstBuffer scales, MutBuffer dst, std::span<const Segment> segments,
                             const Launch& launch) {
   if (auto r = detail::checkDequantize(src, scales, dst, segments); !r) return r;
-  const HostTable table = makeTable(segments, launch.tile_elements, true);
   return detail::withFloatType(dst.dtype, [&](auto tag) {
-    return withTable(table, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
-      dequantizeKernel<decltype(tag)>
-          <<<grid, kThreads, 0, stream>>>(view, src.data, static_cast<const float*>(scales.data), dst.data);
-    });
+    return withTable(
+        {segments, launch.tile_elements, true, {}}, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+          dequantizeKernel<decltype(tag)>
+              <<<grid, kThreads, 0, stream>>>(view, src.data, static_cast<const float*>(scales.data), dst.data);
+        });
   });
 }
 

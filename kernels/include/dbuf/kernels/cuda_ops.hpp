@@ -37,8 +37,9 @@ struct DeviceCheck {
 
 /// Device copies of segment tables (with their tile lists and, for reduce,
 /// the source pointers), kept between calls. A call whose table is one of
-/// the copies reuses it: a group's table is uploaded once and every later
-/// step launches at once. A new table goes through pinned staging into an
+/// the copies reuses it, found by what the table is made of (segments, tile
+/// size, sources) without planning tiles: a group's table is uploaded once
+/// and every later step launches at once. A new table goes through pinned staging into an
 /// idle copy (up to 16 are kept in rotation), so the host does not wait for
 /// kernels still reading older copies; it waits only when all 16 are busy.
 /// The copies live on the device current when the table is first used; use
