@@ -278,6 +278,12 @@ dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t t
   return done ? DBUF_OK : fail(client, done.error());
 }
 
+dbuf_status dbuf_group_reshard_on_stream(dbuf_client* client, dbuf_group* group, void* stream) {
+  if (group == nullptr) return invalid(client, "bad argument to dbuf_group_reshard_on_stream");
+  auto done = group->group.reshardOnStream(stream);
+  return done ? DBUF_OK : fail(client, done.error());
+}
+
 dbuf_status dbuf_detach(dbuf_client* client, int64_t timeout_ms) {
   if (client == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_detach");
   auto done = client->client.detach(ms(timeout_ms));

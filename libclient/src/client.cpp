@@ -6,6 +6,7 @@
 
 #include "connection.hpp"
 #include "dbuf/common/shared_memory.hpp"
+#include "stream_point.hpp"
 #if defined(DBUF_WITH_CUDA)
 #include "dbuf/common/cuda_device.hpp"
 #endif
@@ -66,16 +67,19 @@ GpuUuid uuidOf(std::int32_t device) {
 
 // ----------------------------------------------------------------- Group
 
-struct Group::State {
+struct Group::State final : Connection::DeferredRelease {
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
-  ~State() {
-    if (connection) std::erase(connection->on_detach, &unmap);
+  ~State() override {
+    if (!connection) return;
+    std::erase(connection->on_detach, &unmap);
+    std::erase(connection->deferred_releases, this);
   }
 
   std::shared_ptr<Connection> connection;
   std::function<void()> unmap = [this] {
+    release_point.reset();
     shard.reset();
     slot.reset();
   };
@@ -88,12 +92,79 @@ struct Group::State {
   ipc::Region sharded;
   ipc::Region sharded_grad;
   // Declared before the slot so that it outlives what is mapped in it.
-  ReservedRange slot_range;  // cuda: keeps the slot's address across reshard / unshard
-  DbufferMapping slot;       // while unsharded
+  ReservedRange slot_range;                  // cuda: keeps the slot's address across reshard / unshard
+  DbufferMapping slot;                       // while unsharded, and until a deferred release is done
+  std::optional<StreamPoint> release_point;  // reshardOnStream: the slot goes back once the stream is there
   ipc::Region slot_params;
   ipc::Region slot_grads;
   ipc::Region slot_scales;
   planner::BlockNumbering blocks;  // fp8 scale indices
+
+  /// The slot is this group's to use: mapped, and no release pending.
+  [[nodiscard]] bool holdsSlot() const noexcept { return slot.valid() && !release_point; }
+
+  /// Asks dbufd for a slot and maps it.
+  Result<void> acquire(std::optional<std::chrono::milliseconds> timeout) {
+    auto reply = connection->call(ipc::AcquireSlot{plan.group_id}, timeout);
+    if (!reply) return std::move(reply).error();
+    const auto* granted = std::get_if<ipc::SlotGranted>(&reply->message);
+    if (granted == nullptr || reply->fds.size() != 1) {
+      return makeError(ErrorCode::kInternal, "dbufd answered AcquireSlot with something else");
+    }
+    const int fd = reply->fds.front().get();
+    if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}); !ok) {
+      return ok;
+    }
+    auto mapping = DbufferMapping::map(connection->memory, fd, granted->slot_file_bytes, &slot_range);
+    if (!mapping) return std::move(mapping).error();
+    slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
+    slot_params = granted->params;
+    slot_grads = granted->grads;
+    slot_scales = granted->scales;
+    return {};
+  }
+
+  /// Waits for this group's ops in flight, unmaps the slot and gives it back.
+  Result<void> release(std::optional<std::chrono::milliseconds> timeout, DbufferMapping::GpuWork work) {
+    // This group's ops in flight may still read or write the slot (the daemon
+    // refuses the release while they are queued); other groups' ops, a
+    // prefetched all-gather for instance, go on.
+    if (auto drained = connection->drain(plan.group_id, timeout); !drained) return drained;
+    slot.reset(work);  // unmap first: the slot goes back to the pool
+    auto reply = connection->call(ipc::ReleaseSlot{plan.group_id}, timeout);
+    if (!reply) return std::move(reply).error();
+    return {};
+  }
+
+  Result<bool> finishRelease(bool wait) override {
+    if (!release_point) return true;
+    Result<bool> reached = true;
+    if (wait) {
+      if (auto waited = release_point->wait(); !waited) reached = std::move(waited).error();
+    } else {
+      reached = release_point->reached();
+    }
+    if (reached && !*reached) return false;
+    release_point.reset();
+    if (!reached) return forGroup(std::move(reached).error());
+    // Everything queued on the stream before the point has run: no wait for
+    // the rest of the process's GPU work.
+    if (auto released = release(std::nullopt, DbufferMapping::GpuWork::kDone); !released) {
+      return forGroup(std::move(released).error());
+    }
+    return true;
+  }
+
+  /// Keeps the slot after all: the pending release is dropped.
+  void cancelRelease() {
+    release_point.reset();
+    std::erase(connection->deferred_releases, this);
+  }
+
+  [[nodiscard]] Error forGroup(Error error) const {
+    error.message = "group '" + name + "': giving its slot back after reshardOnStream: " + error.message;
+    return error;
+  }
 
   Result<OpHandle> submit(ipc::OpCode op, const SubmitOptions& options, const ReduceOptions& reduce = {},
                           std::uint32_t root = 0) const {
@@ -126,7 +197,7 @@ struct Group::State {
   }
 
   Result<TensorView> slotPart(std::size_t index, const ipc::Region& region, DType dtype) const {
-    if (!slot.valid()) return makeError(ErrorCode::kInvalidArgument, "group '" + name + "' is not unsharded");
+    if (!holdsSlot()) return makeError(ErrorCode::kInvalidArgument, "group '" + name + "' is not unsharded");
     const PlacedTensor& tensor = plan.tensors.at(index);
     const auto element = static_cast<std::size_t>(sizeBytes(dtype));
     TensorView view{tensor.name, dtype, tensor.shape, nullptr, 0, tensor.numel, 0};
@@ -154,7 +225,7 @@ std::size_t Group::shardBytes() const noexcept {
   return state_->shard.size();
 }
 bool Group::unsharded() const noexcept {
-  return state_->slot.valid();
+  return state_->holdsSlot();
 }
 
 TensorView Group::shardView(std::size_t index) const {
@@ -171,7 +242,7 @@ Result<TensorView> Group::unshardedGradView(std::size_t index) const {
 }
 
 std::span<float> Group::unshardedScales() const noexcept {
-  if (!state_->slot.valid() || state_->slot_scales.bytes == 0) return {};
+  if (!state_->holdsSlot() || state_->slot_scales.bytes == 0) return {};
   return {reinterpret_cast<float*>(state_->slot.data() + state_->slot_scales.offset),
           state_->slot_scales.bytes / sizeof(float)};
 }
@@ -181,7 +252,7 @@ std::int64_t Group::scaleIndex(std::size_t tensor) const {
 }
 
 Result<OpHandle> Group::submitAllGather(const SubmitOptions& options) {
-  if (!state_->slot.valid()) {
+  if (!state_->holdsSlot()) {
     return makeError(ErrorCode::kInvalidArgument, "group '" + state_->name + "' holds no slot: acquireSlot() first");
   }
   return state_->submit(ipc::OpCode::kAllGather, options);
@@ -215,35 +286,41 @@ Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout) {
+  if (state_->release_point) {
+    state_->cancelRelease();  // still mapped, still this group's: taken back as it is
+    return {};
+  }
   if (state_->slot.valid()) return {};
-  auto reply = state_->connection->call(ipc::AcquireSlot{state_->plan.group_id}, timeout);
-  if (!reply) return std::move(reply).error();
-  const auto* granted = std::get_if<ipc::SlotGranted>(&reply->message);
-  if (granted == nullptr || reply->fds.size() != 1) {
-    return makeError(ErrorCode::kInternal, "dbufd answered AcquireSlot with something else");
+  Connection& connection = *state_->connection;
+  if (auto finished = connection.finishReleases(false); !finished) return finished;
+  auto acquired = state_->acquire(timeout);
+  if (!acquired && acquired.error().code == ErrorCode::kConflict && !connection.deferred_releases.empty()) {
+    // Every slot is held, some by releases waiting for their streams: the
+    // host waits for those streams, and asks again.
+    if (auto finished = connection.finishReleases(true); !finished) return finished;
+    acquired = state_->acquire(timeout);
   }
-  const int fd = reply->fds.front().get();
-  if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}); !ok) {
-    return ok;
-  }
-  auto mapping = DbufferMapping::map(state_->connection->memory, fd, granted->slot_file_bytes, &state_->slot_range);
-  if (!mapping) return std::move(mapping).error();
-  state_->slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
-  state_->slot_params = granted->params;
-  state_->slot_grads = granted->grads;
-  state_->slot_scales = granted->scales;
-  return {};
+  return acquired;
 }
 
 Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {
+  if (state_->release_point) state_->cancelRelease();  // given back now instead
   if (!state_->slot.valid()) return {};
-  // This group's ops in flight may still read or write the slot (the daemon
-  // refuses the release while they are queued); other groups' ops, a
-  // prefetched all-gather for instance, go on.
-  if (auto drained = state_->connection->drain(state_->plan.group_id, timeout); !drained) return drained;
-  state_->slot.reset();  // unmap first: the slot goes back to the pool
-  auto reply = state_->connection->call(ipc::ReleaseSlot{state_->plan.group_id}, timeout);
-  if (!reply) return std::move(reply).error();
+  return state_->release(timeout, DbufferMapping::GpuWork::kMayBePending);
+}
+
+Result<void> Group::reshardOnStream(void* stream) {
+  if (!state_->holdsSlot()) return {};
+  Connection& connection = *state_->connection;
+  if (connection.memory.kind != ipc::MemoryKind::kCuda) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "a reshard ordered on a CUDA stream needs GPU memory, and dbufd put this session's in host "
+                     "memory (its host backend): call reshard()");
+  }
+  auto point = StreamPoint::record(stream, connection.memory.device);
+  if (!point) return std::move(point).error();
+  state_->release_point = std::move(*point);
+  connection.deferred_releases.push_back(state_.get());
   return {};
 }
 
@@ -363,6 +440,9 @@ Result<void> Client::detach(std::optional<std::chrono::milliseconds> timeout) {
   auto reply = connection_->call(ipc::Detach{}, timeout);
   connection_->close();
   connection_->attached = false;
+  // Pending stream-ordered releases end with the session: each group's
+  // unmap waits for the process's GPU work instead.
+  connection_->deferred_releases.clear();
   for (std::function<void()>* unmap : connection_->on_detach) (*unmap)();
   if (!reply) return std::move(reply).error();
   return {};

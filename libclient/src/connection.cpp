@@ -239,6 +239,20 @@ Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& 
   return OpHandle{entry.handle};
 }
 
+Result<void> Connection::finishReleases(bool wait) {
+  Result<void> first_error;
+  for (std::size_t i = 0; i < deferred_releases.size();) {
+    auto finished = deferred_releases[i]->finishRelease(wait);
+    if (finished && !*finished) {
+      ++i;
+      continue;
+    }
+    if (!finished && first_error) first_error = std::move(finished).error();
+    deferred_releases.erase(deferred_releases.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return first_error;
+}
+
 Result<std::uint64_t> Connection::orderOnStream(void* stream) {
   if (memory.kind != ipc::MemoryKind::kCuda) {
     return makeError(ErrorCode::kInvalidArgument,

@@ -50,6 +50,22 @@ class Connection {
   /// connection unmaps its memory (registered by the groups themselves).
   std::vector<std::function<void()>*> on_detach;
 
+  /// A group's slot going back once a point on a CUDA stream is reached
+  /// (Group::reshardOnStream).
+  class DeferredRelease {
+   public:
+    virtual ~DeferredRelease() = default;
+    /// Unmaps and gives the slot back if the stream has passed the point
+    /// (with `wait`: once it has); false while it has not. Either way but
+    /// false, the release is over (done, or failed with the error).
+    [[nodiscard]] virtual Result<bool> finishRelease(bool wait) = 0;
+  };
+  /// Oldest first; a group adds and removes itself.
+  std::vector<DeferredRelease*> deferred_releases;
+  /// Finishes the deferred releases whose streams are past their points
+  /// (every one, waiting for its stream, with `wait`); the first error.
+  [[nodiscard]] Result<void> finishReleases(bool wait);
+
   // Filled by attach().
   std::uint32_t rank = 0;
   std::uint64_t instance_id = 0;

@@ -24,6 +24,7 @@ struct DbufferMapping::Device {
   gpu::PhysicalMemory memory;
   gpu::AddressRange* range = nullptr;    // where it is mapped (at offset 0)
   std::optional<gpu::AddressRange> own;  // when no ReservedRange was given
+  bool gpu_work_done = false;            // no wait for the GPU before unmapping
 
   explicit Device(gpu::PhysicalMemory m) : memory(std::move(m)) {}
   ~Device() {
@@ -34,8 +35,10 @@ struct DbufferMapping::Device {
     // context: wait for this process's work on the GPU first. Stream waits
     // on dbufd's counters do not hold this forever: a failed or abandoned op
     // poisons them.
-    const DeviceScope scope;
-    if (gpu::useDevice(memory.device())) static_cast<void>(cudaDeviceSynchronize());
+    if (!gpu_work_done) {
+      const DeviceScope scope;
+      if (gpu::useDevice(memory.device())) static_cast<void>(cudaDeviceSynchronize());
+    }
     static_cast<void>(range->unmap(0));
   }
   Device(const Device&) = delete;
@@ -59,8 +62,13 @@ DbufferMapping::~DbufferMapping() = default;
 DbufferMapping::DbufferMapping(DbufferMapping&&) noexcept = default;
 DbufferMapping& DbufferMapping::operator=(DbufferMapping&&) noexcept = default;
 
-void DbufferMapping::reset() noexcept {
+void DbufferMapping::reset(GpuWork work) noexcept {
   host_.reset();
+#if defined(DBUF_WITH_CUDA)
+  if (device_ != nullptr) device_->gpu_work_done = work == GpuWork::kDone;
+#else
+  static_cast<void>(work);
+#endif
   device_.reset();
 }
 

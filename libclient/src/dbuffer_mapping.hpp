@@ -56,8 +56,13 @@ class DbufferMapping {
   /// The bytes mapped (0 when unmapped).
   [[nodiscard]] std::uint64_t size() const noexcept;
   [[nodiscard]] bool valid() const noexcept { return data() != nullptr; }
+  /// Whether this process's GPU work may still use the mapping.
+  enum class GpuWork {
+    kMayBePending,  ///< unmapping waits for all of it first
+    kDone,          ///< the caller knows none is left (a stream point reached)
+  };
   /// Unmaps (the daemon keeps the memory; another process may still map it).
-  void reset() noexcept;
+  void reset(GpuWork work = GpuWork::kMayBePending) noexcept;
 
  private:
   Mapping host_;

@@ -908,7 +908,16 @@ TEST(CollectiveFailures, LibdbufRefusesToOrderAnOpOnAStreamOverHostMemory) {
   ASSERT_FALSE(barrier.ok());
   EXPECT_EQ(barrier.error().code, ErrorCode::kInvalidArgument);
   EXPECT_NE(barrier.error().message.find("only group collectives"), std::string::npos) << barrier.error().message;
+  const auto reshard_refused = group->reshardOnStream(nullptr);
+  ASSERT_FALSE(reshard_refused.ok());
+  EXPECT_EQ(reshard_refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(reshard_refused.error().message.find("needs GPU memory"), std::string::npos)
+      << reshard_refused.error().message;
+  EXPECT_TRUE(group->unsharded()) << "a refused reshard left the slot with the group";
   EXPECT_TRUE(group->allGather().ok()) << "the session goes on";
+  EXPECT_TRUE(group->reshard().ok());
+  EXPECT_FALSE(group->unsharded());
+  EXPECT_TRUE(group->reshardOnStream(nullptr).ok()) << "nothing to give back: nothing to refuse";
   EXPECT_TRUE(client->detach().ok());
 }
 

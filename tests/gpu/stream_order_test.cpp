@@ -5,6 +5,8 @@
 //    has run (the gathered values prove it), and the stream's download queued
 //    after the op sees its result; the same for a reduce-scatter. Two virtual
 //    ranks on one GPU, and one rank through NCCL.
+//  - a reshard ordered on the stream returns at once; the slot goes back to
+//    the pool only once the stream has read it (a pool of one slot).
 //  - a peer that dies before submitting: the survivor's stream is released
 //    (it synchronises), wait() reports the disconnect, and the session's
 //    stream ordering is over.
@@ -173,6 +175,81 @@ TEST(StreamOrder, OneRankThroughNcclGathersAndReduceScattersOrderedOnItsStream) 
   const auto [rank0, unused] =
       testing::runForkedPair([&](int) { return orderedRank(0, 1, socket); }, [](int) { return 0; });
   EXPECT_EQ(rank0, 0) << "rank 0 failed at step " << rank0 << "\n" << daemon.log();
+}
+
+/// A reshard ordered on the stream, with a pool of one slot: it returns while
+/// the stream still reads the slot, the next group's acquireSlot waits for
+/// that stream and then gets the slot, and what the stream read is what the
+/// all-gather wrote (the slot was neither unmapped nor reused before). A
+/// group that takes its slot back before the stream is there keeps it.
+int reshardOnStreamRank(const std::string& socket) {
+  alarm(120);
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  auto client = Client::connect({socket});
+  AttachOptions attach{"reshard-on-stream", 0, 1, 0, 0};
+  attach.prefetch_depth = 0;  // one slot
+  if (!client || !client->attach(attach)) return 3;
+  GroupSpec spec_a = layer();
+  spec_a.name = "a";
+  GroupSpec spec_b = layer();
+  spec_b.name = "b";
+  auto a = client->registerGroup(spec_a);
+  auto b = client->registerGroup(spec_b);
+  if (!a || !b || !a->acquireSlot()) return 4;
+  const std::size_t tensors = a->plan().tensors.size();
+  for (std::size_t t = 0; t < tensors; ++t) {
+    const TensorView shard = a->shardView(t);
+    std::vector<float> values(static_cast<std::size_t>(shard.numel()));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = valueOf(t, shard.begin + static_cast<std::int64_t>(i));
+    if (cudaMemcpy(shard.base, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
+      return 5;
+    }
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess || !a->allGather()) return 6;
+
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 7;
+  if (testing::spinFor(stream, kBusyNanoseconds) != cudaSuccess) return 8;
+  std::vector<std::unique_ptr<Pinned<std::uint16_t>>> read;  // what the stream reads from the slot after the spin
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto full = a->unshardedView(t);
+    if (!full) return 9;
+    read.push_back(std::make_unique<Pinned<std::uint16_t>>(static_cast<std::size_t>(full->numel())));
+    if (cudaMemcpyAsync(read[t]->data(), full->base, read[t]->bytes(), cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
+      return 10;
+    }
+  }
+  const auto before = Clock::now();
+  if (!a->reshardOnStream(stream)) return 11;
+  if (int late = submittedWithoutWaiting(before, stream, 12); late != 0) return late;
+  if (a->unsharded() || a->unshardedView(0)) return 14;  // resharded as far as the trainer is concerned
+  if (!b->acquireSlot()) return 15;                      // the one slot: waits for the stream, then it is b's
+  if (cudaStreamQuery(stream) != cudaSuccess) return 16;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    for (std::size_t i = 0; i < read[t]->size(); ++i) {
+      if (read[t]->data()[i] != kernels::floatToBf16(valueOf(t, static_cast<std::int64_t>(i)))) return 17;
+    }
+  }
+  if (!b->reshard() || !a->acquireSlot()) return 18;
+
+  // Taken back before the stream is there: a keeps its slot, at once.
+  if (testing::spinFor(stream, kBusyNanoseconds) != cudaSuccess) return 19;
+  if (!a->reshardOnStream(stream)) return 20;
+  const auto again = Clock::now();
+  if (!a->acquireSlot() || !a->unsharded()) return 21;
+  if (int late = submittedWithoutWaiting(again, stream, 22); late != 0) return late;
+  if (b->acquireSlot()) return 24;  // the pool's one slot is still a's
+  if (!a->reshard() || !client->detach()) return 25;
+  return cudaStreamDestroy(stream) == cudaSuccess ? 0 : 26;
+}
+
+TEST(StreamOrder, AReshardOnTheStreamReturnsAtOnceAndTheSlotGoesBackAfterTheStream) {
+  testing::GpuDbufd daemon({"--backend", "cuda", "--virtual-ranks", "1"});
+  if (!daemon.skip().empty()) GTEST_SKIP() << daemon.skip();
+  const std::string socket = daemon.socket();
+  const auto [rank0, unused] =
+      testing::runForkedPair([&](int) { return reshardOnStreamRank(socket); }, [](int) { return 0; });
+  EXPECT_EQ(rank0, 0) << "the rank failed at step " << rank0 << "\n" << daemon.log();
 }
 
 /// The survivor: its stream waits for an op the dead peer never joins.

@@ -171,6 +171,9 @@ TEST(CApi, AcquireSlotThenOpsThroughSubmitWaitAndRun) {
   EXPECT_EQ(dbuf_submit_on_stream(c0, nullptr, DBUF_OP_BARRIER, nullptr, 0, nullptr, kTimeoutMs, &on_stream),
             DBUF_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dbuf_last_error(c0)).find("only group ops"), std::string::npos) << dbuf_last_error(c0);
+  EXPECT_EQ(dbuf_group_reshard_on_stream(c0, groups[0], nullptr), DBUF_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dbuf_last_error(c0)).find("needs GPU memory"), std::string::npos) << dbuf_last_error(c0);
+  EXPECT_EQ(dbuf_group_reshard_on_stream(c0, nullptr, nullptr), DBUF_INVALID_ARGUMENT);
   // Waiting twice for one op, or for one never submitted, is an argument error.
   EXPECT_EQ(dbuf_wait(c0, ops[0], kTimeoutMs), DBUF_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dbuf_last_error(c0)).find("not in flight"), std::string::npos) << dbuf_last_error(c0);

@@ -150,8 +150,8 @@ struct SubmitOptions {
   /// reports the op's result. If the op fails, the stream's wait is released
   /// anyway (what the op should have written is undefined), wait() returns
   /// the error, and later stream-ordered submits of the session fail with
-  /// kConflict (detach and attach again). reshard() and detach wait for the
-  /// process's GPU work before they unmap (see reshard()). Needs GPUs
+  /// kConflict (detach and attach again). reshard() waits for the process's
+  /// GPU work before it unmaps; reshardOnStream() does not. Needs GPUs
   /// with 64-bit stream memory operations. Empty: host ordering (finish the
   /// GPU work that produces the op's input before submitting it).
   std::optional<void*> stream;
@@ -199,8 +199,21 @@ class Group {
   /// collective. With GPU memory it first waits for all of this process's
   /// work on the GPU (cudaDeviceSynchronize): kernels still reading the slot
   /// would fault once it is unmapped. Detaching, and destroying the Group,
-  /// wait the same way.
+  /// wait the same way. reshardOnStream() does not make the host wait.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// reshard() ordered on a CUDA stream (a cudaStream_t of the session's
+  /// GPU; GPU memory only): returns at once, and the group counts as
+  /// resharded (unsharded() false, no unsharded views). The slot stays
+  /// mapped and held until `stream` has run what is queued on it now; then a
+  /// later call of this client gives it back without waiting for anything
+  /// else: acquireSlot() / unshard() of any group finish the releases whose
+  /// streams are there, and when every slot of the pool is held they wait
+  /// for the pending ones' streams and ask again. So every use of the slot
+  /// must be queued on `stream`, or ordered before its current point. This
+  /// group's own acquireSlot() / unshard() before that takes the slot back
+  /// as it is; reshard() gives it back at once (waiting as reshard() does);
+  /// detach drops pending releases (its unmap waits for the GPU).
+  [[nodiscard]] Result<void> reshardOnStream(void* stream);
   [[nodiscard]] bool unsharded() const noexcept;
 
   // Collectives on this group (every rank of the job submits the same op).

@@ -88,6 +88,10 @@ dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t t
 /* Waits for this client's ops in flight (and, with GPU memory, for all of the
  * process's work on the GPU), then gives the slot back. */
 dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
+/* Gives the slot back once `stream` (a cudaStream_t of the session's GPU) has
+ * run what is queued on it now; returns at once (GPU memory only; see
+ * dbuf::Group::reshardOnStream). */
+dbuf_status dbuf_group_reshard_on_stream(dbuf_client* client, dbuf_group* group, void* stream);
 
 /* ---- collectives (dbuf/client.hpp documents their semantics) ---- */
 
