@@ -274,7 +274,7 @@ void closeOthersEnds(Pipes& id_pipes, Pipes& report_pipes, std::optional<int> ra
 /// ends the wait (end-of-file) even while the others block in NCCL.
 bool collectReports(const std::vector<int>& reports, std::vector<Row>& rows) {
   std::vector<std::size_t> received(reports.size(), 0);
-  std::size_t pending = reports.size();
+  std::size_t pending = rows.empty() ? 0 : reports.size();
   while (pending > 0) {
     std::vector<pollfd> fds;
     for (std::size_t r = 0; r < reports.size(); ++r) {
@@ -329,8 +329,14 @@ int main(int argc, char** argv) {
   std::vector<int> id_outs;
   for (int r = 1; r < ranks; ++r) id_outs.push_back(id_pipes[static_cast<std::size_t>(r)][1]);
   std::vector<pid_t> children;
-  for (int r = 0; r < ranks; ++r) {
+  bool ok = true;
+  for (int r = 0; r < ranks && ok; ++r) {
     const pid_t child = fork();
+    if (child < 0) {
+      std::perror("fork");
+      ok = false;  // the trainers forked so far would wait for the others: ended below
+      break;
+    }
     if (child == 0) {
       closeOthersEnds(id_pipes, report_pipes, r);
       trainer(r, ranks, args, daemon.socket(), id_pipes[static_cast<std::size_t>(r)][0], id_outs,
@@ -343,7 +349,7 @@ int main(int argc, char** argv) {
   for (const std::int64_t mib : sizesMib(args)) rows.push_back({mib, {}});
   std::vector<int> reports;
   for (const auto& ends : report_pipes) reports.push_back(ends[0]);
-  bool ok = collectReports(reports, rows);
+  ok = ok && collectReports(reports, rows);
   for (const pid_t child : children) {
     // A trainer that failed may leave the others blocked in NCCL for good.
     if (!ok) kill(child, SIGKILL);

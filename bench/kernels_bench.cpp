@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dbuf/kernels/convert.hpp"
+#include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/detail/table_image.hpp"
 #include "dbuf/kernels/ops.hpp"
 #include "dbuf/plan_io/model_file.hpp"
@@ -70,7 +71,7 @@ void must(const dbuf::Result<void>& r) {
 /// recognising a cached copy by its key, which every later call does.
 void printTableLookup(const std::vector<Segment>& segments) {
   constexpr int kReps = 200;
-  const detail::TableKey key{segments, std::int64_t{1} << 15, false, {}};  // the CUDA ops' default tile
+  const detail::TableKey key{segments, cuda::Launch{}.tile_elements, false, {}};  // the CUDA ops' default tile
   const detail::TableImage image = detail::makeTableImage(key);
   detail::TableKeyCopy cached;
   cached.assign(key);

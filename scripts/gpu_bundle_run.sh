@@ -10,7 +10,8 @@
 # minute: what does not fit is marked NOT RUN, and the quick checks and the
 # benchmark figures come before the long suite), and writes into RESULTS_DIR: environment.txt,
 # <name>.log (stdout + stderr), <test>.xml (GoogleTest), <bench>.json and
-# summary.txt (also printed). Exits 0 when every executable exited 0, else 1.
+# summary.txt (also printed). Exits 0 when every executable exited 0, else 1
+# (an executable NOT RUN for the budget counts as a failure).
 # Works from any working directory; executables run with the bundle's root as
 # theirs (benchmarks default to models/*.json).
 set -uo pipefail
@@ -20,7 +21,22 @@ BIN="$BUNDLE/bin"
 TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-300}
 BENCH_TIMEOUT=${GPU_BENCH_TIMEOUT:-300}
 RUN_BUDGET=${GPU_RUN_BUDGET:-0} # 0: no limit
+if ! [[ $RUN_BUDGET =~ ^[0-9]+$ ]]; then
+  echo "run: GPU_RUN_BUDGET must be a whole number of seconds, got '$RUN_BUDGET'" >&2
+  exit 2
+fi
 RUN_DEADLINE=$(($(date +%s) + RUN_BUDGET))
+KILL_AFTER=10 # seconds between timeout's TERM and its KILL
+
+# budget_left: seconds an executable may still take (a large number without
+# a budget), keeping room for timeout's KILL and the summary.
+budget_left() {
+  if ((RUN_BUDGET == 0)); then
+    echo 1000000
+  else
+    echo $((RUN_DEADLINE - $(date +%s) - KILL_AFTER - 5))
+  fi
+}
 # Run after the benchmarks: the longest by far, so that a budget cut costs
 # part of it rather than the figures.
 LAST_TESTS=(gpu_collectives_test)
@@ -166,28 +182,30 @@ EOF
   echo "${counts:-? ? ?}"
 }
 
-# run_one KIND NAME TIMEOUT ARGS...: one executable, one summary line.
+# run_one KIND EXE TIMEOUT ARGS...: one executable, one summary line. Its
+# results go by the name RUN_AS (default EXE): RUN_AS.log, RUN_AS.json for a
+# benchmark (ARGS say where it writes it), RUN_AS.xml for a test.
 run_one() {
-  local kind=$1 name=$2 limit=$3
+  local kind=$1 exe="$BIN/$2" limit=$3
   shift 3
-  local exe="$BIN/$name" log="$RESULTS_DIR/$name.log" rc status detail start secs
-  if ((RUN_BUDGET > 0)); then
-    local left=$((RUN_DEADLINE - $(date +%s) - 5)) # 5 s for the summary
-    if ((left < 15)); then
-      echo "run: $kind $name NOT RUN: GPU_RUN_BUDGET=${RUN_BUDGET}s spent" | tee "$log"
-      printf '%-32s rc=%-4s %-7s %5ss  %s\n' "$name" - "NOT RUN" 0 "GPU_RUN_BUDGET spent" >>"$SUMMARY"
-      all_ok=0
-      return
-    fi
-    ((limit > left)) && limit=$left
+  local name=${RUN_AS:-$(basename "$exe")}
+  local log="$RESULTS_DIR/$name.log" rc status detail start secs
+  local left
+  left=$(budget_left)
+  if ((left < 15)); then
+    echo "run: $kind $name NOT RUN: GPU_RUN_BUDGET=${RUN_BUDGET}s spent" | tee "$log"
+    printf '%-32s rc=%-4s %-7s %5ss  %s\n' "$name" - "NOT RUN" 0 "GPU_RUN_BUDGET spent" >>"$SUMMARY"
+    all_ok=0
+    return
   fi
+  ((limit > left)) && limit=$left
   echo "run: $kind $name (timeout ${limit}s)"
   if [[ ! -x "$exe" ]]; then
     echo "run: $exe is missing or not executable" >"$log"
     rc=127
   else
     start=$(date +%s)
-    (cd "$BUNDLE" && exec timeout --kill-after=10 "$limit" "$exe" "$@") >"$log" 2>&1
+    (cd "$BUNDLE" && exec timeout --kill-after="$KILL_AFTER" "$limit" "$exe" "$@") >"$log" 2>&1
     rc=$?
     secs=$(($(date +%s) - start))
   fi
@@ -246,23 +264,24 @@ done
 # The overlap benchmark again under MPS, when its control daemon can be
 # started here (private pipe / log directories, stopped afterwards): whether
 # MPS lets the daemon's work overlap a trainer's compute decides deployments.
-if [[ -x "$BIN/bench_gpu_overlap" ]] && command -v nvidia-cuda-mps-control >/dev/null; then
+if ! [[ -x "$BIN/bench_gpu_overlap" ]] || ! command -v nvidia-cuda-mps-control >/dev/null; then
+  echo "bench_gpu_overlap under MPS: not run (no nvidia-cuda-mps-control)" >>"$SUMMARY"
+elif (($(budget_left) < 30)); then
+  echo "bench_gpu_overlap under MPS: NOT RUN (GPU_RUN_BUDGET spent)" >>"$SUMMARY"
+  all_ok=0
+else
   export CUDA_MPS_PIPE_DIRECTORY="$RESULTS_DIR/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RESULTS_DIR/mps/log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d >"$RESULTS_DIR/mps/start.log" 2>&1; then
     sleep 1
-    log="$RESULTS_DIR/bench_gpu_overlap.log"
-    cp "$log" "$log.without-mps" 2>/dev/null
-    run_one bench bench_gpu_overlap "$BENCH_TIMEOUT" --label mps --json "$RESULTS_DIR/bench_gpu_overlap_mps.json"
-    mv "$log" "$RESULTS_DIR/bench_gpu_overlap_mps.log"
-    mv "$log.without-mps" "$log" 2>/dev/null
+    rm -f "$RESULTS_DIR/bench_gpu_overlap_mps.json"
+    RUN_AS=bench_gpu_overlap_mps run_one bench bench_gpu_overlap "$BENCH_TIMEOUT" --label mps \
+      --json "$RESULTS_DIR/bench_gpu_overlap_mps.json"
     echo quit | nvidia-cuda-mps-control >>"$RESULTS_DIR/mps/start.log" 2>&1
   else
     echo "bench_gpu_overlap under MPS: nvidia-cuda-mps-control -d failed (mps/start.log)" >>"$SUMMARY"
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-else
-  echo "bench_gpu_overlap under MPS: not run (no nvidia-cuda-mps-control)" >>"$SUMMARY"
 fi
 
 for name in "${tests[@]}"; do

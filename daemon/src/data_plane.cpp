@@ -284,22 +284,25 @@ bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
     if (streamBehind(job.ranks[r])) late.push_back(r);
   }
-  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-                              describe(job, job.ranks.front().ops.front().submission) + " timed out after " +
-                              std::to_string(config_.collective_timeout.count()) + " ms: the CUDA stream of " +
-                              ranksPhrase(late) + " of job " + job.id +
-                              " did not reach it (the GPU work queued on it before the op has not finished)";
+  const std::string message =
+      timedOut(job, job.ranks.front().ops.front().submission,
+               "the CUDA stream of " + ranksPhrase(late) + " of job " + job.id +
+                   " did not reach it (the GPU work queued on it before the op has not finished)");
   spdlog::warn("job {}: {}", job.id, message);
   failFronts(job, status(ipc::WireError::kTimeout), message);
   return true;
 }
 
+std::string DataPlane::timedOut(const Job& job, const ipc::Submission& op, const std::string& why) const {
+  return "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, op) +
+         " timed out after " + std::to_string(config_.collective_timeout.count()) + " ms: " + why;
+}
+
 bool DataPlane::executorTimeout(Job& job) {
   if (SteadyClock::now() - job.collectives.matched < config_.collective_timeout) return false;
-  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-                              describe(job, job.ranks.front().ops.front().submission) + " timed out after " +
-                              std::to_string(config_.collective_timeout.count()) + " ms: the daemon could not start " +
-                              "it (the job's NCCL communicators are still being made)";
+  const std::string message = timedOut(job, job.ranks.front().ops.front().submission,
+                                       "the daemon could not start it (the job's NCCL communicators are still "
+                                       "being made)");
   spdlog::error("job {}: {}", job.id, message);
   failFronts(job, status(ipc::WireError::kTimeout), message);
   return true;
@@ -468,10 +471,8 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
       example = &job.ranks[r].ops.front().submission;
     }
   }
-  const std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-                              describe(job, *example) + " timed out after " +
-                              std::to_string(config_.collective_timeout.count()) + " ms: " + ranksPhrase(missing) +
-                              " of job " + job.id + " " + hasOrHave(missing) + " not submitted it";
+  const std::string message = timedOut(
+      job, *example, ranksPhrase(missing) + " of job " + job.id + " " + hasOrHave(missing) + " not submitted it");
   spdlog::warn("job {}: {}", job.id, message);
   for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(message);
   failFronts(job, status(ipc::WireError::kTimeout), message);

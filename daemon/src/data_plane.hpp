@@ -165,6 +165,8 @@ class DataPlane {
   /// Fails the op if the executor was not ready within the collective
   /// timeout of the match; true if it did.
   bool executorTimeout(Job& job);
+  /// "collective #N <op> timed out after T ms: <why>".
+  [[nodiscard]] std::string timedOut(const Job& job, const ipc::Submission& op, const std::string& why) const;
   /// The op's last step is queued: the stream-ordered ranks' done counters
   /// after it, then the executor's completion mark.
   [[nodiscard]] static Result<void> markQueued(Job& job);

@@ -32,6 +32,16 @@ class SessionCounters {
   [[nodiscard]] virtual Result<void> signalDone(std::uint64_t ticket) = 0;
 };
 
+/// Counts abandonedThreads() (dbuf/daemon/server.hpp): one per thread an
+/// executor leaves running when it goes, for that thread's life.
+class AbandonedThread {
+ public:
+  AbandonedThread() noexcept;
+  ~AbandonedThread();
+  AbandonedThread(const AbandonedThread&) = delete;
+  AbandonedThread& operator=(const AbandonedThread&) = delete;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;

@@ -120,5 +120,11 @@ int main(int argc, char** argv) {
   systemd.notify("READY=1\nSTATUS=serving on " + (*server)->socketPath());
   (*server)->run(/*handle_signals=*/true);
   systemd.notify("STOPPING=1");
+  server->reset();
+  if (const int left = dbuf::daemon::abandonedThreads(); left > 0) {
+    spdlog::warn("{} NCCL set-up(s) of ended jobs still running: exiting without waiting for them", left);
+    spdlog::shutdown();
+    std::_Exit(0);
+  }
   return 0;
 }

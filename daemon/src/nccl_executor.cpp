@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "dbuf/common/cuda_status.hpp"
@@ -89,12 +91,7 @@ class NcclExecutor final : public Executor {
     scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
-    if (making_.valid()) {
-      // NCCL's set-up cannot be interrupted, and one that hangs must not
-      // hold the data plane: it ends on a thread of its own, which then
-      // destroys what it made.
-      std::thread([pending = std::move(making_)]() mutable { pending.wait(); }).detach();
-    }
+    if (making_.valid()) abandonSetUp();
     quiesce();
     comms_.reset();  // before the streams go
   }
@@ -189,6 +186,22 @@ class NcclExecutor final : public Executor {
     Result<void> failed = cudaStatus(status, what + " on GPU " + std::to_string(gpu.device));
     if (comms_) comms_->fail(failed.error());
     return failed;
+  }
+
+  /// NCCL's set-up cannot be interrupted, and one that hangs must not hold
+  /// the data plane when the job ends: it finishes on a thread of its own,
+  /// which then destroys what it made (counted by AbandonedThread).
+  void abandonSetUp() noexcept {
+    auto pending = std::make_shared<decltype(making_)>(std::move(making_));
+    auto counted = std::make_shared<AbandonedThread>();  // counted from now: the thread may not run yet
+    try {
+      std::thread([pending, counted]() mutable {
+        pending->wait();
+        pending.reset();  // the communicators, if made, go before the count drops
+      }).detach();
+    } catch (const std::system_error&) {
+      pending->wait();  // no thread to spare: wait here after all
+    }
   }
 
   /// Makes the communicators (the job's first op, or after a failure aborted

@@ -48,14 +48,18 @@ Result<void> checkSharedMemorySupport(int device) {
   if (!fds) return fds.error();
   auto mode = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, "COMPUTE_MODE");
   if (!mode) return mode.error();
+  // Under MPS the GPU is usually exclusive-process, which binds the MPS
+  // server, not its clients: dbufd and the trainers then share it.
+  auto mps = attribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED, "MPS_ENABLED");
+  const bool shared_by_mps = mps && *mps != 0 && *mode == CU_COMPUTEMODE_EXCLUSIVE_PROCESS;
   const std::string gpu = "GPU " + std::to_string(device);
   if (*vmm == 0) return makeError(ErrorCode::kUnavailable, gpu + " has no CUDA virtual memory management");
   if (*fds == 0) return makeError(ErrorCode::kUnavailable, gpu + " cannot export memory as POSIX file descriptors");
-  if (*mode != CU_COMPUTEMODE_DEFAULT) {
+  if (*mode != CU_COMPUTEMODE_DEFAULT && !shared_by_mps) {
     return makeError(ErrorCode::kUnavailable,
                      gpu + " is in compute mode " + std::to_string(*mode) +
-                         " (exclusive-process or prohibited): dbufd and the trainers each need a context on it; "
-                         "set the default mode (nvidia-smi -c DEFAULT) or run them under MPS");
+                         " (exclusive-process or prohibited) without MPS: dbufd and the trainers each need a "
+                         "context on it; set the default mode (nvidia-smi -c DEFAULT) or run them under MPS");
   }
   return {};
 }

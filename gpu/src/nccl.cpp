@@ -67,10 +67,14 @@ Result<void> ncclStatus(ncclResult_t status, std::string_view what) {
   std::string text = "ncclResult " + std::to_string(static_cast<int>(status));
   if (auto n = nccl(); n) {
     text = (*n)->getErrorString(status);
-    // The error string is generic ("unhandled cuda error..."); the last
-    // error says which call failed and why.
+    // The error string is generic ("unhandled cuda error..."); NCCL's last
+    // warning usually says which call failed and why. It is one buffer for
+    // the process, so it may be older than this error: labelled as such, and
+    // not added to argument errors, which say it all already.
     const char* last = (*n)->getLastError(nullptr);
-    if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+    if (status != ncclInvalidArgument && status != ncclInvalidUsage && last != nullptr && *last != '\0') {
+      text += std::string(" (NCCL's last warning: ") + last + ")";
+    }
   }
   return makeError(ErrorCode::kDevice, std::string(what) + ": " + text);
 }

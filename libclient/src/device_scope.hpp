@@ -11,16 +11,17 @@ namespace dbuf {
 class DeviceScope {
  public:
   DeviceScope() {
-    auto d = gpu::driver();
-    if (!d || (*d)->ctxGetCurrent(&context_) != CUDA_SUCCESS) return;
-    driver_ = *d;
+    if (auto d = gpu::driver(); d && (*d)->ctxGetCurrent(&context_) == CUDA_SUCCESS) {
+      driver_ = *d;
+    } else {
+      context_ = nullptr;  // no driver: the runtime's device is all there is to restore
+    }
     if (context_ == nullptr) had_device_ = cudaGetDevice(&device_) == cudaSuccess;
   }
   ~DeviceScope() {
-    if (driver_ == nullptr) return;
     // The very context that was current: it may be one the trainer made
     // itself (a green context, cuCtxCreate), not its device's primary one.
-    if (context_ != nullptr) {
+    if (driver_ != nullptr && context_ != nullptr) {
       static_cast<void>(driver_->ctxSetCurrent(context_));
     } else if (had_device_) {
       // None was: the thread's runtime device goes back to what it was, so

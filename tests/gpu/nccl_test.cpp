@@ -59,7 +59,7 @@ TEST(Nccl, GroupedInPlaceAllGatherAndReduceScatterOverLocalGpus) {
                          cudaMemcpyHostToDevice),
               cudaSuccess);
     // From pageable memory it may return before the data has landed, and
-    // NCCL's non-blocking streams do not wait for the legacy stream.
+    // the streams NCCL runs on (made non-blocking here) do not wait for the legacy stream.
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   auto gathered = comms->allGather(buffers, kCount, DType::kF32, streams);

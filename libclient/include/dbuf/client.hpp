@@ -198,8 +198,10 @@ class Group {
   /// goes back to the rank's pool (pages kept for the next group). Not a
   /// collective. With GPU memory it first waits for all of this process's
   /// work on the GPU (cudaDeviceSynchronize): kernels still reading the slot
-  /// would fault once it is unmapped. Detaching, and destroying the Group,
-  /// wait the same way. reshardOnStream() does not make the host wait.
+  /// would fault once it is unmapped (work in the device's primary context,
+  /// the one the runtime API and PyTorch use; `timeout` does not bound this
+  /// wait). Detaching, and destroying the Group, wait the same way.
+  /// reshardOnStream() does not make the host wait.
   [[nodiscard]] Result<void> reshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// reshard() ordered on a CUDA stream (a cudaStream_t of the session's
   /// GPU; GPU memory only): returns at once, and the group counts as

@@ -60,4 +60,10 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Threads an ended job left running (NCCL's set-up of its communicators
+/// cannot be interrupted; it ends, and cleans up, on its own thread). While
+/// any runs, a process ends with std::_Exit rather than by returning from
+/// main: static destructors and CUDA's teardown would run under it.
+[[nodiscard]] int abandonedThreads() noexcept;
+
 }  // namespace dbuf::daemon

@@ -35,8 +35,9 @@ namespace dbuf::gpu {
 
 /// Whether `device` can hold DBuffers shared with trainer processes: the
 /// virtual memory management API, export as POSIX fds, and a compute mode
-/// that lets the daemon and the trainers hold contexts on it together
-/// (kUnavailable naming what is missing).
+/// that lets the daemon and the trainers hold contexts on it together: the
+/// default one, or exclusive-process under MPS (kUnavailable naming what is
+/// missing).
 [[nodiscard]] Result<void> checkSharedMemorySupport(int device);
 
 /// `bytes` rounded up to a multiple of `granularity`.
