@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
   for (int r = 1; r < ranks; ++r) id_outs.push_back(id_pipes[static_cast<std::size_t>(r)][1]);
   std::vector<pid_t> children;
   bool ok = true;
-  for (int r = 0; r < ranks && ok; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     const pid_t child = fork();
     if (child < 0) {
       std::perror("fork");

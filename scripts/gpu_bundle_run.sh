@@ -25,6 +25,8 @@ if ! [[ $RUN_BUDGET =~ ^[0-9]+$ ]]; then
   echo "run: GPU_RUN_BUDGET must be a whole number of seconds, got '$RUN_BUDGET'" >&2
   exit 2
 fi
+RUN_BUDGET=$((10#$RUN_BUDGET)) # "08" is eight, not bad octal
+unset RUN_AS                   # run_one's per-call result name
 RUN_DEADLINE=$(($(date +%s) + RUN_BUDGET))
 KILL_AFTER=10 # seconds between timeout's TERM and its KILL
 
@@ -265,7 +267,7 @@ done
 # started here (private pipe / log directories, stopped afterwards): whether
 # MPS lets the daemon's work overlap a trainer's compute decides deployments.
 if ! [[ -x "$BIN/bench_gpu_overlap" ]] || ! command -v nvidia-cuda-mps-control >/dev/null; then
-  echo "bench_gpu_overlap under MPS: not run (no nvidia-cuda-mps-control)" >>"$SUMMARY"
+  echo "bench_gpu_overlap under MPS: not run (no bench_gpu_overlap or no nvidia-cuda-mps-control)" >>"$SUMMARY"
 elif (($(budget_left) < 30)); then
   echo "bench_gpu_overlap under MPS: NOT RUN (GPU_RUN_BUDGET spent)" >>"$SUMMARY"
   all_ok=0

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   systemd.notify("READY=1\nSTATUS=serving on " + (*server)->socketPath());
   (*server)->run(/*handle_signals=*/true);
   systemd.notify("STOPPING=1");
-  server->reset();
+  (*server).reset();  // the Server, its jobs and their executors go now
   if (const int left = dbuf::daemon::abandonedThreads(); left > 0) {
     spdlog::warn("{} NCCL set-up(s) of ended jobs still running: exiting without waiting for them", left);
     spdlog::shutdown();

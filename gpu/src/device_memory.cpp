@@ -59,7 +59,8 @@ Result<void> checkSharedMemorySupport(int device) {
     return makeError(ErrorCode::kUnavailable,
                      gpu + " is in compute mode " + std::to_string(*mode) +
                          " (exclusive-process or prohibited) without MPS: dbufd and the trainers each need a "
-                         "context on it; set the default mode (nvidia-smi -c DEFAULT) or run them under MPS");
+                         "context on it; set the default mode (nvidia-smi -c DEFAULT) or run them all under MPS "
+                         "as one user");
   }
   return {};
 }

@@ -75,6 +75,9 @@ struct Group::State final : Connection::DeferredRelease {
     if (!connection) return;
     std::erase(connection->on_detach, &unmap);
     std::erase(connection->deferred_releases, this);
+    // The trainer resharded: the slot goes back to the pool (best effort,
+    // once the stream is there), not held by a group that is gone.
+    if (release_point && connection->attached) static_cast<void>(finishRelease(true));
   }
 
   std::shared_ptr<Connection> connection;
@@ -146,12 +149,16 @@ struct Group::State final : Connection::DeferredRelease {
     }
     if (reached && !*reached) return false;
     release_point.reset();
-    if (!reached) return forGroup(std::move(reached).error());
-    // Everything queued on the stream before the point has run: no wait for
-    // the rest of the process's GPU work.
-    if (auto released = release(std::nullopt, DbufferMapping::GpuWork::kDone); !released) {
+    // Past the point, everything queued on the stream before it has run: no
+    // wait for the rest of the process's GPU work. If the point cannot be
+    // read, the release waits for all of it, as reshard() does.
+    const auto work = reached ? DbufferMapping::GpuWork::kDone : DbufferMapping::GpuWork::kMayBePending;
+    if (auto released = release(std::nullopt, work); !released) {
+      // Still mapped and held where the drain failed: the group is unsharded
+      // again, and reshard() gives it back.
       return forGroup(std::move(released).error());
     }
+    if (!reached) return forGroup(std::move(reached).error());
     return true;
   }
 

@@ -211,10 +211,16 @@ class Group {
   /// else: acquireSlot() / unshard() of any group finish the releases whose
   /// streams are there, and when every slot of the pool is held they wait
   /// for the pending ones' streams and ask again. So every use of the slot
-  /// must be queued on `stream`, or ordered before its current point. This
-  /// group's own acquireSlot() / unshard() before that takes the slot back
-  /// as it is; reshard() gives it back at once (waiting as reshard() does);
-  /// detach drops pending releases (its unmap waits for the GPU).
+  /// must be queued on `stream`, or ordered before its current point (not a
+  /// stream being captured into a CUDA graph). This group's own
+  /// acquireSlot() / unshard() before that takes the slot back as it is (the
+  /// stream may still read it: order an all-gather into it on that stream);
+  /// reshard() gives it back at once (waiting as reshard() does); detach
+  /// drops pending releases (its unmap waits for the GPU); destroying the
+  /// Group gives it back once the stream is there. When acquireSlot() waits
+  /// for pending streams, its `timeout` does not bound that wait. If giving
+  /// the slot back fails, the later call that tried says so, and the group
+  /// holds its slot again (reshard() gives it back).
   [[nodiscard]] Result<void> reshardOnStream(void* stream);
   [[nodiscard]] bool unsharded() const noexcept;
 
