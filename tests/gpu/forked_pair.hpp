@@ -3,6 +3,7 @@
 // do: both forked before anything touches CUDA (a CUDA context does not
 // survive fork), joined by a socket pair, each returning a step code (0:
 // done; kNoGpu: no usable device here). Header-only helpers for tests/gpu.
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,21 +11,36 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <utility>
 
 namespace dbuf::testing {
 
 inline constexpr int kNoGpu = 77;
 
-/// Sends one fd and a 64-bit value (its size) in one SCM_RIGHTS message.
-inline bool sendFd(int socket, int fd, std::uint64_t value) {
+/// One SCM_RIGHTS message: a 64-bit value with room for one fd beside it.
+/// Not copyable: the header points into the object.
+struct FdMessage {
+  std::uint64_t value = 0;
   iovec iov{&value, sizeof value};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
+/// Sends one fd and a 64-bit value (its size) in one SCM_RIGHTS message.
+inline bool sendFd(int socket, int fd, std::uint64_t value) {
+  FdMessage m;
+  m.value = value;
+  msghdr& msg = m.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
@@ -34,17 +50,12 @@ inline bool sendFd(int socket, int fd, std::uint64_t value) {
 }
 
 inline bool receiveFd(int socket, int& fd, std::uint64_t& value) {
-  iovec iov{&value, sizeof value};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  if (recvmsg(socket, &msg, 0) != static_cast<ssize_t>(sizeof value)) return false;
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  FdMessage m;
+  if (recvmsg(socket, &m.msg, 0) != static_cast<ssize_t>(sizeof value)) return false;
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&m.msg);
   if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) return false;
   std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
+  value = m.value;
   return true;
 }
 
@@ -73,6 +84,16 @@ inline std::pair<int, int> runForkedPair(const std::function<int(int)>& first, c
   };
   const int first_code = code(a);
   return {first_code, code(b)};
+}
+
+/// The verdict on a pair from runForkedPair: skipped when the first side
+/// found no GPU, else both sides must have done every step (`hint`, if any,
+/// says what the second side's codes mean).
+inline void expectBothDone(std::pair<int, int> codes, const std::string& first, const std::string& second,
+                           const std::string& hint = {}) {
+  if (codes.first == kNoGpu) GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount found none)";
+  EXPECT_EQ(codes.first, 0) << first << " failed at step " << codes.first;
+  EXPECT_EQ(codes.second, 0) << second << " failed at step " << codes.second << hint;
 }
 
 }  // namespace dbuf::testing
