@@ -22,8 +22,9 @@ constexpr auto kOk = std::uint16_t{0};
 /// How often the loop looks at a GPU while an op waits for one.
 constexpr auto kGpuPollInterval = std::chrono::microseconds(50);
 
-std::uint16_t status(ipc::WireError error) {
-  return static_cast<std::uint16_t>(error);
+/// A failed op's completion status: its error's code on the wire.
+std::uint16_t statusOf(const Error& error) {
+  return static_cast<std::uint16_t>(ipc::toWire(error.code));
 }
 
 std::uint64_t nanosBetween(SteadyClock::time_point from, SteadyClock::time_point to) {
@@ -64,6 +65,17 @@ bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
          (a.flags & kShared) == (b.flags & kShared) && a.root == b.root &&
          std::memcmp(&a.pre_scale, &b.pre_scale, sizeof(float)) == 0 &&
          std::memcmp(&a.post_scale, &b.post_scale, sizeof(float)) == 0;
+}
+
+/// The ranks whose next op differs from rank 0's: those a mismatch names as
+/// disagreeing (Error::ranks).
+std::vector<std::uint32_t> ranksDifferingFromRankZero(const Job& job) {
+  const ipc::Submission& first = job.ranks.front().ops.front().submission;
+  std::vector<std::uint32_t> differing;
+  for (std::uint32_t r = 1; r < job.world_size; ++r) {
+    if (!sameOp(job.ranks[r].ops.front().submission, first)) differing.push_back(r);
+  }
+  return differing;
 }
 
 }  // namespace
@@ -135,41 +147,46 @@ Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, Ste
 
 void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {
   RankState& state = job.ranks[rank];
-  ipc::Completion completion;
-  completion.handle = submission.handle;
   if (streamOrdered(submission)) {
     if (std::string why = streamOrderProblem(job, rank, submission); !why.empty()) {
-      completion.status = status(ipc::WireError::kBadRequest);
-      completeOne(job, rank, submission, completion, why);
+      failOne(job, rank, submission, makeError(ErrorCode::kInvalidArgument, std::move(why)));
       return;
     }
     state.plane->last_ticket = submission.ticket;
   }
   if (submission.op == static_cast<std::uint8_t>(ipc::OpCode::kNoop)) {
+    ipc::Completion completion;
+    completion.handle = submission.handle;
     completeOne(job, rank, submission, completion, {});
     return;
   }
   if (!state.owed.empty()) {
     // This rank's k-th op already timed out without it.
-    const std::string message = std::move(state.owed.front());
+    const Error timed_out = std::move(state.owed.front());
     state.owed.pop_front();
-    completion.status = status(ipc::WireError::kTimeout);
-    completeOne(job, rank, submission, completion, message);
+    failOne(job, rank, submission, timed_out);
     return;
   }
   if (!job.gone.empty()) {
-    const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
-    completion.status = status(ipc::WireError::kConflict);
-    completeOne(job, rank, submission, completion,
-                describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id));
+    std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
+    std::string message = describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id);
+    failOne(job, rank, submission, Error{ErrorCode::kConflict, std::move(message), std::move(gone)});
     return;
   }
   // The queue holds as many ops as the ring, and roomToAnswer() bounds what was
   // taken: a full queue is a daemon bug, reported rather than losing the op.
   if (!state.ops.push({submission, now})) {
-    completion.status = status(ipc::WireError::kInternal);
-    completeOne(job, rank, submission, completion, "dbufd: a rank's op queue overflowed (a bug); the op was not run");
+    failOne(job, rank, submission,
+            makeError(ErrorCode::kInternal, "dbufd: a rank's op queue overflowed (a bug); the op was not run"));
   }
+}
+
+void DataPlane::failOne(Job& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error) {
+  ipc::Completion completion;
+  completion.handle = submission.handle;
+  completion.status = statusOf(error);
+  ipc::setCompletionRanks(completion, error.ranks);
+  completeOne(job, rank, submission, completion, error.message);
 }
 
 std::string DataPlane::streamOrderProblem(const Job& job, std::uint32_t rank, const ipc::Submission& submission) {
@@ -195,7 +212,7 @@ std::string DataPlane::streamOrderProblem(const Job& job, std::uint32_t rank, co
 }
 
 void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
-                            const ipc::Completion& completion, const std::string& message) {
+                            const ipc::Completion& completion, std::string_view message) {
   SessionPlane* plane = job.ranks[rank].plane.get();
   if (plane == nullptr) return;  // the rank is gone; nobody to tell
   if (completion.status != kOk && streamOrdered(submission)) {
@@ -235,7 +252,7 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
       auto done = collectives.executor->done();
       if (!done) return failRunning(job, done.error());
       if (!*done) return 0;
-      finish(job, kOk, {}, SteadyClock::now());
+      finish(job, nullptr, SteadyClock::now());
     }
     return 1;
   }
@@ -251,23 +268,24 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
 
 std::size_t DataPlane::failRunning(Job& job, const Error& error) {
   job.collectives.executor->quiesce();  // nothing of the failed op may still be running
-  finish(job, status(ipc::WireError::kInternal),
-         describe(job, job.ranks.front().ops.front().submission) + " failed in the daemon: " + error.message,
-         SteadyClock::now());
+  // The executor's code goes on (kDevice for a failed NCCL call or kernel).
+  const Error failed{
+      error.code, describe(job, job.ranks.front().ops.front().submission) + " failed in the daemon: " + error.message,
+      error.ranks};
+  finish(job, &failed, SteadyClock::now());
   return 1;
 }
 
 bool DataPlane::match(Job& job, SteadyClock::time_point now) {
-  const std::string why = validateFronts(job);
-  if (!why.empty()) {
-    spdlog::warn("job {}: {}", job.id, why);
-    failFronts(job, status(ipc::WireError::kConflict), why);
+  if (auto valid = validateFronts(job); !valid) {
+    spdlog::warn("job {}: {}", job.id, valid.error().message);
+    failFronts(job, valid.error());
     return false;
   }
   JobCollectives& collectives = job.collectives;
   collectives.matched = now;
   if (!isGroupOp(collectives.args.op)) {
-    finish(job, kOk, {}, now);  // a barrier: everyone is here
+    finish(job, nullptr, now);  // a barrier: everyone is here
     return false;
   }
   collectives.validated = true;
@@ -289,7 +307,7 @@ bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
                "the CUDA stream of " + ranksPhrase(late) + " of job " + job.id +
                    " did not reach it (the GPU work queued on it before the op has not finished)");
   spdlog::warn("job {}: {}", job.id, message);
-  failFronts(job, status(ipc::WireError::kTimeout), message);
+  failFronts(job, Error{ErrorCode::kTimeout, message, std::move(late)});
   return true;
 }
 
@@ -304,7 +322,7 @@ bool DataPlane::executorTimeout(Job& job) {
                                        "the daemon could not start it (the job's NCCL communicators are still "
                                        "being made)");
   spdlog::error("job {}: {}", job.id, message);
-  failFronts(job, status(ipc::WireError::kTimeout), message);
+  failFronts(job, makeError(ErrorCode::kTimeout, message));
   return true;
 }
 
@@ -312,7 +330,7 @@ bool DataPlane::start(Job& job) {
   JobCollectives& collectives = job.collectives;
   const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
   if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
-    failFronts(job, status(ipc::WireError::kInternal), "dbufd: the job has no executor (a bug); the op was not run");
+    failFronts(job, makeError(ErrorCode::kInternal, "dbufd: the job has no executor (a bug); the op was not run"));
     return true;
   }
   collectives.executor->activate();
@@ -324,7 +342,7 @@ bool DataPlane::start(Job& job) {
       const std::string message = describe(job, job.ranks[r].ops.front().submission) + " cannot be ordered on rank " +
                                   std::to_string(r) + "'s CUDA stream: " + counters.error().message;
       spdlog::error("job {}: {}", job.id, message);
-      failFronts(job, status(ipc::WireError::kInternal), message);
+      failFronts(job, Error{counters.error().code, message, {}});
       return true;
     }
     plane.counters = std::move(*counters);
@@ -335,7 +353,7 @@ bool DataPlane::start(Job& job) {
     const std::string message =
         describe(job, job.ranks.front().ops.front().submission) + " cannot run in the daemon: " + begun.error().message;
     spdlog::error("job {}: {}", job.id, message);
-    failFronts(job, status(ipc::WireError::kInternal), message);
+    failFronts(job, Error{begun.error().code, message, {}});
     return true;
   }
   if (!*begun) return executorTimeout(job);  // not ready yet (NCCL set-up): the next pass asks again
@@ -343,21 +361,22 @@ bool DataPlane::start(Job& job) {
   return true;
 }
 
-std::string DataPlane::validateFronts(Job& job) {
+Result<void> DataPlane::validateFronts(Job& job) {
   const ipc::Submission& first = job.ranks.front().ops.front().submission;
   // Messages are built only on failure: the hot path allocates nothing.
-  const auto what = [&] {
-    return "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first);
+  const auto refuse = [&](const std::string& why) {
+    return makeError(ErrorCode::kConflict,
+                     "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) + why);
   };
   const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(),
                                  [&](const RankState& rank) { return sameOp(rank.ops.front().submission, first); });
-  if (!agree) return mismatchMessage(job);
+  if (!agree) return Error{ErrorCode::kConflict, mismatchMessage(job), ranksDifferingFromRankZero(job)};
   ipc::OpCode op{};
-  if (!ipc::opCodeFrom(first.op, op)) return what() + ": not an op this daemon knows";
+  if (!ipc::opCodeFrom(first.op, op)) return refuse(": not an op this daemon knows");
   if (first.reduce > static_cast<std::uint8_t>(ipc::ReduceMode::kAvg) ||
       (first.flags & ~(ipc::kFlagAccumulate | ipc::kFlagStreamOrdered)) != 0 || !std::isfinite(first.pre_scale) ||
       !std::isfinite(first.post_scale)) {
-    return what() + ": bad reduce mode, flags or scales";
+    return refuse(": bad reduce mode, flags or scales");
   }
   CollectiveArgs& args = job.collectives.args;
   args = {op,
@@ -369,19 +388,19 @@ std::string DataPlane::validateFronts(Job& job) {
   job.collectives.group_id = first.group_id;
   if (op == ipc::OpCode::kBarrier) return {};
   if (first.group_id == 0 || first.group_id > job.groups_by_id.size()) {
-    return what() + ": job " + job.id + " has no such group";
+    return refuse(": job " + job.id + " has no such group");
   }
   const GroupState& group = *job.groups_by_id[first.group_id - 1];
   if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
-    return what() + ": root is not a rank of the job";
+    return refuse(": root is not a rank of the job");
   }
   if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group.geometry.sharded != DType::kF32)) {
-    return what() + ": accumulate needs a reduce-scatter into an fp32 sharded gradient";
+    return refuse(": accumulate needs a reduce-scatter into an fp32 sharded gradient");
   }
   return bindBuffers(job, group);
 }
 
-std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
+Result<void> DataPlane::bindBuffers(Job& job, const GroupState& group) {
   bool every_rank_has_a_slot = true;
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
     RankState& rank = job.ranks[r];
@@ -407,9 +426,10 @@ std::string DataPlane::bindBuffers(Job& job, const GroupState& group) {
       without_slot.push_back(r);
     }
   }
-  return "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-         describe(job, job.ranks.front().ops.front().submission) + ": " + ranksPhrase(without_slot) +
-         " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
+  std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
+                        describe(job, job.ranks.front().ops.front().submission) + ": " + ranksPhrase(without_slot) +
+                        " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
+  return Error{ErrorCode::kConflict, std::move(message), std::move(without_slot)};
 }
 
 Result<void> DataPlane::markQueued(Job& job) {
@@ -421,7 +441,7 @@ Result<void> DataPlane::markQueued(Job& job) {
   return job.collectives.executor->queued();
 }
 
-void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message, SteadyClock::time_point now) {
+void DataPlane::finish(Job& job, const Error* error, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   for (std::uint32_t r = 0; r < job.world_size; ++r) {
     RankState& rank = job.ranks[r];
@@ -430,12 +450,16 @@ void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message,
     ipc::Completion completion;
     completion.handle = submission.handle;
     completion.sequence = collectives.next_sequence;
-    completion.status = code;
     completion.wait_ns = nanosBetween(rank.ops.front().submitted, collectives.matched);
     completion.run_ns = nanosBetween(collectives.matched, now);
+    if (error != nullptr) {
+      completion.status = statusOf(*error);
+      ipc::setCompletionRanks(completion, error->ranks);
+    }
     rank.ops.pop();
-    completeOne(job, r, submission, completion, message);
-    if (code == kOk && streamOrdered(submission) && rank.plane && rank.plane->stream_order_over) {
+    completeOne(job, r, submission, completion,
+                error != nullptr ? std::string_view(error->message) : std::string_view());
+    if (error == nullptr && streamOrdered(submission) && rank.plane && rank.plane->stream_order_over) {
       // A later op of the session failed while this one ran: its done write
       // (now landed) replaced that poison. Poison again.
       poisonCounter(rank.plane->rings.streamCounters().done);
@@ -448,9 +472,9 @@ void DataPlane::finish(Job& job, std::uint16_t code, const std::string& message,
   ++collectives.next_sequence;
 }
 
-void DataPlane::failFronts(Job& job, std::uint16_t code, const std::string& message) {
+void DataPlane::failFronts(Job& job, const Error& error) {
   job.collectives.matched = SteadyClock::now();
-  finish(job, code, message, job.collectives.matched);
+  finish(job, &error, job.collectives.matched);
 }
 
 bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
@@ -471,11 +495,12 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
       example = &job.ranks[r].ops.front().submission;
     }
   }
-  const std::string message = timedOut(
+  std::string message = timedOut(
       job, *example, ranksPhrase(missing) + " of job " + job.id + " " + hasOrHave(missing) + " not submitted it");
   spdlog::warn("job {}: {}", job.id, message);
-  for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(message);
-  failFronts(job, status(ipc::WireError::kTimeout), message);
+  const Error timed_out{ErrorCode::kTimeout, std::move(message), missing};
+  for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(timed_out);
+  failFronts(job, timed_out);
   return true;
 }
 
@@ -494,13 +519,15 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   job.collectives.validated = false;
   job.collectives.running = false;
   job.collectives.draining = false;
-  const std::string message =
+  const Error disconnected{
+      ErrorCode::kConflict,
       "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
-      (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) + " was running"
-                   : (had_op ? " with collectives pending" : ""));
+          (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) + " was running"
+                       : (had_op ? " with collectives pending" : "")),
+      {rank}};
   // Every queued op of the others needs the dead rank: fail them all now.
   while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankState& r) { return !r.ops.empty(); })) {
-    failFronts(job, status(ipc::WireError::kConflict), message);
+    failFronts(job, disconnected);
   }
 }
 

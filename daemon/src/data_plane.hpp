@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dbuf/common/shared_memory.hpp"
@@ -170,23 +171,29 @@ class DataPlane {
   /// The op's last step is queued: the stream-ordered ranks' done counters
   /// after it, then the executor's completion mark.
   [[nodiscard]] static Result<void> markQueued(Job& job);
-  void finish(Job& job, std::uint16_t status, const std::string& message, SteadyClock::time_point now);
-  /// Fails the front op of every rank that has one, with `message`.
-  void failFronts(Job& job, std::uint16_t status, const std::string& message);
+  /// Completes the front op of every rank that has one: with `error` (its
+  /// code, message and ranks), or successfully when it is null.
+  void finish(Job& job, const Error* error, SteadyClock::time_point now);
+  /// Fails the front op of every rank that has one, with `error`.
+  void failFronts(Job& job, const Error& error);
   /// The running op failed (in a step, or on the GPU): waits out its queued
   /// work, fails it on every rank. Returns the work done (1).
   std::size_t failRunning(Job& job, const Error& error);
   /// Fails the waiting ranks' next op if it waited too long; true if it did.
   bool checkTimeout(Job& job, SteadyClock::time_point now);
-  /// Why the matched fronts cannot run (empty: they can); fills job.collectives.
-  [[nodiscard]] std::string validateFronts(Job& job);
+  /// Why the matched fronts cannot run (kConflict, naming the ranks whose op
+  /// differs from rank 0's or that hold no slot), or nothing; fills
+  /// job.collectives.
+  [[nodiscard]] Result<void> validateFronts(Job& job);
   /// Points the job's RankBuffers at `group`'s memory on every rank; why not
-  /// (a rank holds no slot for it) or empty.
-  [[nodiscard]] static std::string bindBuffers(Job& job, const GroupState& group);
+  /// (kConflict naming the ranks that hold no slot for it).
+  [[nodiscard]] static Result<void> bindBuffers(Job& job, const GroupState& group);
   /// Answers `submission` of `rank`. A failed stream-ordered op poisons the
   /// session's done counter (its trainer's stream must not wait forever).
   static void completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
-                          const ipc::Completion& completion, const std::string& message);
+                          const ipc::Completion& completion, std::string_view message);
+  /// Fails `submission` of `rank` alone with `error` (code, message, ranks).
+  static void failOne(Job& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error);
   /// Why `rank` cannot submit this stream-ordered op, or empty.
   [[nodiscard]] static std::string streamOrderProblem(const Job& job, std::uint32_t rank,
                                                       const ipc::Submission& submission);

@@ -18,10 +18,6 @@ constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
 
-ipc::WireError wireCode(const Error& error) {
-  return error.code == ErrorCode::kInfeasible ? ipc::WireError::kQuotaExceeded : ipc::WireError::kBadRequest;
-}
-
 }  // namespace
 
 JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id)
@@ -105,23 +101,21 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
                                                          std::to_string(session->peer().gid) +
                                                          " belongs to no tenant of this daemon");
   }
+  const auto refuse_with = [&](const Error& error) {
+    session->sendError(error, request);
+    session->closeAfterSending();
+  };
   auto plane = data_plane_.openSession("dbuf:" + hello.job_id + ":session:" + std::to_string(hello.rank));
-  if (!plane) return refuse(ipc::WireError::kInternal, "cannot create the session's rings: " + plane.error().message);
+  if (!plane) return refuse_with(std::move(plane).error().withContext("cannot create the session's rings"));
   // The rank's GPU as dbufd numbers it (the trainer may see its GPUs otherwise).
   ipc::Hello placed = hello;
   if (config_.backend == Backend::kCuda) {
     auto device = daemonDevice(hello, gpu_offer_.gpus);
-    if (!device) return refuse(ipc::WireError::kBadRequest, device.error().message);
+    if (!device) return refuse_with(device.error());
     placed.device = *device;
   }
   auto job = attachTo(placed, session->peer(), *tenant);
-  if (!job) {
-    const ErrorCode code = job.error().code;
-    return refuse(code == ErrorCode::kNotFound     ? ipc::WireError::kPermissionDenied
-                  : code == ErrorCode::kInfeasible ? ipc::WireError::kQuotaExceeded
-                                                   : ipc::WireError::kConflict,
-                  job.error().message);
-  }
+  if (!job) return refuse_with(job.error());
   Job& attached = **job;
   const bool reattached = !attached.groups.empty();
   RankState& rank = attached.ranks[hello.rank];
@@ -174,27 +168,26 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   }
   Job& job = found->second;
   if (job.tenant != tenant) {
-    // kNotFound marks "permission denied": do not reveal more about another tenant's job.
-    return makeError(ErrorCode::kNotFound, "job '" + hello.job_id + "' belongs to another tenant (uid " +
-                                               std::to_string(peer.uid) + " is not allowed)");
+    // Say no more about another tenant's job than that it is not yours.
+    return makeError(ErrorCode::kPermissionDenied, "job '" + hello.job_id + "' belongs to another tenant (uid " +
+                                                       std::to_string(peer.uid) + " is not allowed)");
   }
   if (job.persistent != hello.persistent || job.prefetchDepth() != hello.prefetch_depth) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "job '" + job.id + "' was attached with persistent=" + (job.persistent ? "true" : "false") +
-                         " and prefetch depth " + std::to_string(job.prefetchDepth()) +
-                         ", not persistent=" + (hello.persistent ? "true" : "false") + " and prefetch depth " +
-                         std::to_string(hello.prefetch_depth));
+    return makeError(ErrorCode::kConflict, "job '" + job.id +
+                                               "' was attached with persistent=" + (job.persistent ? "true" : "false") +
+                                               " and prefetch depth " + std::to_string(job.prefetchDepth()) +
+                                               ", not persistent=" + (hello.persistent ? "true" : "false") +
+                                               " and prefetch depth " + std::to_string(hello.prefetch_depth));
   }
   if (job.world_size != hello.world_size) {
-    return makeError(ErrorCode::kInvalidArgument, "job '" + job.id + "' has world size " +
-                                                      std::to_string(job.world_size) + ", not " +
-                                                      std::to_string(hello.world_size));
+    return makeError(ErrorCode::kConflict, "job '" + job.id + "' has world size " + std::to_string(job.world_size) +
+                                               ", not " + std::to_string(hello.world_size));
   }
   const RankState& rank = job.ranks[hello.rank];
   if (rank.session) {
-    return makeError(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
-                                                      "' is already attached (pid " +
-                                                      std::to_string(rank.session->peer().pid) + ")");
+    return makeError(ErrorCode::kConflict, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
+                                               "' is already attached (pid " +
+                                               std::to_string(rank.session->peer().pid) + ")");
   }
   if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
   if (job.grace_timer) {
@@ -284,9 +277,9 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
   }
   if (reportEarlierMismatch(job, rank, spec.name, session, request)) return;
   if (!job.gone.empty()) {
-    const std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
-    session->sendError(ipc::WireError::kConflict,
-                       "group '" + spec.name + "' cannot be registered: " + goneRanksText(gone, job.id), request);
+    std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
+    std::string why = "group '" + spec.name + "' cannot be registered: " + goneRanksText(gone, job.id);
+    session->sendError(Error{ErrorCode::kConflict, std::move(why), std::move(gone)}, request);
     return;
   }
   auto [entry, created] = job.pending.try_emplace(spec.name);
@@ -305,9 +298,9 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
       for (std::uint32_t r = 0; r < job_entry->second.world_size; ++r) {
         if (!waiting->second.waiters.contains(r)) missing.push_back(r);
       }
-      failPending(job_entry->second, name, ipc::WireError::kTimeout,
-                  "group '" + name + "': ranks " + rankList(missing) + " did not register within " +
-                      std::to_string(config_.register_timeout.count()) + " ms");
+      std::string why = "group '" + name + "': ranks " + rankList(missing) + " did not register within " +
+                        std::to_string(config_.register_timeout.count()) + " ms";
+      failPending(job_entry->second, name, Error{ErrorCode::kTimeout, std::move(why), std::move(missing)});
     });
   } else if (pending.waiters.contains(rank)) {
     session->sendError(ipc::WireError::kConflict,
@@ -315,12 +308,14 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
     return;
   } else if (const auto difference = specDifference(pending.spec, spec)) {
     pending.waiters[rank] = {session, request};
-    const std::string why = "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
-                            std::to_string(pending.first_rank) + " disagree: " + *difference;
+    const Error why{ErrorCode::kConflict,
+                    "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
+                        std::to_string(pending.first_rank) + " disagree: " + *difference,
+                    {std::min(rank, pending.first_rank), std::max(rank, pending.first_rank)}};
     auto& failure = job.failed[spec.name];
     failure.why = why;
     for (const auto& [waiting, waiter] : pending.waiters) failure.told.insert(waiting);
-    failPending(job, spec.name, ipc::WireError::kConflict, why);
+    failPending(job, spec.name, why);
     return;
   }
   pending.waiters[rank] = {session, request};
@@ -335,20 +330,20 @@ bool JobTable::reportEarlierMismatch(Job& job, std::uint32_t rank, const std::st
     job.failed.erase(failure);  // this rank heard it and tries again: a new registration
     return false;
   }
-  session->sendError(ipc::WireError::kConflict, failure->second.why, request);
+  session->sendError(failure->second.why, request);
   failure->second.told.insert(rank);
   if (failure->second.told.size() == job.world_size) job.failed.erase(failure);
   return true;
 }
 
-void JobTable::failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why) {
+void JobTable::failPending(Job& job, const std::string& name, const Error& why) {
   const auto found = job.pending.find(name);
   if (found == job.pending.end()) return;
-  spdlog::warn("job {}: {}", job.id, why);
+  spdlog::warn("job {}: {}", job.id, why.message);
   PendingGroup pending = std::move(found->second);
   job.pending.erase(found);
   if (pending.timer) pending.timer->cancel();
-  for (auto& [rank, waiter] : pending.waiters) waiter.session->sendError(code, why, waiter.request_id);
+  for (auto& [rank, waiter] : pending.waiters) waiter.session->sendError(why, waiter.request_id);
 }
 
 Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec) {
@@ -391,7 +386,7 @@ void JobTable::completeRegistration(Job& job, const std::string& name) {
   PendingGroup& pending = job.pending.at(name);
   auto group = buildGroup(job, pending.spec);
   if (!group) {
-    failPending(job, name, wireCode(group.error()), group.error().message);
+    failPending(job, name, group.error());
     return;
   }
   pending.timer->cancel();
@@ -434,9 +429,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
     return;
   }
   if (auto sized = growSlot(job, *slot, layout.file_bytes, attachment->rank, group->first); !sized) {
-    const bool quota = sized.error().code == ErrorCode::kInfeasible;
-    session->sendError(quota ? ipc::WireError::kQuotaExceeded : ipc::WireError::kInternal, sized.error().message,
-                       request);
+    session->sendError(sized.error(), request);
     return;
   }
   slot->group = group_id;
@@ -530,9 +523,11 @@ void JobTable::releaseRank(Job& job, std::uint32_t rank) {
   for (const auto& [name, pending] : job.pending) broken.push_back(name);
   for (const std::string& name : broken) {
     const bool joined = job.pending.at(name).waiters.erase(rank) > 0;
-    failPending(job, name, ipc::WireError::kConflict,
-                "group '" + name + "': rank " + std::to_string(rank) + " disconnected" +
-                    (joined ? " while registering" : " before registering"));
+    failPending(job, name,
+                Error{ErrorCode::kConflict,
+                      "group '" + name + "': rank " + std::to_string(rank) + " disconnected" +
+                          (joined ? " while registering" : " before registering"),
+                      {rank}});
   }
   job.gone.insert(rank);  // cleared by jobLostAllRanks when nobody is left
 }

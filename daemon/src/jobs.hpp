@@ -70,8 +70,8 @@ struct RankState {
   std::vector<Slot> slots;              // prefetch_depth + 1
   OpQueue ops;                          // collectives waiting for the other ranks
   /// Collectives this rank missed (they timed out without it): its next
-  /// submissions fail with these messages, so its k-th op stays the others' k-th.
-  std::deque<std::string> owed;
+  /// submissions fail with these errors, so its k-th op stays the others' k-th.
+  std::deque<Error> owed;
 };
 
 struct Job {
@@ -98,7 +98,7 @@ struct Job {
   /// heard why: a rank that arrives later gets the same error at once instead
   /// of starting a registration the others already abandoned.
   struct FailedRegistration {
-    std::string why;
+    Error why;  ///< kConflict naming the two ranks that disagree
     std::set<std::uint32_t> told;
   };
   std::map<std::string, FailedRegistration> failed;
@@ -156,7 +156,8 @@ class JobTable {
   /// rank has not heard about yet.
   bool reportEarlierMismatch(Job& job, std::uint32_t rank, const std::string& name,
                              const std::shared_ptr<Session>& session, std::uint64_t request);
-  void failPending(Job& job, const std::string& name, ipc::WireError code, const std::string& why);
+  /// Fails registration `name` for every rank waiting in it with `why`.
+  void failPending(Job& job, const std::string& name, const Error& why);
   static void replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
                          std::uint64_t request);
   void releaseRank(Job& job, std::uint32_t rank);

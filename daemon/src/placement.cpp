@@ -44,20 +44,20 @@ Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> 
   }
   const std::int32_t before = devices[hello.rank];
   if (before >= 0 && before != hello.device) {
-    return makeError(ErrorCode::kInvalidArgument, who + " is on GPU " + std::to_string(hello.device) +
-                                                      " but attached on GPU " + std::to_string(before) +
-                                                      " before, where its memory is");
+    return makeError(ErrorCode::kConflict, who + " is on GPU " + std::to_string(hello.device) +
+                                               " but attached on GPU " + std::to_string(before) +
+                                               " before, where its memory is");
   }
   for (std::size_t r = 0; r < devices.size(); ++r) {
     const std::int32_t other = devices[r];
     if (r == hello.rank || other < 0) continue;
     if (placement == Placement::kSharedGpu && other != hello.device) {
-      return makeError(ErrorCode::kInvalidArgument, who + " is on GPU " + std::to_string(hello.device) +
-                                                        " but the job's ranks share GPU " + std::to_string(other) +
-                                                        " (virtual ranks)");
+      return makeError(ErrorCode::kConflict, who + " is on GPU " + std::to_string(hello.device) +
+                                                 " but the job's ranks share GPU " + std::to_string(other) +
+                                                 " (virtual ranks)");
     }
     if (placement == Placement::kGpuPerRank && other == hello.device) {
-      return makeError(ErrorCode::kInvalidArgument,
+      return makeError(ErrorCode::kConflict,
                        who + " is on GPU " + std::to_string(hello.device) + ", which rank " + std::to_string(r) +
                            " already has: with one rank per GPU (NCCL) each rank needs its own GPU");
     }

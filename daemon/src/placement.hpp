@@ -43,6 +43,8 @@ struct GpuOffer {
 /// rank of the job attached on before (`devices`, world entries, -1 for
 /// ranks not seen yet): one that exists, the one it had (its memory is there),
 /// the others' for a shared GPU, none of the others' with a GPU per rank.
+/// kInvalidArgument for a GPU dbufd does not serve, kConflict for a clash
+/// with the job's ranks.
 [[nodiscard]] Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices,
                                            const ipc::Hello& hello, int gpus);
 

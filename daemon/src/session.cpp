@@ -63,7 +63,7 @@ void Session::readPayload(ipc::FrameHeader header) {
                      }
                      auto message = ipc::decodePayload(header.type, self->payload_);
                      if (!message) {
-                       self->sendError(ipc::WireError::kBadRequest, message.error().message, header.request_id);
+                       self->sendError(message.error(), header.request_id);  // kInvalidArgument: kBadRequest
                        self->closeAfterSending();
                        return;
                      }
@@ -77,7 +77,7 @@ void Session::send(const ipc::Message& message, std::uint64_t request_id, std::v
   auto frame = ipc::encodeFrame(message, request_id);
   if (!frame) {
     // Our own reply is over a limit: a daemon bug, but never a crash.
-    frame = ipc::encodeFrame(ipc::ErrorReply{ipc::WireError::kInternal, "reply too large"}, request_id);
+    frame = ipc::encodeFrame(ipc::ErrorReply{ipc::WireError::kInternal, "reply too large", {}}, request_id);
     fds.clear();
   }
   Outgoing outgoing{std::move(*frame), {}, 0};
@@ -87,7 +87,16 @@ void Session::send(const ipc::Message& message, std::uint64_t request_id, std::v
 }
 
 void Session::sendError(ipc::WireError code, const std::string& message, std::uint64_t request_id) {
-  send(ipc::ErrorReply{code, message.substr(0, ipc::kMaxStringBytes)}, request_id);
+  send(ipc::ErrorReply{code, message.substr(0, ipc::kMaxStringBytes), {}}, request_id);
+}
+
+void Session::sendError(const Error& error, std::uint64_t request_id) {
+  std::vector<std::uint32_t> ranks = error.ranks;
+  // Only a daemon bug could name more ranks than a job has; cut rather than
+  // have the reply refused as too large.
+  if (ranks.size() > ipc::kMaxErrorRanks) ranks.resize(ipc::kMaxErrorRanks);
+  send(ipc::ErrorReply{ipc::toWire(error.code), error.message.substr(0, ipc::kMaxStringBytes), std::move(ranks)},
+       request_id);
 }
 
 void Session::flush() {

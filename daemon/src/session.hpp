@@ -42,8 +42,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   /// Queues a frame; `fds` are dup'ed now and closed once sent.
   void send(const ipc::Message& message, std::uint64_t request_id, std::vector<int> fds = {});
-  /// Sends an error reply.
+  /// Sends an error reply of a code the protocol itself picks (a bad frame,
+  /// another protocol version, a daemon shutting down).
   void sendError(ipc::WireError code, const std::string& message, std::uint64_t request_id);
+  /// Sends `error` as a reply: its code through ipc::toWire, its message (cut
+  /// to a wire string) and its ranks.
+  void sendError(const Error& error, std::uint64_t request_id);
   /// Sends what is queued, then closes (the handler's onClosed runs once).
   void closeAfterSending();
   /// Closes at once.

@@ -45,7 +45,7 @@ constexpr bool validMessageType(MessageType type) noexcept {
 constexpr bool validWireError(WireError code) noexcept {
   const auto raw = static_cast<std::uint16_t>(code);
   return raw >= static_cast<std::uint16_t>(WireError::kBadRequest) &&
-         raw <= static_cast<std::uint16_t>(WireError::kInternal);
+         raw <= static_cast<std::uint16_t>(WireError::kDevice);
 }
 
 constexpr bool validMemoryKind(MemoryKind kind) noexcept {
@@ -97,6 +97,7 @@ concept MessageOf = std::is_same_v<std::remove_const_t<M>, T>;
 constexpr std::size_t kShapeDimBytes = 8;
 constexpr std::size_t kTensorDeclMinBytes = 4 + 4 + 4 + 4;        // name, shape count, granularity, tp_dim
 constexpr std::size_t kPlacedTensorMinBytes = 4 + 4 + 8 + 8 + 8;  // name, shape count, offset, numel, granularity
+constexpr std::size_t kRankBytes = 4;
 
 template <typename Io, typename Shape>
 void shapeField(Io& io, Shape& shape) {
@@ -140,6 +141,7 @@ template <typename Io, MessageOf<ErrorReply> M>
 void fields(Io& io, M& m) {
   io.enumeration("code", m.code, &validWireError);
   io.string("message", m.message);
+  io.array("ranks", m.ranks, kMaxErrorRanks, "count", kRankBytes, [&io](auto& rank) { io.integer("", rank); });
 }
 
 template <typename Io, MessageOf<TensorDecl> M>
@@ -241,6 +243,65 @@ Result<Message> decodeAs(std::span<const std::byte> payload) {
 }
 
 }  // namespace
+
+WireError toWire(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return WireError::kBadRequest;
+    case ErrorCode::kNotFound:
+      return WireError::kNotFound;
+    case ErrorCode::kIo:
+      return WireError::kIo;
+    case ErrorCode::kInfeasible:
+      return WireError::kQuotaExceeded;
+    case ErrorCode::kInternal:
+      return WireError::kInternal;
+    case ErrorCode::kPermissionDenied:
+      return WireError::kPermissionDenied;
+    case ErrorCode::kConflict:
+      return WireError::kConflict;
+    case ErrorCode::kTimeout:
+      return WireError::kTimeout;
+    case ErrorCode::kUnavailable:
+      return WireError::kShuttingDown;
+    case ErrorCode::kWouldBlock:
+      return WireError::kWouldBlock;
+    case ErrorCode::kDevice:
+      return WireError::kDevice;
+    case ErrorCode::kCancelled:
+      break;  // client-local: a daemon that converts one has a bug
+  }
+  return WireError::kInternal;
+}
+
+ErrorCode fromWire(WireError code) noexcept {
+  switch (code) {
+    case WireError::kBadRequest:
+    case WireError::kVersionMismatch:
+      return ErrorCode::kInvalidArgument;
+    case WireError::kPermissionDenied:
+      return ErrorCode::kPermissionDenied;
+    case WireError::kConflict:
+      return ErrorCode::kConflict;
+    case WireError::kQuotaExceeded:
+      return ErrorCode::kInfeasible;
+    case WireError::kTimeout:
+      return ErrorCode::kTimeout;
+    case WireError::kNotFound:
+      return ErrorCode::kNotFound;
+    case WireError::kShuttingDown:
+      return ErrorCode::kUnavailable;
+    case WireError::kInternal:
+      return ErrorCode::kInternal;
+    case WireError::kIo:
+      return ErrorCode::kIo;
+    case WireError::kWouldBlock:
+      return ErrorCode::kWouldBlock;
+    case WireError::kDevice:
+      return ErrorCode::kDevice;
+  }
+  return ErrorCode::kInternal;
+}
 
 std::array<std::byte, kHeaderBytes> encodeHeader(const FrameHeader& header) {
   std::array<std::byte, kHeaderBytes> bytes{};

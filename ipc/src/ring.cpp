@@ -10,6 +10,8 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <iterator>
+#include <limits>
 #include <thread>
 
 namespace dbuf::ipc {
@@ -106,6 +108,19 @@ bool opCodeFrom(std::uint8_t raw, OpCode& op) noexcept {
   }
   op = static_cast<OpCode>(raw);
   return true;
+}
+
+void setCompletionRanks(Completion& entry, std::span<const std::uint32_t> ranks) noexcept {
+  constexpr std::size_t kMaxCount = std::numeric_limits<std::uint16_t>::max();
+  entry.rank_count = static_cast<std::uint16_t>(std::min(ranks.size(), kMaxCount));
+  const std::size_t inline_count = std::min(ranks.size(), kCompletionRanks);
+  std::copy_n(ranks.begin(), inline_count, std::begin(entry.ranks));
+  std::fill(std::begin(entry.ranks) + static_cast<std::ptrdiff_t>(inline_count), std::end(entry.ranks), 0U);
+}
+
+std::vector<std::uint32_t> completionRanks(const Completion& entry) {
+  const std::size_t inline_count = std::min<std::size_t>(entry.rank_count, kCompletionRanks);
+  return {std::begin(entry.ranks), std::begin(entry.ranks) + static_cast<std::ptrdiff_t>(inline_count)};
 }
 
 std::size_t streamCountersOffset(std::uint32_t capacity) noexcept {

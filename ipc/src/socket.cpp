@@ -44,7 +44,7 @@ Result<void> waitFor(int socket, short events, Clock::time_point deadline, const
       return {};
     }
     if (ready == 0) {
-      if (Clock::now() >= deadline) return makeError(ErrorCode::kIo, std::string(what) + ": timed out");
+      if (Clock::now() >= deadline) return makeError(ErrorCode::kTimeout, std::string(what) + ": timed out");
       continue;  // poll rounds down in places; wait out the remainder
     }
     if (errno != EINTR) return systemError(std::string(what) + ": poll", errno);

@@ -13,11 +13,11 @@
 #include <array>
 #include <atomic>
 #include <barrier>
-#include <ostream>
 #include <limits>
 #include <optional>
-#include <type_traits>
+#include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dbuf/common/stream_counter_word.hpp"
@@ -31,6 +31,7 @@ namespace {
 
 using dbuf::testing::contains;
 using std::chrono::milliseconds;
+using Ranks = std::vector<std::uint32_t>;
 
 daemon::Config failureConfig(milliseconds collective_timeout, std::uint32_t ring_entries = 1024) {
   daemon::Config config;
@@ -59,6 +60,7 @@ struct Outcome {
   bool ok = false;
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
+  Ranks ranks;  ///< Error::ranks
   std::int64_t elapsed_ms = -1;
   std::uint64_t sequence = 0;
   std::int64_t run_ms = -1;  ///< the daemon's execution time (OpResult::run)
@@ -72,6 +74,7 @@ Outcome outcomeOf(const Result<T>& result, Clock::time_point start) {
   if (!result.ok()) {
     outcome.code = result.error().code;
     outcome.message = result.error().message;
+    outcome.ranks = result.error().ranks;
   } else if constexpr (std::is_same_v<T, OpResult>) {
     outcome.sequence = result->sequence;
     outcome.run_ms = std::chrono::duration_cast<milliseconds>(result->run).count();
@@ -124,13 +127,12 @@ void fillShard(const Group& group, float value) {
   auto view = group.unshardedView(0);
   if (!view) return ::testing::AssertionFailure() << view.error().message;
   const std::int64_t shard = group.plan().shard_elems;
-  for (std::int64_t i = 0; i < view->numel(); i = (i + stride < view->numel() || i == view->numel() - 1)
-                                                      ? i + stride
-                                                      : view->numel() - 1) {
+  for (std::int64_t i = 0; i < view->numel();
+       i = (i + stride < view->numel() || i == view->numel() - 1) ? i + stride : view->numel() - 1) {
     const auto expected = static_cast<float>(i / shard + 1) * base;
     if (view->data<float>()[i] != expected) {
-      return ::testing::AssertionFailure() << "element " << i << " is " << view->data<float>()[i] << ", expected "
-                                           << expected;
+      return ::testing::AssertionFailure()
+             << "element " << i << " is " << view->data<float>()[i] << ", expected " << expected;
     }
   }
   return ::testing::AssertionSuccess();
@@ -192,11 +194,14 @@ TEST(CollectiveFailures, MismatchFailsOnEveryRankNamingEachRanksOpAndTheJobGoesO
           "reduceScatter(group 'g', sum, accumulate)",
       j + "collective #4 does not match across ranks: rank 0 barrier; ranks 1-2 allGather(group 'g')",
   };
+  // The ranks whose op differs from rank 0's, as data.
+  const std::array<Ranks, 5> disagreeing{Ranks{1, 2}, Ranks{1}, Ranks{2}, Ranks{1}, Ranks{1, 2}};
   for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
     for (std::size_t step = 0; step < expected.size(); ++step) {
       EXPECT_TRUE(failedWith(outcomes[rank][step], ErrorCode::kConflict, {expected[step]}))
           << "rank " << rank << ", collective #" << step;
       EXPECT_EQ(outcomes[rank][step].message, expected[step]) << "rank " << rank;
+      EXPECT_EQ(outcomes[rank][step].ranks, disagreeing[step]) << "rank " << rank << ", collective #" << step;
     }
     EXPECT_TRUE(outcomes[rank][5].ok) << "rank " << rank << ": " << outcomes[rank][5];
     EXPECT_EQ(outcomes[rank][5].sequence, 5U) << "rank " << rank;
@@ -218,17 +223,17 @@ TEST(CollectiveFailures, MismatchMessageOfAnEightRankJobNamesTheOddRankOut) {
     auto group = client->registerGroup(oneTensor(name, 64));
     ASSERT_TRUE(group.ok()) << messageOf(group);
     ASSERT_TRUE(group->acquireSlot().ok());
-    outcomes[rank] = submitAndWait(*client, [&] {
-      return rank == kWorld - 1 ? group->submitReduceScatter() : group->submitAllGather();
-    });
+    outcomes[rank] = submitAndWait(
+        *client, [&] { return rank == kWorld - 1 ? group->submitReduceScatter() : group->submitAllGather(); });
   });
   EXPECT_TRUE(failedWith(outcomes[0], ErrorCode::kConflict,
                          {"collective #0 does not match across ranks", "ranks 0-6 allGather(group '" + name + "')",
                           "rank 7 reduceScatter(group '" + name + "', sum)"}))
       << "(" << outcomes[0].message.size() << " bytes)";
-  for (std::uint32_t rank = 1; rank < kWorld; ++rank) {
+  for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
     EXPECT_FALSE(outcomes[rank].ok) << "rank " << rank;
     EXPECT_EQ(outcomes[rank].message, outcomes[0].message) << "rank " << rank;
+    EXPECT_EQ(outcomes[rank].ranks, Ranks{7}) << "rank " << rank << ": the odd rank out, as data";
   }
 }
 
@@ -282,6 +287,7 @@ TEST(CollectiveFailures, TimeoutNamesTheMissingRanksAndLateRanksFailAtOnceWithTh
     const bool waited_first = rank != 2;
     EXPECT_TRUE(failedWith(first[rank], ErrorCode::kTimeout, {one_missing})) << "rank " << rank;
     EXPECT_EQ(first[rank].message, one_missing);
+    EXPECT_EQ(first[rank].ranks, Ranks{2}) << "rank " << rank;
     if (waited_first) {
       EXPECT_GE(first[rank].elapsed_ms, 280) << "rank " << rank << " timed out before collective_ms";
       EXPECT_LT(first[rank].elapsed_ms, 800) << "rank " << rank << " must hear soon after collective_ms";
@@ -294,6 +300,7 @@ TEST(CollectiveFailures, TimeoutNamesTheMissingRanksAndLateRanksFailAtOnceWithTh
 
     EXPECT_TRUE(failedWith(second[rank], ErrorCode::kTimeout, {two_missing})) << "rank " << rank;
     EXPECT_EQ(second[rank].message, two_missing);
+    EXPECT_EQ(second[rank].ranks, (Ranks{1, 2})) << "rank " << rank;
     if (rank == 0) {
       EXPECT_GE(second[rank].elapsed_ms, 280);
     } else {
@@ -377,6 +384,85 @@ TEST(CollectiveFailures, WaitTimeoutOfTheClientLeavesTheOpInFlight) {
   EXPECT_TRUE(full_wait[1].ok) << full_wait[1];
 }
 
+// The ranks an op timeout names reach every rank as data (Error::ranks), not
+// only in the message: here ranks 1 and 3 of 4 never submit.
+TEST(CollectiveFailures, TimeoutGivesTheRanksThatDidNotSubmitAsData) {
+  EmbeddedDaemon daemon(failureConfig(milliseconds(300)));
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 4;
+  std::vector<Client> clients;
+  for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
+    auto client = daemon.attach(rankOf("holes", rank, kWorld), kClientTimeout);
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    clients.push_back(std::move(*client));
+  }
+  const auto start = Clock::now();
+  auto from0 = clients[0].submitBarrier();
+  auto from2 = clients[2].submitBarrier();
+  ASSERT_TRUE(from0.ok() && from2.ok());
+  const Outcome waited0 = outcomeOf(clients[0].wait(*from0), start);
+  const Outcome waited2 = outcomeOf(clients[2].wait(*from2), start);
+  const std::string message =
+      "dbufd: collective #0 barrier timed out after 300 ms: ranks 1, 3 of job holes have not submitted it";
+  for (const Outcome* waited : {&waited0, &waited2}) {
+    EXPECT_TRUE(failedWith(*waited, ErrorCode::kTimeout, {message})) << *waited;
+    EXPECT_EQ(waited->message, message) << "the message is unchanged";
+    EXPECT_EQ(waited->ranks, (Ranks{1, 3}));
+  }
+  // The late ranks' op #0 fails at once with the same error, ranks included.
+  for (const std::uint32_t late : {1U, 3U}) {
+    const Outcome outcome = submitAndWait(clients[late], [&] { return clients[late].submitBarrier(); });
+    EXPECT_TRUE(failedWith(outcome, ErrorCode::kTimeout, {message})) << "rank " << late << ": " << outcome;
+    EXPECT_EQ(outcome.ranks, (Ranks{1, 3})) << "rank " << late;
+  }
+  // The job goes on: a barrier of everyone is collective #1, and succeeds.
+  std::vector<OpHandle> handles;
+  for (Client& client : clients) {
+    auto handle = client.submitBarrier();
+    ASSERT_TRUE(handle.ok()) << messageOf(handle);
+    handles.push_back(*handle);
+  }
+  for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
+    const Outcome done = outcomeOf(clients[rank].wait(handles[rank]), Clock::now());
+    EXPECT_TRUE(done.ok) << "rank " << rank << ": " << done;
+    EXPECT_TRUE(done.ranks.empty());
+    EXPECT_EQ(done.sequence, 1U);
+  }
+  for (Client& client : clients) EXPECT_TRUE(client.detach().ok());
+}
+
+// A completion holds kCompletionRanks (6) ranks inline: an 8-rank job whose
+// ranks 1-7 never submit times out with all seven in the message and the
+// count, and the first six as data.
+TEST(CollectiveFailures, TimeoutNamingMoreRanksThanACompletionHoldsKeepsTheFirstSixAndTheCount) {
+  EmbeddedDaemon daemon(failureConfig(milliseconds(300)));
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 8;
+  auto rank0 = daemon.attach(rankOf("seven-late", 0, kWorld), kClientTimeout);
+  ASSERT_TRUE(rank0.ok()) << messageOf(rank0);
+  std::vector<std::unique_ptr<RawRingClient>> late;
+  for (std::uint32_t rank = 1; rank < kWorld; ++rank) {
+    late.push_back(RawRingClient::attach(daemon, "seven-late", rank, kWorld));
+    ASSERT_NE(late.back(), nullptr);
+  }
+  const Outcome waited = submitAndWait(*rank0, [&] { return rank0->submitBarrier(); });
+  const std::string message =
+      "dbufd: collective #0 barrier timed out after 300 ms: ranks 1, 2, 3, 4, 5, 6, 7 of job seven-late have not "
+      "submitted it";
+  EXPECT_TRUE(failedWith(waited, ErrorCode::kTimeout, {message})) << waited;
+  EXPECT_EQ(waited.message, message) << "the message still names every rank";
+  EXPECT_EQ(waited.ranks, (Ranks{1, 2, 3, 4, 5, 6})) << "libdbuf gives the first kCompletionRanks";
+  // On the ring (rank 1's owed op #0): the count says seven.
+  ASSERT_TRUE(late[0]->submit(rawOp(ipc::OpCode::kBarrier)));
+  const auto owed = late[0]->nextCompletion();
+  ASSERT_TRUE(owed.has_value());
+  EXPECT_EQ(owed->entry.status, static_cast<std::uint16_t>(ipc::WireError::kTimeout)) << owed->message;
+  EXPECT_EQ(owed->entry.rank_count, 7U);
+  EXPECT_EQ(ipc::completionRanks(owed->entry), (Ranks{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ("dbufd: " + owed->message, message);
+  EXPECT_TRUE(rank0->detach().ok());
+}
+
 // ----------------------------------------------------------------- a rank gone
 
 TEST(CollectiveFailures, ClosedConnectionFailsTheOthersAtOnceUntilTheRankAttachesAgain) {
@@ -431,10 +517,12 @@ TEST(CollectiveFailures, ClosedConnectionFailsTheOthersAtOnceUntilTheRankAttache
 
   for (std::uint32_t rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(failedWith(pending[rank], ErrorCode::kConflict, {"rank 2 of job gone disconnected"})) << rank;
+    EXPECT_EQ(pending[rank].ranks, Ranks{2}) << "rank " << rank << ": the rank that died, as data";
     EXPECT_LT(pending[rank].elapsed_ms, 3000) << "rank " << rank << " must hear at once, not after the timeout";
     EXPECT_TRUE(failedWith(refused[rank], ErrorCode::kConflict,
                            {"dbufd: barrier cannot run: rank 2 of job gone disconnected and has not attached again"}))
         << rank;
+    EXPECT_EQ(refused[rank].ranks, Ranks{2}) << "rank " << rank;
     EXPECT_LT(refused[rank].elapsed_ms, 1000) << "rank " << rank;
   }
   for (std::uint32_t rank = 0; rank < kWorld; ++rank) {
@@ -525,6 +613,7 @@ TEST(CollectiveFailures, StalledOrDeadRankOfOneJobNeverDelaysAnotherJob) {
   EXPECT_TRUE(failedWith(still_pending, ErrorCode::kTimeout, {"did not complete in time"}))
       << "the stalled job's op must still be waiting for its rank 1";
   EXPECT_TRUE(failedWith(stalled_op, ErrorCode::kConflict, {"rank 1 of job stalled disconnected"}));
+  EXPECT_EQ(stalled_op.ranks, Ranks{1});
   EXPECT_LT(stalled_op.elapsed_ms, 3000);
 }
 
@@ -721,8 +810,8 @@ TEST_P(CorruptRing, ClosesThatSessionOnlyAndTheDaemonKeepsServing) {
   EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 2; })) << daemon.stats().sessions;
 
   const auto start = Clock::now();
-  EXPECT_TRUE(failedWith(outcomeOf(mate->wait(*barrier), start), ErrorCode::kConflict,
-                         {"rank 1 of job bad disconnected"}));
+  EXPECT_TRUE(
+      failedWith(outcomeOf(mate->wait(*barrier), start), ErrorCode::kConflict, {"rank 1 of job bad disconnected"}));
   // The other job is served as before, and so is the surviving rank's next op (refused, but answered).
   fillShard(*good_group, 2.0F);
   const auto gathered = good_group->allGather();
@@ -739,7 +828,7 @@ INSTANTIATE_TEST_SUITE_P(Indices, CorruptRing,
                          ::testing::Values(Scribble::kAheadBeyondCapacity, Scribble::kBehindTheTail),
                          [](const ::testing::TestParamInfo<Scribble>& scribble) {
                            return scribble.param == Scribble::kAheadBeyondCapacity ? "HeadAheadBeyondCapacity"
-                                                                               : "HeadBehindTheTail";
+                                                                                   : "HeadBehindTheTail";
                          });
 
 // ----------------------------------------------------------------- bad requests
@@ -776,7 +865,8 @@ TEST(CollectiveFailures, RawBadRequestsFailOnEveryRankAndTheJobGoesOn) {
 
   auto unknown = onBoth(*r0, *r1, rawOp(ipc::OpCode::kAllGather, 9));
   for (const auto& completion : unknown) {
-    EXPECT_TRUE(rawFailed(completion, conflict, {"collective #0 allGather(group 9 (unknown))", "job raw has no such group"}));
+    EXPECT_TRUE(
+        rawFailed(completion, conflict, {"collective #0 allGather(group 9 (unknown))", "job raw has no such group"}));
   }
 
   ipc::Submission invalid = rawOp(ipc::OpCode::kBarrier);
@@ -810,9 +900,13 @@ TEST(CollectiveFailures, RawBadRequestsFailOnEveryRankAndTheJobGoesOn) {
   for (const auto& completion : onBoth(*r0, *r1, rawOp(ipc::OpCode::kAllGather, 1))) {
     EXPECT_TRUE(rawFailed(completion, conflict,
                           {"collective #3 allGather(group 'g')", "rank 1 ", "no unsharded slot for the group"}));
+    ASSERT_TRUE(completion.has_value());
+    EXPECT_EQ(completion->entry.rank_count, 1U);
+    EXPECT_EQ(ipc::completionRanks(completion->entry), Ranks{1}) << "the rank without a slot, as data";
   }
   for (const auto& completion : onBoth(*r0, *r1, rawOp(ipc::OpCode::kBroadcast, 1, 2))) {
-    EXPECT_TRUE(rawFailed(completion, conflict, {"collective #4 broadcast(group 'g', root 2)", "root is not a rank of the job"}));
+    EXPECT_TRUE(rawFailed(completion, conflict,
+                          {"collective #4 broadcast(group 'g', root 2)", "root is not a rank of the job"}));
   }
   // The job goes on: a barrier matches as collective #5.
   for (const auto& completion : onBoth(*r0, *r1, rawOp(ipc::OpCode::kBarrier))) {
@@ -964,8 +1058,7 @@ TEST(CollectiveFailures, BadRequestsThroughLibdbufFailOnEveryRankWithAClearMessa
   const std::array<std::vector<std::string>, 5> expected{{
       {"dbufd: collective #0 reduceScatter(group 'g', sum)", "rank 1 ", "no unsharded slot for the group"},
       {"dbufd: collective #1 broadcast(group 'g', root 2)", "root is not a rank of the job"},
-      {"dbufd: collective #2 reduceScatter(group 'h', sum, accumulate)", "accumulate needs",
-       "fp32 sharded gradient"},
+      {"dbufd: collective #2 reduceScatter(group 'h', sum, accumulate)", "accumulate needs", "fp32 sharded gradient"},
       {"dbufd: collective #3 allReduce(group 'g', sum, accumulate)", "accumulate needs a reduce-scatter"},
       {"dbufd: collective #4 allReduce(group 'g', sum, pre inf)", "bad reduce mode, flags or scales"},
   }};
@@ -974,6 +1067,8 @@ TEST(CollectiveFailures, BadRequestsThroughLibdbufFailOnEveryRankWithAClearMessa
       EXPECT_TRUE(failedWith(outcomes[rank][step], ErrorCode::kConflict, expected[step]))
           << "rank " << rank << " #" << step;
       EXPECT_EQ(outcomes[rank][step].message, outcomes[0][step].message) << "every rank hears the same";
+      // Only #0 is about particular ranks (rank 1 holds no slot).
+      EXPECT_EQ(outcomes[rank][step].ranks, step == 0 ? Ranks{1} : Ranks{}) << "rank " << rank << " #" << step;
     }
     EXPECT_TRUE(outcomes[rank][5].ok) << outcomes[rank][5];
     EXPECT_EQ(outcomes[rank][5].sequence, 5U);

@@ -20,6 +20,24 @@ namespace dbuf::integration {
 namespace {
 
 using dbuf::testing::contains;
+using Ranks = std::vector<std::uint32_t>;
+
+/// The next frame of `fd`, which must be an ErrorReply to `request_id` (its
+/// ranks are what raw.hpp's expectErrorReply does not show).
+ipc::ErrorReply nextErrorReply(int fd, std::uint64_t request_id) {
+  auto frame = ipc::receiveMessage(fd, ipc::Clock::now() + std::chrono::seconds(5));
+  if (!frame.ok()) {
+    ADD_FAILURE() << "no reply: " << frame.error().message;
+    return {};
+  }
+  const auto* error = std::get_if<ipc::ErrorReply>(&frame->message);
+  if (error == nullptr) {
+    ADD_FAILURE() << "reply of type " << static_cast<int>(frame->header.type) << " instead of an error";
+    return {};
+  }
+  EXPECT_EQ(frame->header.request_id, request_id) << error->message;
+  return *error;
+}
 
 /// A fresh job attaches, registers, unshards and detaches: the daemon serves.
 void expectStillServing(EmbeddedDaemon& daemon, const std::string& job = "afterwards") {
@@ -44,6 +62,7 @@ TEST(Errors, SpecMismatchNamesBothRanksAndTheFirstDifferingTensorOnEveryRank) {
     auto group = client->registerGroup(spec);
     ASSERT_FALSE(group.ok()) << "rank " << rank << " registered a mismatched group";
     EXPECT_EQ(group.error().code, ErrorCode::kConflict) << group.error().message;
+    EXPECT_EQ(group.error().ranks, (Ranks{0, 1})) << "the two ranks that disagree, as data";
     messages[rank] = group.error().message;
     clients[rank].emplace(std::move(*client));
   });
@@ -85,6 +104,12 @@ TEST(Errors, SpecMismatchAmongFourRanksFailsEveryWaitingRank) {
     EXPECT_EQ(group.error().code, ErrorCode::kConflict) << group.error().message;
     EXPECT_TRUE(contains(group.error().message, "'t1'")) << group.error().message;
     EXPECT_TRUE(contains(group.error().message, "disagree")) << group.error().message;
+    // Whichever two met first: two ranks, ascending, both named in the message.
+    const Ranks& named = group.error().ranks;
+    EXPECT_TRUE(named.size() == 2 && named[0] < named[1] && named[1] < 4) << ::testing::PrintToString(named);
+    for (const std::uint32_t r : named) {
+      EXPECT_TRUE(contains(group.error().message, "rank " + std::to_string(r))) << group.error().message;
+    }
     ++conflicts;
     phases.next();
   });
@@ -328,6 +353,7 @@ TEST(Errors, RegistrationTimeoutListsTheMissingRanks) {
   ASSERT_TRUE(clients[0] && clients[1] && clients[2] && clients[3]);
   // Ranks 0 and 2 register; 1 and 3 never do.
   std::vector<std::string> messages(4);
+  std::vector<Ranks> missing(4);
   std::vector<Clock::duration> waited(4);
   onRanks(4, [&](std::uint32_t rank) {
     if (rank % 2 == 1) return;
@@ -337,9 +363,11 @@ TEST(Errors, RegistrationTimeoutListsTheMissingRanks) {
     ASSERT_FALSE(group.ok());
     EXPECT_EQ(group.error().code, ErrorCode::kTimeout) << group.error().message;
     messages[rank] = group.error().message;
+    missing[rank] = group.error().ranks;
   });
   for (const std::uint32_t rank : {0U, 2U}) {
     EXPECT_TRUE(contains(messages[rank], "ranks 1, 3 did not register within 200 ms")) << messages[rank];
+    EXPECT_EQ(missing[rank], (Ranks{1, 3})) << "rank " << rank << ": the missing ranks, as data";
     EXPECT_LT(waited[rank], 5s) << "the daemon's timeout, not the client's";
   }
   // The ranks are still attached and a complete registration succeeds.
@@ -385,8 +413,10 @@ TEST(Errors, RankLeavingMidRegistrationFailsTheWaitingRanksAtOnce) {
   }
   const auto started = Clock::now();
   rank0.reset();  // rank 0 dies while registering
-  const std::string message = expectErrorReply(rank1.get(), ipc::WireError::kConflict, 2);
-  EXPECT_TRUE(contains(message, "rank 0 disconnected")) << message;
+  const ipc::ErrorReply reply = nextErrorReply(rank1.get(), 2);
+  EXPECT_EQ(reply.code, ipc::WireError::kConflict) << reply.message;
+  EXPECT_TRUE(contains(reply.message, "rank 0 disconnected")) << reply.message;
+  EXPECT_EQ(reply.ranks, Ranks{0}) << "the rank that died, on the wire";
   EXPECT_LT(Clock::now() - started, 5s);
   EXPECT_TRUE(waitUntil([&] { return daemon.stats().sessions == 1; }));
   // Rank 1's session segment; no group was planned, so there is no shard file.
@@ -414,14 +444,19 @@ TEST(Errors, RanksArrivingAfterASpecMismatchHearOfIt) {
   spec.tensors = {{"t", {8, 8}, "", -1}};
   writeAll(ranks[0].get(), frameOf(spec, 2));
   for (const std::uint32_t rank : {3U, 0U}) {
-    const std::string message = expectErrorReply(ranks[rank].get(), ipc::WireError::kConflict, 2);
-    EXPECT_TRUE(contains(message, "'t'")) << message;
+    const ipc::ErrorReply reply = nextErrorReply(ranks[rank].get(), 2);
+    EXPECT_EQ(reply.code, ipc::WireError::kConflict) << reply.message;
+    EXPECT_TRUE(contains(reply.message, "'t'")) << reply.message;
+    EXPECT_EQ(reply.ranks, (Ranks{0, 3})) << "rank " << rank;
   }
   for (const std::uint32_t rank : {1U, 2U}) {
     writeAll(ranks[rank].get(), frameOf(spec, 2));
-    const std::string message = expectErrorReply(ranks[rank].get(), ipc::WireError::kConflict, 2);
-    EXPECT_TRUE(contains(message, "rank 0") && contains(message, "rank 3") && contains(message, "'t'"))
-        << "rank " << rank << ": " << message;
+    const ipc::ErrorReply reply = nextErrorReply(ranks[rank].get(), 2);
+    EXPECT_EQ(reply.code, ipc::WireError::kConflict) << reply.message;
+    EXPECT_TRUE(contains(reply.message, "rank 0") && contains(reply.message, "rank 3") &&
+                contains(reply.message, "'t'"))
+        << "rank " << rank << ": " << reply.message;
+    EXPECT_EQ(reply.ranks, (Ranks{0, 3})) << "rank " << rank << " hears the same ranks as data";
   }
 }
 
@@ -622,12 +657,14 @@ TEST(Errors, UnshardOnOneRankIsACollectiveThatTimesOutNamingTheMissingRank) {
   EXPECT_EQ(alone.error().message,
             "dbufd: collective #0 allGather(group 'g') timed out after 300 ms: rank 1 of job lonely has not "
             "submitted it");
+  EXPECT_EQ(alone.error().ranks, Ranks{1});
   EXPECT_TRUE(groups[0]->unsharded()) << "the slot stays acquired";
   // Rank 1's next collective is the one it missed: it fails at once with the
   // same story, so the k-th op of every rank stays the same op.
   auto late = groups[1]->unshard(10s);
   EXPECT_FAILS_WITH(late, ErrorCode::kTimeout);
   EXPECT_EQ(late.error().message, alone.error().message);
+  EXPECT_EQ(late.error().ranks, Ranks{1}) << "the late rank hears which ranks were missing, itself included";
   EXPECT_TRUE(groups[1]->unsharded()) << "the slot was acquired before the gather failed";
   // Together, it gathers.
   onRanks(2, [&](std::uint32_t rank) {

@@ -151,14 +151,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x05, 0x00,                                      // version 5 (the GPU's UUID in Hello)
+      0x06, 0x00,                                      // version 6 (error codes, the ranks of an error)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 5, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 6, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -313,10 +313,11 @@ TEST(ProtocolHeader, BadMagicIsRejected) {
 TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   // 1 is the version before the data plane, 2 the one before the memory
   // kind, 3 the one before stream-ordered ops (a smaller session segment), 4
-  // the one before the GPU's UUID (a shorter Hello): they must be refused as
-  // a version, not half-decoded.
+  // the one before the GPU's UUID (a shorter Hello), 5 the one before the
+  // ranks of an error (a shorter ErrorReply, other completion entries): they
+  // must be refused as a version, not half-decoded.
   for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{3},
-                                      std::uint16_t{4}, std::uint16_t{6}, std::uint16_t{0xFFFF}}) {
+                                      std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{7}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;
@@ -518,18 +519,103 @@ TEST(ProtocolPayload, BadJobIdIsRejectedOnBothSides) {
 }
 
 TEST(ProtocolPayload, OutOfRangeEnumIsRejected) {
-  for (const std::uint16_t code : {std::uint16_t{0}, std::uint16_t{10}, std::uint16_t{0xFFFF}}) {
-    EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(code).str("x").get()),
+  for (const std::uint16_t code : {std::uint16_t{0}, std::uint16_t{13}, std::uint16_t{0xFFFF}}) {
+    EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(code).str("x").u32(0).get()),
               "ErrorReply.code: value " + std::to_string(code) + " is out of range");
-    EXPECT_EQ(encodeError(ErrorReply{static_cast<WireError>(code), "x"}),
+    EXPECT_EQ(encodeError(ErrorReply{static_cast<WireError>(code), "x", {}}),
               "ErrorReply.code: value " + std::to_string(code) + " is out of range");
   }
-  for (std::uint16_t code = 1; code <= 9; ++code) {
-    auto decoded = decodePayload(MessageType::kError, Bytes().u16(code).str("").get());
+  for (std::uint16_t code = 1; code <= 12; ++code) {
+    auto decoded = decodePayload(MessageType::kError, Bytes().u16(code).str("").u32(0).get());
     ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   }
   for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{13}}) {
     EXPECT_EQ(decodeError(static_cast<MessageType>(type), {}), "unknown message type " + std::to_string(type));
+  }
+}
+
+TEST(ProtocolPayload, ErrorReplyRanksFollowTheMessage) {
+  const ErrorReply reply{WireError::kTimeout, "ranks 1, 3 of job j have not submitted it", {1, 3}};
+  EXPECT_EQ(payloadOf(reply), Bytes().u16(6).str(reply.message).u32(2).u32(1).u32(3).get());
+  auto decoded = decodePayload(MessageType::kError, payloadOf(reply));
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_EQ(std::get<ErrorReply>(*decoded).ranks, (std::vector<std::uint32_t>{1, 3}));
+  EXPECT_EQ(payloadOf(ErrorReply{WireError::kConflict, "x", {}}), Bytes().u16(4).str("x").u32(0).get());
+}
+
+TEST(ProtocolPayload, ErrorReplyRankCountIsCheckedAgainstThePayloadAndTheMaximum) {
+  // A payload of protocol version 5 (no ranks at all), a count the bytes do
+  // not hold, and a count over the maximum: each is refused, naming the field.
+  EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(6).str("x").get()),
+            "ErrorReply.ranks: truncated: needs 4 bytes, 0 left");
+  EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(6).str("x").u32(3).u32(1).u32(2).get()),
+            "ErrorReply.ranks: truncated: 3 items need at least 12 bytes, 8 left");
+  EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(6).str("x").u32(0xFFFFFFFFU).get()),
+            "ErrorReply.ranks: count 4294967295 exceeds 65536");
+  Bytes over = Bytes().u16(6).str("x").u32(kMaxErrorRanks + 1);
+  for (std::uint32_t r = 0; r <= kMaxErrorRanks; ++r) over.u32(r);
+  EXPECT_EQ(decodeError(MessageType::kError, over.get()), "ErrorReply.ranks: count 65537 exceeds 65536");
+  EXPECT_EQ(decodeError(MessageType::kError, Bytes().u16(6).str("x").u32(1).u32(1).u8(0).get()),
+            "ErrorReply: 1 trailing byte after the last field");
+
+  ErrorReply most{WireError::kTimeout, "x", std::vector<std::uint32_t>(kMaxErrorRanks)};
+  for (std::uint32_t r = 0; r < kMaxErrorRanks; ++r) most.ranks[r] = r;
+  auto decoded = decodePayload(MessageType::kError, payloadOf(most));
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_EQ(*decoded, Message(most));
+  most.ranks.push_back(kMaxErrorRanks);
+  EXPECT_EQ(encodeError(most), "ErrorReply.ranks: count 65537 exceeds 65536");
+}
+
+// ----------------------------------------------------------------- error codes
+
+/// Every ErrorCode: a new one must be added here (and to toWire / fromWire).
+std::vector<ErrorCode> allErrorCodes() {
+  static_assert(static_cast<int>(ErrorCode::kCancelled) == 11, "a new ErrorCode: list it here and map it in ipc");
+  std::vector<ErrorCode> codes;
+  for (int raw = 0; raw <= static_cast<int>(ErrorCode::kCancelled); ++raw) codes.push_back(static_cast<ErrorCode>(raw));
+  return codes;
+}
+
+TEST(ProtocolErrorCodes, EveryCodeTheDaemonSendsSurvivesTheWire) {
+  std::set<WireError> used;
+  for (const ErrorCode code : allErrorCodes()) {
+    if (code == ErrorCode::kCancelled) continue;  // client-local: the daemon never sends it
+    const WireError wire = toWire(code);
+    EXPECT_TRUE(used.insert(wire).second) << toString(code) << " shares wire code " << static_cast<int>(wire);
+    EXPECT_NE(wire, WireError::kVersionMismatch) << toString(code);
+    EXPECT_EQ(fromWire(wire), code) << toString(code) << " came back as " << toString(fromWire(wire));
+    // And through a whole ErrorReply.
+    auto decoded = decodePayload(MessageType::kError, payloadOf(ErrorReply{wire, "m", {2}}));
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    EXPECT_EQ(fromWire(std::get<ErrorReply>(*decoded).code), code) << toString(code);
+  }
+  EXPECT_EQ(used.size(), 11U);
+}
+
+TEST(ProtocolErrorCodes, TheMappingIsTheDocumentedOne) {
+  // The existing numbers stay (older clients read them); the new codes follow.
+  EXPECT_EQ(toWire(ErrorCode::kInvalidArgument), WireError::kBadRequest);
+  EXPECT_EQ(toWire(ErrorCode::kPermissionDenied), WireError::kPermissionDenied);
+  EXPECT_EQ(toWire(ErrorCode::kConflict), WireError::kConflict);
+  EXPECT_EQ(toWire(ErrorCode::kInfeasible), WireError::kQuotaExceeded);
+  EXPECT_EQ(toWire(ErrorCode::kTimeout), WireError::kTimeout);
+  EXPECT_EQ(toWire(ErrorCode::kNotFound), WireError::kNotFound);
+  EXPECT_EQ(toWire(ErrorCode::kUnavailable), WireError::kShuttingDown);
+  EXPECT_EQ(toWire(ErrorCode::kInternal), WireError::kInternal);
+  EXPECT_EQ(static_cast<int>(toWire(ErrorCode::kIo)), 10);
+  EXPECT_EQ(static_cast<int>(toWire(ErrorCode::kWouldBlock)), 11);
+  EXPECT_EQ(static_cast<int>(toWire(ErrorCode::kDevice)), 12);
+  // An NCCL or CUDA failure in the daemon is kDevice on the client, not kInternal.
+  EXPECT_EQ(fromWire(WireError::kDevice), ErrorCode::kDevice);
+  EXPECT_EQ(fromWire(WireError::kIo), ErrorCode::kIo);
+  // A frame of another protocol version is its own wire code; libdbuf reports it as a bad argument.
+  EXPECT_EQ(static_cast<int>(WireError::kVersionMismatch), 2);
+  EXPECT_EQ(fromWire(WireError::kVersionMismatch), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(toWire(ErrorCode::kCancelled), WireError::kInternal);
+  // A completion status is a raw u16: anything outside the enum is kInternal.
+  for (const std::uint16_t raw : {std::uint16_t{0}, std::uint16_t{13}, std::uint16_t{0xFFFF}}) {
+    EXPECT_EQ(fromWire(static_cast<WireError>(raw)), ErrorCode::kInternal) << raw;
   }
 }
 

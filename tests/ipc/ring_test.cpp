@@ -131,9 +131,10 @@ Completion completionFor(std::uint64_t i) {
   c.handle = i;
   c.sequence = i * 3 + 1;
   c.status = static_cast<std::uint16_t>(i % 7);
+  c.rank_count = static_cast<std::uint16_t>(i % 9);
   c.wait_ns = i * 11;
   c.run_ns = i * 13;
-  for (std::size_t b = 0; b < sizeof(c.reserved); ++b) c.reserved[b] = static_cast<std::uint8_t>(i + b);
+  for (std::size_t r = 0; r < kCompletionRanks; ++r) c.ranks[r] = static_cast<std::uint32_t>(i * 7 + r);
   return c;
 }
 
@@ -751,6 +752,68 @@ TEST(RingMessages, ClientClampsAnOverlongLengthInTheEntry) {
   ASSERT_TRUE(client.tryReap(c, buffer, bytes));
   EXPECT_EQ(bytes, kCompletionMessageBytes);  // never past the slot
   EXPECT_EQ(std::string(buffer.data(), 5), "short");
+}
+
+// ---------------------------------------------------------- error ranks
+
+TEST(RingErrorRanks, TheCompletionLayoutKeepsItsFieldsAndCarriesSixRanksInline) {
+  EXPECT_EQ(offsetof(Completion, status), 16U);
+  EXPECT_EQ(offsetof(Completion, rank_count), 18U);  // where reserved0 was
+  EXPECT_EQ(offsetof(Completion, message_bytes), 20U);
+  EXPECT_EQ(offsetof(Completion, run_ns), 32U);
+  EXPECT_EQ(offsetof(Completion, ranks), 40U);  // where reserved[24] was
+  EXPECT_EQ(sizeof(Completion::ranks), kCompletionRanks * sizeof(std::uint32_t));
+  EXPECT_EQ(kCompletionRanks, 6U);
+}
+
+TEST(RingErrorRanks, SetAndReadBackFewerThanSixMoreThanSixAndMoreThanACountHolds) {
+  Completion entry = completionFor(5);  // stale ranks in every inline place
+  const std::vector<std::uint32_t> two{1, 3};
+  setCompletionRanks(entry, two);
+  EXPECT_EQ(entry.rank_count, 2U);
+  EXPECT_EQ(completionRanks(entry), two);
+  for (std::size_t r = 2; r < kCompletionRanks; ++r) EXPECT_EQ(entry.ranks[r], 0U) << "slot " << r << " was cleared";
+
+  const std::vector<std::uint32_t> seven{1, 2, 3, 4, 5, 6, 7};
+  setCompletionRanks(entry, seven);
+  EXPECT_EQ(entry.rank_count, 7U) << "the count says how many the error names";
+  EXPECT_EQ(completionRanks(entry), (std::vector<std::uint32_t>{1, 2, 3, 4, 5, 6}));
+
+  std::vector<std::uint32_t> many(70000);
+  for (std::size_t r = 0; r < many.size(); ++r) many[r] = static_cast<std::uint32_t>(r);
+  setCompletionRanks(entry, many);
+  EXPECT_EQ(entry.rank_count, 65535U) << "saturated, not wrapped";
+  EXPECT_EQ(completionRanks(entry).size(), kCompletionRanks);
+
+  setCompletionRanks(entry, {});
+  EXPECT_EQ(entry.rank_count, 0U);
+  EXPECT_TRUE(completionRanks(entry).empty());
+}
+
+TEST(RingErrorRanks, RanksTravelThroughTheRingWithTheirEntry) {
+  constexpr std::uint32_t kCapacity = 16;
+  const Segment segment(kCapacity);
+  auto [daemon, client] = formatAndAttach(segment, kCapacity);
+  Completion failed;
+  failed.handle = 9;
+  failed.status = 6;
+  setCompletionRanks(failed, std::vector<std::uint32_t>{1, 3});
+  daemon.complete(failed, "ranks 1, 3 of job j have not submitted it");
+  Completion ok;
+  ok.handle = 10;
+  daemon.complete(ok);
+
+  std::vector<char> buffer(kCompletionMessageBytes);
+  Completion c;
+  std::size_t bytes = 0;
+  ASSERT_TRUE(client.tryReap(c, buffer, bytes));
+  EXPECT_EQ(c.handle, 9U);
+  EXPECT_EQ(completionRanks(c), (std::vector<std::uint32_t>{1, 3}));
+  EXPECT_EQ(segment.read<std::uint16_t>(completionAt(kCapacity, 0) + 18), 2U) << "rank_count at byte 18";
+  EXPECT_EQ(segment.read<std::uint32_t>(completionAt(kCapacity, 0) + 44), 3U) << "the second rank at byte 44";
+  ASSERT_TRUE(client.tryReap(c, buffer, bytes));
+  EXPECT_EQ(c.handle, 10U);
+  EXPECT_TRUE(completionRanks(c).empty());
 }
 
 // ---------------------------------------------------------- sleeping paths

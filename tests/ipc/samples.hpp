@@ -98,9 +98,11 @@ inline std::vector<Message> sampleMessages() {
   minimal_hello.job_id = "j";
   messages.emplace_back(minimal_hello);
   messages.emplace_back(sampleWelcome());
-  messages.emplace_back(ErrorReply{WireError::kQuotaExceeded, "asked 8 GiB, 3 GiB left in tenant 'research'"});
-  messages.emplace_back(ErrorReply{WireError::kInternal, ""});
-  messages.emplace_back(ErrorReply{WireError::kBadRequest, std::string(kMaxStringBytes, 'x')});
+  messages.emplace_back(ErrorReply{WireError::kQuotaExceeded, "asked 8 GiB, 3 GiB left in tenant 'research'", {}});
+  messages.emplace_back(ErrorReply{WireError::kInternal, "", {}});
+  messages.emplace_back(ErrorReply{WireError::kBadRequest, std::string(kMaxStringBytes, 'x'), {}});
+  messages.emplace_back(ErrorReply{WireError::kTimeout, "ranks 1, 3 did not register", {1, 3}});
+  messages.emplace_back(ErrorReply{WireError::kDevice, "ncclAllGather: unhandled cuda error", {0xFFFFFFFFU}});
   messages.emplace_back(sampleRegisterGroup());
   messages.emplace_back(RegisterGroup{});
   messages.emplace_back(sampleGroupReady());

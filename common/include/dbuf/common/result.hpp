@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace dbuf {
 
@@ -27,6 +28,7 @@ enum class ErrorCode : std::uint8_t {
   kUnavailable,       ///< the peer (daemon) is gone or shutting down
   kWouldBlock,        ///< no room now (a full ring) and the caller asked not to wait
   kDevice,            ///< the GPU, its driver or NCCL failed (the message has their error name)
+  kCancelled,         ///< the caller's interrupt check asked a wait to stop (ClientOptions::interrupted)
 };
 
 [[nodiscard]] constexpr std::string_view toString(ErrorCode code) noexcept {
@@ -53,6 +55,8 @@ enum class ErrorCode : std::uint8_t {
       return "would block";
     case ErrorCode::kDevice:
       return "device error";
+    case ErrorCode::kCancelled:
+      return "cancelled";
   }
   return "unknown error";
 }
@@ -60,6 +64,10 @@ enum class ErrorCode : std::uint8_t {
 struct Error {
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
+  /// The ranks the error is about, ascending, where it names some: those
+  /// that did not arrive (a timeout), died, or disagreed (a mismatch). Empty
+  /// otherwise. The message names them too, for a human.
+  std::vector<std::uint32_t> ranks = {};
 
   /// Prefixes the message with context ("file x.json: unit y: ...") so callers
   /// up the stack can say where an error happened without losing what it was.

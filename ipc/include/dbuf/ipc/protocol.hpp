@@ -33,15 +33,18 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 5;  // 2: session segment, collectives; 3: memory kind;
+inline constexpr std::uint16_t kProtocolVersion = 6;  // 2: session segment, collectives; 3: memory kind;
                                                       // 4: stream-ordered ops (segment version 2);
-                                                      // 5: the GPU's UUID in Hello
+                                                      // 5: the GPU's UUID in Hello;
+                                                      // 6: error codes kIo, kWouldBlock, kDevice, the
+                                                      //    ranks of an error (segment version 3)
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
 inline constexpr std::uint32_t kMaxTensorsPerGroup = 8192;
 inline constexpr std::uint32_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxFdsPerFrame = 8;
+inline constexpr std::uint32_t kMaxErrorRanks = 65536;  ///< ErrorReply::ranks
 
 enum class MessageType : std::uint16_t {
   kHello = 1,          ///< client -> daemon, first frame
@@ -58,7 +61,29 @@ enum class MessageType : std::uint16_t {
   kShutdown = 12,      ///< daemon -> client, unsolicited: the daemon is stopping
 };
 
-/// Wire error codes (a superset of dbuf::ErrorCode for the reply's `code`).
+/// Wire error codes: one per dbuf::ErrorCode the daemon sends, plus
+/// kVersionMismatch. toWire / fromWire convert; every conversion of an Error
+/// into a reply or a completion status goes through them, so a code survives
+/// the wire (ErrorCode -> WireError -> ErrorCode is the identity for every
+/// code but kCancelled).
+///
+///   WireError              ErrorCode
+///   1  kBadRequest         kInvalidArgument
+///   2  kVersionMismatch    kInvalidArgument (fromWire; never from toWire: the
+///                          daemon picks it for a frame of another protocol
+///                          version, and libdbuf reports it as a bad argument
+///                          whose message says "protocol version")
+///   3  kPermissionDenied   kPermissionDenied
+///   4  kConflict           kConflict
+///   5  kQuotaExceeded      kInfeasible (a quota, a limit, or else unsatisfiable)
+///   6  kTimeout            kTimeout
+///   7  kNotFound           kNotFound
+///   8  kShuttingDown       kUnavailable
+///   9  kInternal           kInternal; also toWire(kCancelled), which is
+///                          client-local (the daemon never sends it)
+///  10  kIo                 kIo
+///  11  kWouldBlock         kWouldBlock
+///  12  kDevice             kDevice (the GPU, its driver or NCCL failed)
 enum class WireError : std::uint16_t {
   kBadRequest = 1,        ///< malformed frame or payload
   kVersionMismatch = 2,   ///< protocol version not supported
@@ -69,7 +94,16 @@ enum class WireError : std::uint16_t {
   kNotFound = 7,          ///< unknown group
   kShuttingDown = 8,      ///< daemon refuses new work
   kInternal = 9,
+  kIo = 10,          ///< a file, memfd or socket operation of the daemon failed
+  kWouldBlock = 11,  ///< no room now, and the request asked not to wait
+  kDevice = 12,      ///< the GPU, its driver or NCCL failed in the daemon
 };
+
+/// The wire code of `code` (table above). Pure; thread-safe.
+[[nodiscard]] WireError toWire(ErrorCode code) noexcept;
+/// The ErrorCode of a wire code; a value outside the enum (a completion
+/// status is a raw u16) is kInternal. Pure; thread-safe.
+[[nodiscard]] ErrorCode fromWire(WireError code) noexcept;
 
 struct FrameHeader {
   std::uint32_t magic = kMagic;
@@ -129,6 +163,9 @@ struct Welcome {
 struct ErrorReply {
   WireError code = WireError::kInternal;
   std::string message;
+  /// Error::ranks: the ranks the error is about (missing, gone, disagreeing),
+  /// ascending; at most kMaxErrorRanks. Encoded after the message.
+  std::vector<std::uint32_t> ranks;
   friend bool operator==(const ErrorReply&, const ErrorReply&) = default;
 };
 

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "dbuf/common/result.hpp"
 
@@ -46,7 +47,8 @@ namespace dbuf::ipc {
 inline constexpr std::size_t kRingEntryBytes = 64;
 inline constexpr std::size_t kCompletionMessageBytes = 512;
 inline constexpr std::uint32_t kSegmentMagic = 0x474E4952;  // "RING"
-inline constexpr std::uint32_t kSegmentVersion = 2;         // 2: the stream counters page
+inline constexpr std::uint32_t kSegmentVersion = 3;         // 2: the stream counters page;
+                                                            // 3: an error's ranks in the completion
 
 /// What a submission asks for. Raw values travel in shared memory; the
 /// daemon validates them with `opCodeFrom`.
@@ -90,19 +92,35 @@ struct Submission {
 };
 static_assert(sizeof(Submission) == kRingEntryBytes);
 
+/// Ranks a completion carries inline (Completion::ranks).
+inline constexpr std::size_t kCompletionRanks = 6;
+
 /// One completion entry, exactly 64 bytes. status 0 is success, otherwise a
-/// WireError value with a message of message_bytes bytes in the entry's slot.
+/// WireError value with a message of message_bytes bytes in the entry's slot,
+/// and the ranks the error names (Error::ranks: missing, gone or disagreeing
+/// ranks, ascending): rank_count of them (saturated at 65535), of which the
+/// first min(rank_count, kCompletionRanks) are in `ranks`. The message names
+/// them all (as far as its slot holds).
 struct Completion {
   std::uint64_t handle = 0;
   std::uint64_t sequence = 0;  ///< the op's index among the job's collectives (noop: 0)
   std::uint16_t status = 0;
-  std::uint16_t reserved0 = 0;
+  std::uint16_t rank_count = 0;
   std::uint32_t message_bytes = 0;
   std::uint64_t wait_ns = 0;  ///< from this rank's submission to the last rank's arrival
   std::uint64_t run_ns = 0;   ///< time the daemon spent executing it
-  std::uint8_t reserved[24] = {};
+  std::uint32_t ranks[kCompletionRanks] = {};
 };
 static_assert(sizeof(Completion) == kRingEntryBytes);
+static_assert(offsetof(Completion, ranks) + sizeof(Completion::ranks) == kRingEntryBytes);
+
+/// Puts `ranks` into `entry` (rank_count saturating, the first
+/// kCompletionRanks inline). Pure.
+void setCompletionRanks(Completion& entry, std::span<const std::uint32_t> ranks) noexcept;
+/// The ranks `entry` carries inline: at most kCompletionRanks of its
+/// rank_count (the daemon is trusted not to lie; a count over the inline
+/// room reads as the inline ones).
+[[nodiscard]] std::vector<std::uint32_t> completionRanks(const Completion& entry);
 
 /// Capacity limits (a power of two in between).
 inline constexpr std::uint32_t kMinRingCapacity = 16;
