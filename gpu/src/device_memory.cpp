@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -205,8 +206,8 @@ void* AddressRange::pointer(std::size_t offset) const noexcept {
   return reinterpret_cast<void*>(base_ + offset);  // NOLINT(performance-no-int-to-ptr): a device address
 }
 
-Result<void> AddressRange::map(std::size_t offset, const PhysicalMemory& memory) {
-  const std::size_t bytes = memory.size();
+Result<void> AddressRange::map(std::size_t offset, const PhysicalMemory& memory, std::size_t part) {
+  const std::size_t bytes = part == 0 ? memory.size() : std::min(roundUp(part, granularity_), memory.size());
   if (offset % granularity_ != 0 || offset > size_ || bytes > size_ - offset) {
     return makeError(ErrorCode::kInvalidArgument, "gpu: mapping [" + std::to_string(offset) + ", +" +
                                                       std::to_string(bytes) + ") does not fit the reserved " +

@@ -1,5 +1,7 @@
 #include "dbuf/client.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <random>
@@ -48,6 +50,18 @@ Result<void> checkRegions(std::uint64_t file_bytes, std::initializer_list<ipc::R
   return {};
 }
 
+/// Where the last of `regions` ends (checked against the file first).
+std::uint64_t regionsEnd(std::initializer_list<ipc::Region> regions) {
+  std::uint64_t end = 0;
+  for (const ipc::Region& region : regions) end = std::max(end, region.offset + region.bytes);
+  return end;
+}
+
+std::uint64_t pageAligned(std::uint64_t bytes) {
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
 /// The UUID of the trainer's GPU `device`, so that dbufd finds it whatever
 /// CUDA_VISIBLE_DEVICES each process has; unknown without CUDA or a GPU
 /// (dbufd then takes the index as it is).
@@ -91,11 +105,13 @@ struct Group::State final : Connection::DeferredRelease {
   DType sharded_dtype = DType::kF32;
   DType unsharded_dtype = DType::kBF16;
   std::uint32_t rank = 0;
+  // Each range is declared before what is mapped in it, so that it outlives
+  // the mapping; views pin them (dbuffer_mapping.hpp).
+  ReservedRange shard_range;
   DbufferMapping shard;  // whole shard file
   ipc::Region sharded;
   ipc::Region sharded_grad;
-  // Declared before the slot so that it outlives what is mapped in it.
-  ReservedRange slot_range;                  // cuda: keeps the slot's address across reshard / unshard
+  ReservedRange slot_range;                  // the slot's address, the same across reshard / unshard
   DbufferMapping slot;                       // while unsharded, and until a deferred release is done
   std::optional<StreamPoint> release_point;  // reshardOnStream: the slot goes back once the stream is there
   ipc::Region slot_params;
@@ -118,7 +134,12 @@ struct Group::State final : Connection::DeferredRelease {
     if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}); !ok) {
       return ok;
     }
-    auto mapping = DbufferMapping::map(connection->memory, fd, granted->slot_file_bytes, &slot_range);
+    // A slot may be larger than this group needs (it served a larger group
+    // before): only the group's part is mapped, so its range, and the
+    // address of its views, never change.
+    const std::uint64_t used =
+        std::min(granted->slot_file_bytes, pageAligned(regionsEnd({granted->params, granted->grads, granted->scales})));
+    auto mapping = DbufferMapping::map(connection->memory, fd, granted->slot_file_bytes, used, slot_range);
     if (!mapping) return std::move(mapping).error();
     slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
     slot_params = granted->params;
@@ -200,6 +221,7 @@ struct Group::State final : Connection::DeferredRelease {
     view.begin = slice->begin;
     view.end = slice->end;
     view.local_units = slice->local_units;
+    view.pin = shard_range.pin();
     return view;
   }
 
@@ -210,6 +232,7 @@ struct Group::State final : Connection::DeferredRelease {
     TensorView view{tensor.name, dtype, tensor.shape, nullptr, 0, tensor.numel, 0};
     view.base = slot.data() + region.offset + static_cast<std::size_t>(tensor.offset) * element;
     view.local_units = (tensor.numel + tensor.granularity - 1) / tensor.granularity;
+    view.pin = slot_range.pin();
     return view;
   }
 };
@@ -252,6 +275,10 @@ std::span<float> Group::unshardedScales() const noexcept {
   if (!state_->holdsSlot() || state_->slot_scales.bytes == 0) return {};
   return {reinterpret_cast<float*>(state_->slot.data() + state_->slot_scales.offset),
           state_->slot_scales.bytes / sizeof(float)};
+}
+
+std::shared_ptr<const void> Group::slotPin() const {
+  return state_->slot_range.pin();
 }
 
 std::int64_t Group::scaleIndex(std::size_t tensor) const {
@@ -346,7 +373,7 @@ Result<Client> Client::connect(const ClientOptions& options) {
   if (!socket) {
     return makeError(ErrorCode::kUnavailable, "cannot reach dbufd at " + path + ": " + socket.error().message);
   }
-  return Client(std::make_shared<Connection>(std::move(*socket), options.timeout));
+  return Client(std::make_shared<Connection>(std::move(*socket), options.timeout, options.interrupted));
 }
 
 Result<void> Client::attach(const AttachOptions& options, std::optional<std::chrono::milliseconds> timeout) {
@@ -386,6 +413,10 @@ bool Client::reattached() const noexcept {
 std::uint64_t Client::daemonInstanceId() const noexcept {
   return connection_->instance_id;
 }
+std::optional<std::int32_t> Client::memoryDevice() const noexcept {
+  if (!connection_->attached || connection_->memory.kind != ipc::MemoryKind::kCuda) return std::nullopt;
+  return connection_->memory.device;
+}
 
 Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::chrono::milliseconds> timeout) {
   if (!connection_->attached) return makeError(ErrorCode::kInvalidArgument, "attach() first");
@@ -397,9 +428,10 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
   }
   const int fd = reply->fds.front().get();
   if (auto ok = checkRegions(ready->shard_file_bytes, {ready->sharded, ready->sharded_grad}); !ok) return ok.error();
-  auto mapping = DbufferMapping::map(connection_->memory, fd, ready->shard_file_bytes);
-  if (!mapping) return std::move(mapping).error();
   auto state = std::make_unique<Group::State>();
+  auto mapping = DbufferMapping::map(connection_->memory, fd, ready->shard_file_bytes, ready->shard_file_bytes,
+                                     state->shard_range);
+  if (!mapping) return std::move(mapping).error();
   state->connection = connection_;
   state->name = spec.name;
   state->plan.group_id = ready->group_id;
@@ -437,6 +469,10 @@ Result<OpHandle> Client::submitNoop(const SubmitOptions& options) {
 
 Result<OpResult> Client::wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout) {
   return connection_->wait(handle, timeout);
+}
+
+void Client::abandon(OpHandle handle) noexcept {
+  connection_->abandon(handle);
 }
 
 std::uint32_t Client::inFlight() const noexcept {

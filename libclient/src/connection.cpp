@@ -9,32 +9,6 @@
 #include <vector>
 
 namespace dbuf {
-namespace {
-
-ErrorCode fromWire(ipc::WireError code) {
-  switch (code) {
-    case ipc::WireError::kBadRequest:
-    case ipc::WireError::kVersionMismatch:
-      return ErrorCode::kInvalidArgument;
-    case ipc::WireError::kPermissionDenied:
-      return ErrorCode::kPermissionDenied;
-    case ipc::WireError::kConflict:
-      return ErrorCode::kConflict;
-    case ipc::WireError::kQuotaExceeded:
-      return ErrorCode::kInfeasible;
-    case ipc::WireError::kTimeout:
-      return ErrorCode::kTimeout;
-    case ipc::WireError::kNotFound:
-      return ErrorCode::kNotFound;
-    case ipc::WireError::kShuttingDown:
-      return ErrorCode::kUnavailable;
-    case ipc::WireError::kInternal:
-      return ErrorCode::kInternal;
-  }
-  return ErrorCode::kInternal;
-}
-
-}  // namespace
 
 Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
                                             std::optional<std::chrono::milliseconds> timeout) {
@@ -58,10 +32,20 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
     return makeError(ErrorCode::kUnavailable, lost_);
   }
   for (;;) {
+    // Waiting for the reply's first byte can be cancelled; a frame that has
+    // begun is read whole (a partial one would desynchronise the stream).
+    if (auto readable = awaitReadable(deadline); !readable) {
+      // The daemon still acts on the request and a late reply could not be
+      // told apart from the next call's: the connection is done either way.
+      const bool cancelled = readable.error().code == ErrorCode::kCancelled;
+      lost_ = cancelled ? "a call to dbufd was interrupted; connection closed"
+                        : "dbufd did not answer in time; connection closed";
+      dropSocket();
+      return makeError(readable.error().code, lost_);
+    }
     auto frame = ipc::receiveMessage(socket_.get(), deadline);
     if (!frame) {
-      const bool timed_out = frame.error().message.find("timed out") != std::string::npos;
-      // A late reply would desynchronise the stream: the connection is done either way.
+      const bool timed_out = frame.error().code == ErrorCode::kTimeout;
       lost_ = timed_out ? "dbufd did not answer in time; connection closed"
                         : "lost the connection to dbufd: " + frame.error().message;
       dropSocket();
@@ -74,10 +58,27 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
     }
     if (frame->header.request_id != id) continue;  // stale reply of an abandoned call
     if (const auto* error = std::get_if<ipc::ErrorReply>(&frame->message)) {
-      return makeError(fromWire(error->code), "dbufd: " + error->message);
+      return Error{ipc::fromWire(error->code), "dbufd: " + error->message, error->ranks};
     }
     return std::move(*frame);
   }
+}
+
+Result<void> Connection::awaitReadable(ipc::Clock::time_point deadline) {
+  for (;;) {
+    const auto slice = std::min<ipc::Clock::duration>(kInterruptPeriod,
+                                                      std::max<ipc::Clock::duration>(deadline - ipc::Clock::now(), {}));
+    pollfd watch{socket_.get(), POLLIN, 0};
+    const int ready = ::poll(&watch, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    if (ready > 0) return {};  // a frame, a hang-up or an error: receiveMessage says which
+    if (auto stop = checkInterrupt(); !stop) return stop;
+    if (ipc::Clock::now() >= deadline) return makeError(ErrorCode::kTimeout, "dbufd did not answer in time");
+  }
+}
+
+Result<void> Connection::checkInterrupt() const {
+  if (interrupted_ && interrupted_()) return makeError(ErrorCode::kCancelled, "interrupted while waiting for dbufd");
+  return {};
 }
 
 }  // namespace dbuf
@@ -87,7 +88,8 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
 namespace dbuf {
 namespace {
 
-constexpr auto kAliveCheckPeriod = std::chrono::milliseconds(20);
+// Also how often an interrupt check runs (kInterruptPeriod) while a wait sleeps.
+constexpr auto kAliveCheckPeriod = kInterruptPeriod;
 
 /// Keeps a closed session's stream counters registered and its segment
 /// mapped until the process exits (one segment per session that ordered ops
@@ -168,12 +170,30 @@ void Connection::reap() {
   while (rings_.tryReap(completion, message, message_bytes)) {
     OpRecord& record = records_[completion.handle % records_.size()];
     if (record.handle != completion.handle || record.done) continue;  // not ours: ignore
+    --in_flight_;
+    if (record.abandoned) {
+      record = OpRecord{};  // nobody waits for it: the record is free
+      continue;
+    }
     record.done = true;
     record.status = completion.status;
-    if (completion.status != 0) record.message.assign(message.data(), message_bytes);
+    if (completion.status != 0) {
+      record.message.assign(message.data(), message_bytes);
+      record.ranks = ipc::completionRanks(completion);
+    }
     record.result = {completion.sequence, std::chrono::nanoseconds(completion.wait_ns),
                      std::chrono::nanoseconds(completion.run_ns)};
-    --in_flight_;
+  }
+}
+
+void Connection::abandon(OpHandle handle) noexcept {
+  if (records_.empty() || handle.id == 0) return;
+  OpRecord& record = records_[handle.id % records_.size()];
+  if (record.handle != handle.id) return;
+  if (record.done) {
+    record = OpRecord{};
+  } else {
+    record.abandoned = true;
   }
 }
 
@@ -184,6 +204,7 @@ Result<bool> Connection::awaitCompletion(ipc::Clock::time_point deadline) {
     if (rings_.waitForCompletion(slice_end, busy_poll)) return true;
     busy_poll = {};  // spin once per wait only
     if (auto alive = checkAlive(); !alive) return std::move(alive).error();
+    if (auto stop = checkInterrupt(); !stop) return std::move(stop).error();
     if (ipc::Clock::now() >= deadline) return false;
   }
 }
@@ -272,7 +293,7 @@ Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::mi
     return makeError(ErrorCode::kUnavailable, lost_.empty() ? "not attached to dbufd" : lost_);
   }
   OpRecord& record = records_[handle.id % records_.size()];
-  if (handle.id == 0 || record.handle != handle.id) {
+  if (handle.id == 0 || record.handle != handle.id || record.abandoned) {
     return makeError(ErrorCode::kInvalidArgument,
                      "op " + std::to_string(handle.id) + " is not in flight (already waited for, or unknown)");
   }
@@ -288,7 +309,8 @@ Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::mi
   }
   record.handle = 0;  // waited for: the record is free
   if (record.status != 0) {
-    return makeError(fromWire(static_cast<ipc::WireError>(record.status)), "dbufd: " + record.message);
+    return Error{ipc::fromWire(static_cast<ipc::WireError>(record.status)), "dbufd: " + record.message,
+                 std::move(record.ranks)};
   }
   return record.result;
 }
@@ -296,7 +318,13 @@ Result<OpResult> Connection::wait(OpHandle handle, std::optional<std::chrono::mi
 Result<void> Connection::complete(Result<OpHandle> submitted, std::optional<std::chrono::milliseconds> timeout) {
   if (!submitted) return std::move(submitted).error();
   auto done = wait(*submitted, timeout);
-  if (!done) return std::move(done).error();
+  if (!done) {
+    // A wait that timed out or was cancelled leaves the op in flight, and
+    // the caller of a blocking form has no handle to wait again with: its
+    // record must not stay taken (it would block every later submit).
+    abandon(*submitted);
+    return std::move(done).error();
+  }
   return {};
 }
 

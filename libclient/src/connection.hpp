@@ -24,10 +24,12 @@ namespace dbuf {
 
 class Connection {
  public:
-  Connection(UniqueFd socket, std::chrono::milliseconds timeout) : socket_(std::move(socket)), timeout_(timeout) {}
+  Connection(UniqueFd socket, std::chrono::milliseconds timeout, std::function<bool()> interrupted = {})
+      : socket_(std::move(socket)), timeout_(timeout), interrupted_(std::move(interrupted)) {}
 
   /// Sends `request` and waits for its reply (frames for other request ids are
-  /// not expected: one request at a time). An ErrorReply becomes an Error.
+  /// not expected: one request at a time). An ErrorReply becomes an Error
+  /// (its code through ipc::fromWire, its ranks).
   [[nodiscard]] Result<ipc::ReceivedFrame> call(const ipc::Message& request,
                                                 std::optional<std::chrono::milliseconds> timeout);
 
@@ -39,6 +41,9 @@ class Connection {
   /// Puts `entry` (its handle is filled in) on the submission ring.
   [[nodiscard]] Result<OpHandle> submit(ipc::Submission entry, const SubmitOptions& options);
   [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout);
+  /// Nobody will wait for `handle`: its result is dropped when it completes
+  /// (a drain still waits for it). Unknown handles are ignored.
+  void abandon(OpHandle handle) noexcept;
   /// The blocking form of every op: waits for what `submitted` returned, or
   /// passes on why it could not be submitted.
   [[nodiscard]] Result<void> complete(Result<OpHandle> submitted, std::optional<std::chrono::milliseconds> timeout);
@@ -79,8 +84,10 @@ class Connection {
     std::uint64_t handle = 0;
     std::uint32_t group_id = 0;
     bool done = false;
+    bool abandoned = false;  // nobody will wait: freed when it completes
     std::uint16_t status = 0;
-    std::string message;  // only for failed ops
+    std::string message;               // only for failed ops
+    std::vector<std::uint32_t> ranks;  // only for failed ops: the first ipc::kCompletionRanks the error names
     OpResult result;
   };
 
@@ -90,6 +97,11 @@ class Connection {
   /// notice a daemon that went away (its socket says so). False on timeout.
   [[nodiscard]] Result<bool> awaitCompletion(ipc::Clock::time_point deadline);
   [[nodiscard]] Result<void> checkAlive();
+  /// kCancelled when the client's interrupt check says so.
+  [[nodiscard]] Result<void> checkInterrupt() const;
+  /// Waits until the socket has something to read (kTimeout at `deadline`,
+  /// kCancelled when interrupted), in slices of kInterruptPeriod.
+  [[nodiscard]] Result<void> awaitReadable(ipc::Clock::time_point deadline);
   /// Closes the socket (stream ordering stopped and released first).
   void dropSocket() noexcept;
   /// Queues the next stream-ordered op's ready / done-wait on `stream`;
@@ -98,6 +110,7 @@ class Connection {
 
   UniqueFd socket_;
   std::chrono::milliseconds timeout_;
+  std::function<bool()> interrupted_;  // ClientOptions::interrupted
   std::uint64_t next_request_ = 1;
   std::string lost_;  // why the connection is unusable, once it is
 

@@ -4,6 +4,16 @@
 // imported from its fd and mapped on the session's GPU (cuda backend; CUDA
 // builds of libdbuf only). Views into it are host or device addresses
 // accordingly.
+//
+// Every mapping lands in a ReservedRange: address space that a group keeps
+// for one DBuffer for as long as the group, or any pin of the range, lives.
+// That gives a group's views one address for its whole life (each unshard
+// maps the slot where the last one was), and it means a view never points at
+// address space the process may reuse for something else. With host memory,
+// an unmapped range holds private zero pages, so a view used after reshard,
+// detach or the group's end reads zeros and its writes go nowhere: it cannot
+// fault. GPU ranges stay reserved but unmapped (the driver has no cheap
+// equivalent of zero pages); kernels must not touch them after reshard.
 
 #include <cstddef>
 #include <cstdint>
@@ -21,8 +31,7 @@ struct MemorySite {
   int device = 0;
 };
 
-/// Device addresses a group keeps across reshard / unshard, so each slot it
-/// gets lands at the same address (cuda); unused for host memory. Move-only.
+/// Address space kept for one DBuffer of a group. Move-only.
 class ReservedRange {
  public:
   ReservedRange();
@@ -31,6 +40,10 @@ class ReservedRange {
   ReservedRange& operator=(ReservedRange&&) noexcept;
   ReservedRange(const ReservedRange&) = delete;
   ReservedRange& operator=(const ReservedRange&) = delete;
+
+  /// Keeps the current address space reserved while held, even after this
+  /// ReservedRange is destroyed (null before anything was mapped).
+  [[nodiscard]] std::shared_ptr<const void> pin() const;
 
   struct Impl;
   std::unique_ptr<Impl> impl;
@@ -45,12 +58,13 @@ class DbufferMapping {
   DbufferMapping(const DbufferMapping&) = delete;
   DbufferMapping& operator=(const DbufferMapping&) = delete;
 
-  /// Maps the `bytes` behind `fd` (not consumed). Host: the memfd must be at
-  /// least that long. Cuda: imported on site.device and mapped at the start
-  /// of `range` (reserved, or re-reserved larger, here), or of a range of its
-  /// own when `range` is null. `range` must outlive the mapping.
-  [[nodiscard]] static Result<DbufferMapping> map(const MemorySite& site, int fd, std::uint64_t bytes,
-                                                  ReservedRange* range = nullptr);
+  /// Maps the first `used_bytes` of the `file_bytes` behind `fd` (not
+  /// consumed) at the start of `range`, which is reserved (or re-reserved
+  /// larger, at a new address) here and must outlive the mapping. Host: the
+  /// memfd must be at least `file_bytes` long. Cuda: the allocation is
+  /// imported whole (`file_bytes`) on site.device and mapped whole.
+  [[nodiscard]] static Result<DbufferMapping> map(const MemorySite& site, int fd, std::uint64_t file_bytes,
+                                                  std::uint64_t used_bytes, ReservedRange& range);
 
   [[nodiscard]] std::byte* data() const noexcept;
   /// The bytes mapped (0 when unmapped).
@@ -62,10 +76,12 @@ class DbufferMapping {
     kDone,          ///< the caller knows none is left (a stream point reached)
   };
   /// Unmaps (the daemon keeps the memory; another process may still map it).
+  /// The range stays reserved: zero pages for host memory.
   void reset(GpuWork work = GpuWork::kMayBePending) noexcept;
 
  private:
-  Mapping host_;
+  struct Host;
+  std::unique_ptr<Host> host_;
   struct Device;
   std::unique_ptr<Device> device_;
 };

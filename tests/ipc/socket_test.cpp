@@ -167,7 +167,7 @@ TEST(Socket, PartialHeaderThenTimeoutRespectsTheDeadline) {
   auto received = receiveMessage(pair.b.get(), start + 150ms);
   const auto elapsed = Clock::now() - start;
   ASSERT_FALSE(received.ok());
-  EXPECT_EQ(received.error().code, ErrorCode::kIo);
+  EXPECT_EQ(received.error().code, ErrorCode::kTimeout);
   EXPECT_NE(received.error().message.find("timed out"), std::string::npos) << received.error().message;
   EXPECT_GE(elapsed, 150ms);
   EXPECT_LT(elapsed, 2s);
@@ -178,6 +178,7 @@ TEST(Socket, NothingToReadTimesOut) {
   const auto start = Clock::now();
   auto received = receiveMessage(pair.b.get(), start + 50ms);
   ASSERT_FALSE(received.ok());
+  EXPECT_EQ(received.error().code, ErrorCode::kTimeout);
   EXPECT_NE(received.error().message.find("timed out"), std::string::npos) << received.error().message;
   EXPECT_GE(Clock::now() - start, 50ms);
   // A deadline already past still takes a frame that is there.

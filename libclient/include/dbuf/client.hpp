@@ -28,14 +28,24 @@
 /// the client's). A daemon that dies surfaces as an error on the next call.
 ///
 /// Thread safety: a Client and its Groups share one connection and must be
-/// used by one thread at a time (or externally synchronised). Memory views
-/// stay valid while their Group is alive, the client has not detached and, for
-/// unsharded views, until `reshard()`; mappings are removed when the Group is
-/// destroyed or the client detaches (views taken afterwards are empty).
+/// used by one thread at a time (or externally synchronised).
+///
+/// Memory views show the daemon's memory while their Group is alive, the
+/// client has not detached and, for unsharded views, until `reshard()`;
+/// views taken afterwards are empty. A group keeps one address range per
+/// DBuffer (its shard, its unsharded slot) for its whole life: every
+/// unshard() maps the slot at the same address, so a view taken once stays
+/// right across reshard / unshard. Host memory (dbufd's host backend): once
+/// unmapped, a range holds private zero pages, so a stale view reads zeros
+/// and its writes are lost, but never fault; a view's `pin` keeps its range
+/// reserved even after the Group is gone (language bindings hold it in the
+/// objects they hand out). GPU memory: the range stays reserved, unmapped;
+/// kernels must not use it after reshard() (an illegal-address fault).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -54,7 +64,20 @@ struct ClientOptions {
   /// Empty: $DBUF_SOCKET if set, else kDefaultSocketPath.
   std::string socket_path;
   std::chrono::milliseconds timeout{10000};  ///< default for every call
+  /// Asked by the waiting thread at least every kInterruptPeriod while a
+  /// call of this client blocks (an op's wait, a full ring, a drain, a
+  /// request to dbufd); returning true ends the wait with kCancelled (a
+  /// language binding checks its signals here: Ctrl-C). A cancelled wait()
+  /// leaves the op in flight (wait again), a cancelled submit submitted
+  /// nothing, a cancelled reshard() keeps the slot; a cancelled request to
+  /// dbufd (attach, registerGroup, acquireSlot, detach...) closes the
+  /// connection, as its reply can no longer be told apart (later calls fail
+  /// with kUnavailable). Empty: never.
+  std::function<bool()> interrupted = {};
 };
+
+/// How often a blocking call asks ClientOptions::interrupted at least.
+inline constexpr std::chrono::milliseconds kInterruptPeriod{20};
 
 struct AttachOptions {
   std::string job;
@@ -97,6 +120,9 @@ struct TensorView {
   std::int64_t begin = 0;           ///< first element (flattened) of the tensor in this view
   std::int64_t end = 0;             ///< one past the last
   std::int64_t local_units = 0;     ///< RaggedShard blocks in this view
+  /// Keeps the address range of this view reserved while held (see the file
+  /// comment: zero pages once unmapped, for host memory); null when empty.
+  std::shared_ptr<const void> pin = {};
 
   [[nodiscard]] std::int64_t numel() const noexcept { return end - begin; }
   template <typename T>
@@ -131,9 +157,10 @@ struct ReduceOptions {
   bool accumulate = false;
 };
 
-/// An op in flight; pass it to Client::wait exactly once. A client keeps
-/// track of twice the ring capacity of submitted ops; a submit that would
-/// take the place of an op nobody waited for yet fails with kWouldBlock.
+/// An op in flight; pass it to Client::wait exactly once (or to
+/// Client::abandon). A client keeps track of twice the ring capacity of
+/// submitted ops; a submit that would take the place of an op nobody waited
+/// for yet fails with kWouldBlock.
 struct OpHandle {
   std::uint64_t id = 0;
 };
@@ -254,6 +281,9 @@ class Group {
   /// or when not unsharded. Block b of tensor i has scale
   /// scales[scaleIndex(i) + b].
   [[nodiscard]] std::span<float> unshardedScales() const noexcept;
+  /// A pin of the slot's address range (as TensorView::pin), for views of
+  /// unshardedScales(); null before the first acquireSlot().
+  [[nodiscard]] std::shared_ptr<const void> slotPin() const;
   [[nodiscard]] std::int64_t scaleIndex(std::size_t tensor) const;
 
   /// Bytes of this rank's shard file (sharded + sharded gradient).
@@ -281,6 +311,10 @@ class Client {
   /// True if the daemon kept this job's shards from an earlier life of this rank.
   [[nodiscard]] bool reattached() const noexcept;
   [[nodiscard]] std::uint64_t daemonInstanceId() const noexcept;
+  /// Where this session's views point once attached: nullopt for host
+  /// memory (dbufd's host backend), else the GPU as the trainer numbers it
+  /// (AttachOptions::device).
+  [[nodiscard]] std::optional<std::int32_t> memoryDevice() const noexcept;
 
   /// Collective: returns once every rank of the job registered the same group.
   [[nodiscard]] Result<Group> registerGroup(const GroupSpec& spec,
@@ -295,7 +329,14 @@ class Client {
   /// Waits for an op; its error (mismatch, timeout naming the missing ranks,
   /// a rank that died, a bad request) comes back here. kTimeout leaves the op
   /// in flight (wait again); any other result ends it.
+  /// Error::ranks lists the ranks the daemon's error names; of more than 6, the first 6 (the message names all).
   [[nodiscard]] Result<OpResult> wait(OpHandle handle, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Gives up on an op nobody will wait for (a handle dropped, a blocking
+  /// form whose wait timed out or was cancelled, which do this themselves):
+  /// its result is dropped when it completes, so it does not keep its place
+  /// among the results a client tracks. The op still runs; ops of its group
+  /// still drain before a reshard. Unknown or finished handles are ignored.
+  void abandon(OpHandle handle) noexcept;
   /// Ops submitted and not yet completed by the daemon.
   [[nodiscard]] std::uint32_t inFlight() const noexcept;
 

@@ -90,11 +90,12 @@ class AddressRange {
   AddressRange& operator=(const AddressRange&) = delete;
   ~AddressRange();
 
-  /// Maps all of `memory` at `offset` (a multiple of the granularity, inside
-  /// the range, not overlapping a current mapping) and gives this range's
-  /// device read / write access to it. The mapping keeps the physical memory
-  /// alive until unmapped, even if `memory` is destroyed.
-  [[nodiscard]] Result<void> map(std::size_t offset, const PhysicalMemory& memory);
+  /// Maps the first `bytes` of `memory` (0: all of it; else rounded up to
+  /// the granularity, at most its size) at `offset` (a multiple of the
+  /// granularity, inside the range, not overlapping a current mapping) and
+  /// gives this range's device read / write access to it. The mapping keeps
+  /// the physical memory alive until unmapped, even if `memory` is destroyed.
+  [[nodiscard]] Result<void> map(std::size_t offset, const PhysicalMemory& memory, std::size_t bytes = 0);
   /// Unmaps the mapping made at `offset`.
   [[nodiscard]] Result<void> unmap(std::size_t offset);
 
@@ -102,6 +103,11 @@ class AddressRange {
   [[nodiscard]] void* pointer(std::size_t offset = 0) const noexcept;
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool mapped(std::size_t offset) const noexcept { return mappings_.contains(offset); }
+  /// Bytes of the mapping made at `offset` (0 if none).
+  [[nodiscard]] std::size_t mappedBytes(std::size_t offset) const noexcept {
+    const auto it = mappings_.find(offset);
+    return it == mappings_.end() ? 0 : it->second;
+  }
 
  private:
   AddressRange(CUdeviceptr base, std::size_t size, std::size_t granularity, int device) noexcept
