@@ -1,0 +1,17 @@
+// dbuf._dbuf: the native core of the `dbuf` package (see bindings.hpp).
+#include "bindings.hpp"
+
+NB_MODULE(_dbuf, m) {
+  m.doc() =
+      "Native core of dbuf: libdbuf's client (Client, Group, Op, TensorView) and the RaggedShard planner. "
+      "Import `dbuf` rather than this module.";
+  dbuf::python::bindErrors(m);
+  dbuf::python::bindSession(m);
+  dbuf::python::bindViews(m);
+  dbuf::python::bindPlanner(m);
+  m.attr("cuda") = DBUF_PYTHON_CUDA;
+  // Units, groups and views often live in module-level objects (a model, an
+  // optimizer) until the interpreter exits, after nanobind has started to
+  // tear its types down: not leaks.
+  nanobind::set_leak_warnings(false);
+}

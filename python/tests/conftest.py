@@ -1,0 +1,80 @@
+"""Fixtures of the dbuf package's tests: a real dbufd per test, and rank processes.
+
+The daemon binary is $DBUF_DAEMON (make test sets it to the build's dbufd);
+the package under test is the one installed in the running interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from dbuf.testing import Daemon
+
+HERE = Path(__file__).parent
+RANKS = HERE / "ranks"
+
+
+@pytest.fixture
+def daemon():
+    with Daemon(timeouts={"collective_ms": 5000, "register_ms": 5000}) as d:
+        yield d
+
+
+@pytest.fixture
+def fast_daemon():
+    """Short collective / registration timeouts, for the tests of timeouts."""
+    with Daemon(timeouts={"collective_ms": 300, "register_ms": 300}) as d:
+        yield d
+
+
+def run_threads(world: int, body: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """body(rank) on `world` threads (each its own client); their results, or the first exception."""
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(rank)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a rank thread did not finish within {timeout} s")
+    if errors:
+        raise errors[0]
+    return results
+
+
+def run_ranks(script: str, world: int, socket: str, *args: str, job: str = "job", timeout: float = 240.0,
+              env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
+    """tests/ranks/<script> as `world` rank processes with torchrun's environment; all must succeed."""
+    procs = []
+    for rank in range(world):
+        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                        DBUF_JOB=job, DBUF_SOCKET=socket, OMP_NUM_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    for rank, result in enumerate(done):
+        assert result.returncode == 0, f"rank {rank} failed ({result.returncode}):\n{result.stderr}"
+    return done

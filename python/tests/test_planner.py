@@ -1,0 +1,45 @@
+"""The planner from Python: the design brief's reference vectors, and a diagnosis where a unit cannot balance."""
+
+from __future__ import annotations
+
+import pytest
+
+import dbuf
+
+
+def test_toy_unit_matches_the_briefs_baselines():
+    tensors = [dbuf.TensorSpec("A", (5, 4)), dbuf.TensorSpec("B", (3, 2)), dbuf.TensorSpec("C", (7,))]
+    plan = dbuf.plan_unit(tensors, 4, dtype="bf16")
+    baselines = dict(plan.baselines)
+    assert (baselines["fsdp2"], baselines["fsdp1"], baselines["zero3"], baselines["megatron"]) == (12, 10, 9, 12)
+    assert plan.numel == 33 and plan.split_blocks == 0
+    assert plan.shard_elems >= plan.lower_bound_elems >= plan.ideal_elems == 9
+    assert [t.name for t in plan.tensors] == ["A", "B", "C"]
+
+
+def test_rows_granularity_never_splits_a_band():
+    plan = dbuf.plan_unit([dbuf.TensorSpec("w", (96, 64))], 4, granularity="rows:32")
+    (w,) = plan.tensors
+    assert w.granularity == 32 * 64
+    for rank in range(4):
+        boundary = rank * plan.shard_elems
+        if w.offset < boundary < w.offset + w.numel:
+            assert (boundary - w.offset) % w.granularity == 0
+
+
+def test_a_unit_too_coarse_for_its_ranks_is_diagnosed():
+    layer = [(f"layer{i}", [dbuf.TensorSpec("w", (1024, 512))]) for i in range(8)]
+    plans = dbuf.plan_model(layer, 256, granularity="rows:32")
+    first = plans[0]
+    assert first.inflation > 1.05 and first.diagnosis is not None
+    assert first.diagnosis.forcing_tensors == ["w"]
+    assert first.diagnosis.merge_units is None or first.diagnosis.merge_units > 1
+
+
+def test_bad_rules_and_shapes_raise():
+    with pytest.raises(dbuf.InvalidArgumentError):
+        dbuf.plan_unit([dbuf.TensorSpec("w", (4, 4))], 4, granularity="stripes:3")
+    with pytest.raises(dbuf.InvalidArgumentError):
+        dbuf.plan_unit([dbuf.TensorSpec("w", (4, -1))], 4)
+    with pytest.raises(ValueError):
+        dbuf.plan_unit([dbuf.TensorSpec("w", (4, 4))], 0)
