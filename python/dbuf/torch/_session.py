@@ -1,0 +1,243 @@
+"""The process's connection to dbufd as dbuf.torch uses it (like torch.distributed's default group).
+
+A :class:`Session` is one attached :class:`dbuf.Client` plus what every unit of
+the process shares: the pool of unsharded slots (``prefetch_depth + 1`` of
+them, as dbufd gives each rank), the order units ran in (for prefetching), the
+backward pass in progress, and a small fp32 staging group for exact transfers
+(full state dicts). ``init()`` makes the default session; ``fully_shard`` uses
+it, creating it from torchrun's environment on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+import dbuf
+
+if TYPE_CHECKING:
+    from ._unit import Unit
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not an integer") from None
+
+
+def _job_from_env() -> str | None:
+    """The job id every rank of a torchrun launch agrees on."""
+    explicit = os.environ.get("DBUF_JOB")
+    if explicit:
+        return explicit
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchrun-{run_id}"
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if address and port:
+        return f"torchrun-{address}-{port}"
+    return None
+
+
+@dataclass
+class Stats:
+    """What this process's units did through dbufd (Session.stats; reset_step() zeroes the per-step part).
+
+    Bytes are of the unsharded buffers the collectives fill or read (V*S
+    elements of the unit's unsharded dtype per op), as FSDP2's are counted.
+    Unsharded bytes: the slots this rank holds (params + gradients of each).
+    """
+
+    all_gathers: int = 0
+    all_gather_bytes: int = 0
+    reduce_scatters: int = 0
+    reduce_scatter_bytes: int = 0
+    unsharded_bytes: int = 0
+    peak_unsharded_bytes: int = 0
+
+    def reset_step(self) -> None:
+        self.all_gathers = self.all_gather_bytes = self.reduce_scatters = self.reduce_scatter_bytes = 0
+        self.peak_unsharded_bytes = self.unsharded_bytes
+
+
+class Session:
+    """An attached client and the state its units share. Made by :func:`init`."""
+
+    def __init__(
+        self,
+        client: dbuf.Client,
+        *,
+        job: str,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        prefetch_depth: int,
+    ) -> None:
+        self.client = client
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.slots = prefetch_depth + 1
+        #: GPU of this session's memory (None: host memory, dbufd's host backend).
+        self.device: int | None = client.device
+        self.units: list[Unit] = []
+        self.slot_holders: list[Unit] = []  # units holding an unsharded slot, oldest first
+        self.forward_order: list[Unit] = []  # units as the first forward entered them
+        self.post_forward_order: list[Unit] = []  # as it left them: backward runs them in reverse
+        self.order_recorded = False
+        self.root: Unit | None = None  # the unit whose forward encloses the pass's others
+        self.in_backward = False
+        self.forwards_running = 0
+        self._staging: dbuf.Group | None = None
+        self.stats = Stats()
+
+    # ------------------------------------------------------------ placement
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu") if self.device is None else torch.device("cuda", self.device)
+
+    def stream(self):
+        """The stream ops are ordered on: the current CUDA stream for GPU memory, else None (host)."""
+        return None if self.device is None else torch.cuda.current_stream(self.device)
+
+    def next_group_name(self, label: str) -> str:
+        # Every rank makes its units in the same order: the index names them alike.
+        return f"{len(self.units):04d}:{label}"[:200]
+
+    # ------------------------------------------------------------ slots
+
+    def make_room(self, unit: Unit | None, *, required: bool, label: str | None = None) -> bool:
+        """Frees an unsharded slot for `unit` (None: the staging group) if the pool is full.
+
+        Units whose gradients are being reduced give theirs back first (their
+        reduce-scatter is waited for). With `required` (the slot is needed
+        now) a pool with nothing to give back is an error naming the holders;
+        without (a prefetch), False.
+        """
+        if unit is not None and unit in self.slot_holders:
+            return True
+        while len(self.slot_holders) >= self.slots:
+            releasable = next((u for u in self.slot_holders if u.releasable), None)
+            if releasable is None:
+                if not required:
+                    return False
+                held = ", ".join(u.label for u in self.slot_holders)
+                wanted = unit.label if unit is not None else label
+                raise dbuf.ConflictError(
+                    f"{wanted} needs an unsharded slot and all {self.slots} are held ({held}); attach with a "
+                    f"larger prefetch_depth (dbuf.torch.init(prefetch_depth=...)), or sync gradients more often"
+                )
+            releasable.reshard()
+        return True
+
+    # ------------------------------------------------------------ staging
+
+    #: Elements per rank of the staging group (fp32): 1 MiB per rank.
+    STAGING_ELEMS = 1 << 18
+
+    def staging(self) -> dbuf.Group:
+        """An fp32 -> fp32 group for exact transfers (collective on first use)."""
+        if self._staging is None:
+            elems = self.STAGING_ELEMS * self.world_size
+            self._staging = self.client.register_group(
+                "dbuf.torch:staging",
+                [dbuf.TensorSpec("stage", (elems,))],
+                granularity="element",
+                sharded_dtype="fp32",
+                unsharded_dtype="fp32",
+            )
+        return self._staging
+
+    # ------------------------------------------------------------ end
+
+    def close(self) -> None:
+        """Detaches (every rank should); the views of the units read zeros afterwards."""
+        for unit in self.units:
+            unit.close()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        self.client.detach()
+
+
+_default: Session | None = None
+
+
+def init(
+    *,
+    job: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    socket: str | None = None,
+    device: int | None = None,
+    prefetch_depth: int | None = None,
+    persistent: bool = False,
+    timeout: float = 60.0,
+) -> Session:
+    """Attaches this process to dbufd and makes it the default session of dbuf.torch.
+
+    Unset arguments come from the environment torchrun sets: ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK`` and the job id (``$DBUF_JOB``, else torchrun's
+    run id, else ``MASTER_ADDR``/``MASTER_PORT``); the socket from
+    ``$DBUF_SOCKET``. ``device``: the trainer's GPU (default: the current CUDA
+    device when CUDA is available, else none). ``prefetch_depth``: units
+    gathered ahead of the one computing (unsharded slots = prefetch_depth + 1;
+    a root unit that keeps its parameters for backward holds one throughout;
+    default ``$DBUF_PREFETCH_DEPTH``, else 2). ``timeout``: seconds,
+    the default of every call (registration waits for every rank).
+    """
+    global _default
+    if _default is not None:
+        raise dbuf.ConflictError("dbuf.torch is already initialised in this process (dbuf.torch.destroy() first)")
+    rank = rank if rank is not None else _env_int("RANK", 0)
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
+    local_rank = local_rank if local_rank is not None else _env_int("LOCAL_RANK", 0)
+    prefetch_depth = prefetch_depth if prefetch_depth is not None else _env_int("DBUF_PREFETCH_DEPTH", 2)
+    job = job if job is not None else _job_from_env()
+    if job is None:
+        if world_size != 1:
+            raise ValueError("no job id: pass job=..., set $DBUF_JOB, or launch with torchrun")
+        job = f"single-{os.getpid()}"
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    client = dbuf.Client(socket, timeout)
+    try:
+        client.attach(
+            job, rank, world_size, local_rank=local_rank, device=device, persistent=persistent,
+            prefetch_depth=prefetch_depth,
+        )
+    except BaseException:
+        client.close()
+        raise
+    _default = Session(
+        client, job=job, rank=rank, world_size=world_size, local_rank=local_rank, prefetch_depth=prefetch_depth
+    )
+    return _default
+
+
+def default_session() -> Session:
+    """The default session, made from the environment on first use (see :func:`init`)."""
+    return _default if _default is not None else init()
+
+
+def is_initialized() -> bool:
+    """Whether this process has a default session (init() ran, or fully_shard made one)."""
+    return _default is not None
+
+
+def destroy() -> None:
+    """Detaches the default session (the daemon keeps persistent jobs' shards)."""
+    global _default
+    if _default is not None:
+        session, _default = _default, None
+        session.close()

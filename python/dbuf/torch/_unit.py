@@ -1,0 +1,317 @@
+"""One FSDP unit of dbuf.torch: a dbuf group holding some modules' parameters.
+
+A unit owns, for each of its parameters:
+  - the ShardedParameter registered on the modules between forwards: this
+    rank's fp32 (master) elements, a view of the group's sharded region, with
+    its gradient a view of the sharded gradient region;
+  - the unsharded parameter swapped in during forward: an ``nn.Parameter``
+    over the whole tensor in the group's unsharded slot (the all-gather
+    writes it), whose ``.grad`` is preset to the tensor's place in the slot's
+    gradient region, so autograd accumulates the gradient straight into the
+    memory the reduce-scatter reads.
+A group's slot keeps one address for the group's life, so these tensors are
+made once; tensors autograd saved in forward see the parameters gathered again
+in backward, as FSDP2's resized storages do.
+
+Collectives are issued here and only in an order every rank follows (the
+hooks of _fully_shard.py call them in the model's forward / backward order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+import dbuf
+
+from ._param import ShardedParameter, ShardInfo
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+_DBUF_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dbuf_dtype(dtype: torch.dtype) -> str:
+    try:
+        return _DBUF_DTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"dbuf shards fp32, bf16 and fp16 parameters, not {dtype}") from None
+
+
+@dataclass
+class ParamEntry:
+    """One parameter of a unit (a tensor of its group)."""
+
+    fqn: str
+    index: int
+    requires_grad: bool
+    registrations: list[tuple[nn.Module, str]]  # every (module, attribute) that holds it
+    sharded: ShardedParameter
+    shard_grad: torch.Tensor  # this rank's part of the fp32 sharded gradient
+    unsharded: nn.Parameter | None = None  # over the slot; made at the first unshard
+    unsharded_grad: torch.Tensor | None = None
+    unsharded_ptr: int = 0
+
+
+class Unit:
+    """A group and the state of its parameters through forward and backward."""
+
+    def __init__(
+        self,
+        session: Session,
+        modules: list[nn.Module],
+        params: list[tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]],
+        *,
+        granularity: str,
+        tensor_granularity: dict[str, str],
+        param_dtype: torch.dtype | None,
+        reshard_after_forward: bool | None,
+        output_dtype: torch.dtype | None,
+        cast_forward_inputs: bool,
+        label: str,
+    ) -> None:
+        self.session = session
+        self.modules = modules
+        self.label = label
+        self.reshard_after_forward = reshard_after_forward
+        self.output_dtype = output_dtype
+        self.requires_gradient_sync = True
+        self.entries: list[ParamEntry] = []
+        self.group: dbuf.Group | None = None
+        self.forward_prefetch: list[Unit] | None = None  # explicit, else the recorded order
+        self.backward_prefetch: list[Unit] | None = None
+        self._reset_pass()
+        self.gather_op: dbuf.Op | None = None
+        self.reduce_op: dbuf.Op | None = None
+        self.releasable = False  # its gradients are being reduced: the slot may go back
+        self.holding_grads = False  # accumulating without sync: the slot keeps the gradients
+        if not params:
+            self.param_dtype = param_dtype
+            self.cast_forward_inputs = False
+            return
+        dtypes = {param.dtype for _, param, _ in params}
+        if len(dtypes) != 1:
+            names = ", ".join(f"{fqn} ({param.dtype})" for fqn, param, _ in params)
+            raise TypeError(f"unit {label}: its parameters must share one dtype, got {names}")
+        sharded_dtype = dtypes.pop()
+        self.param_dtype = param_dtype if param_dtype is not None else sharded_dtype
+        self.cast_forward_inputs = cast_forward_inputs and param_dtype is not None
+        self._register(params, granularity, tensor_granularity, sharded_dtype)
+
+    # ------------------------------------------------------------ set-up
+
+    def _register(self, params, granularity, tensor_granularity, sharded_dtype) -> None:
+        specs = [
+            dbuf.TensorSpec(fqn, tuple(param.shape), granularity=tensor_granularity.get(fqn))
+            for fqn, param, _ in params
+        ]
+        self.group = self.session.client.register_group(
+            self.session.next_group_name(self.label),
+            specs,
+            granularity=granularity,
+            sharded_dtype=dbuf_dtype(sharded_dtype),
+            unsharded_dtype=dbuf_dtype(self.param_dtype),
+        )
+        keep_daemon_values = self.session.client.reattached
+        for index, (fqn, param, registrations) in enumerate(params):
+            view = self.group.shard_view(index)
+            local = view.torch()
+            if not keep_daemon_values and param.device.type != "meta":
+                with torch.no_grad():
+                    local.copy_(param.detach().reshape(-1)[view.begin : view.end])
+            placed = self.group.plan.tensors[index]
+            info = ShardInfo(torch.Size(param.shape), view.begin, view.end, placed.granularity, view.local_units)
+            sharded = ShardedParameter(local, info, fqn, requires_grad=param.requires_grad)
+            entry = ParamEntry(
+                fqn=fqn,
+                index=index,
+                requires_grad=param.requires_grad,
+                registrations=registrations,
+                sharded=sharded,
+                shard_grad=self.group.shard_grad_view(index).torch(),
+            )
+            self.entries.append(entry)
+        self.use_sharded()
+
+    def _reset_pass(self) -> None:
+        """Per forward/backward pass flags."""
+        self.forward_ran = False
+        self.inside = False  # between the forward pre-hook and the forward hook
+        self.modules_done: set[int] = set()
+        self.pre_backward_done = False
+        self.post_backward_done = False
+        self.grads_prepared = False
+        self.reduced = False
+
+    def _bind_unsharded(self) -> None:
+        """The unsharded parameters and gradients over the slot (made once: its address is stable)."""
+        for entry in self.entries:
+            view = self.group.unsharded_view(entry.index)
+            if entry.unsharded is not None and entry.unsharded_ptr == view.data_ptr:
+                continue
+            if entry.unsharded is not None and self.forward_ran:
+                # Tensors autograd saved would point at the old place.
+                raise dbuf.InternalError(
+                    f"unit {self.label}: the unsharded slot moved between forward and backward"
+                )
+            entry.unsharded = nn.Parameter(view.torch(), requires_grad=entry.requires_grad)
+            entry.unsharded_ptr = view.data_ptr
+            entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch() if entry.requires_grad else None
+
+    # ------------------------------------------------------------ parameters on the modules
+
+    def use_unsharded(self) -> None:
+        for entry in self.entries:
+            for module, name in entry.registrations:
+                module._parameters[name] = entry.unsharded
+
+    def use_sharded(self) -> None:
+        for entry in self.entries:
+            for module, name in entry.registrations:
+                module._parameters[name] = entry.sharded
+
+    # ------------------------------------------------------------ unshard / reshard
+
+    @property
+    def unsharded_elems(self) -> int:
+        """V*S: elements of the unit's unsharded buffer."""
+        plan = self.group.plan
+        return plan.devices * plan.shard_elems
+
+    @property
+    def slot_bytes(self) -> int:
+        """Unsharded parameters and gradients (both in param_dtype) of the unit's slot."""
+        return 2 * self.unsharded_elems * self.param_dtype.itemsize
+
+    @property
+    def holds_slot(self) -> bool:
+        return self in self.session.slot_holders
+
+    def start_gather(self, *, required: bool) -> bool:
+        """Takes a slot and submits the all-gather (not waited for); False if no slot is free (prefetch)."""
+        if self.group is None or self.holds_slot:
+            return True
+        if not self.session.make_room(self, required=required):
+            return False
+        self.group.acquire_slot()
+        self.session.slot_holders.append(self)
+        stats = self.session.stats
+        stats.unsharded_bytes += self.slot_bytes
+        stats.peak_unsharded_bytes = max(stats.peak_unsharded_bytes, stats.unsharded_bytes)
+        self._bind_unsharded()
+        self.gather_op = self.group.all_gather(async_op=True, stream=self.session.stream())
+        stats.all_gathers += 1
+        stats.all_gather_bytes += self.unsharded_elems * self.param_dtype.itemsize
+        return True
+
+    def unshard(self) -> None:
+        """The parameters gathered in the slot (waiting for a prefetch, or gathering now)."""
+        self.start_gather(required=True)
+        self._wait_gather()
+
+    def _wait_gather(self) -> None:
+        if self.gather_op is not None:
+            # Stream-ordered (GPU): the stream already waits for it; this
+            # only collects the result, which reports a failure.
+            op, self.gather_op = self.gather_op, None
+            op.wait()
+
+    def reshard(self) -> None:
+        """Gives the slot back, once this unit's ops in flight are done."""
+        if not self.holds_slot:
+            return
+        self._wait_gather()
+        self.wait_reduce()
+        if self.session.device is None:
+            self.group.reshard()
+        else:
+            self.group.reshard_on_stream(self.session.stream())
+        self.session.slot_holders.remove(self)
+        self.session.stats.unsharded_bytes -= self.slot_bytes
+        self.releasable = False
+        self.holding_grads = False
+
+    # ------------------------------------------------------------ gradients
+
+    def prepare_gradients(self) -> None:
+        """Before the unit's backward: its gradients will land in the slot's gradient region."""
+        if self.grads_prepared or self.group is None:
+            return
+        self.grads_prepared = True
+        for entry in self.entries:
+            if not entry.requires_grad:
+                continue
+            if not self.holding_grads:
+                entry.unsharded_grad.zero_()
+            entry.unsharded.grad = entry.unsharded_grad
+
+    def reduce_gradients(self) -> None:
+        """After the unit's backward: reduce-scatter (avg) into the fp32 sharded gradients, or keep accumulating."""
+        if self.post_backward_done or not self.grads_prepared:
+            return
+        self.post_backward_done = True
+        self.grads_prepared = False
+        for entry in self.entries:
+            if entry.unsharded is not None:
+                entry.unsharded.grad = None  # the values are in the slot
+        if not self.requires_gradient_sync:
+            self.holding_grads = True
+            return
+        accumulate = self._stage_sharded_gradients()
+        self.reduce_op = self.group.reduce_scatter(
+            op=dbuf.ReduceOp.AVG, accumulate=accumulate, async_op=True, stream=self.session.stream()
+        )
+        self.holding_grads = False
+        self.releasable = True
+        self.reduced = True
+        self.session.stats.reduce_scatters += 1
+        self.session.stats.reduce_scatter_bytes += self.unsharded_elems * self.param_dtype.itemsize
+
+    def _stage_sharded_gradients(self) -> bool:
+        """Whether the reduce-scatter adds into the sharded gradients (some hold a gradient).
+
+        Where it adds, every sharded gradient region must hold the parameter's
+        gradient: zeros where .grad is None, the values of a .grad the user
+        put elsewhere.
+        """
+        with_grad = [e for e in self.entries if e.requires_grad]
+        accumulate = any(e.sharded.grad is not None for e in with_grad)
+        if accumulate:
+            with torch.no_grad():
+                for entry in with_grad:
+                    grad = entry.sharded.grad
+                    if grad is None:
+                        entry.shard_grad.zero_()
+                    elif grad.data_ptr() != entry.shard_grad.data_ptr() or grad.numel() != entry.shard_grad.numel():
+                        entry.shard_grad.copy_(grad)
+        return accumulate
+
+    def wait_reduce(self) -> None:
+        if self.reduce_op is not None:
+            op, self.reduce_op = self.reduce_op, None
+            op.wait()
+
+    def finish_backward(self) -> None:
+        """End of backward: the reduction done, the sharded gradients on the ShardedParameters."""
+        self.wait_reduce()
+        for entry in self.entries:
+            if entry.unsharded is not None and entry.unsharded.grad is not None:
+                raise dbuf.InternalError(
+                    f"unit {self.label}: a gradient of {entry.fqn} arrived after its reduce-scatter "
+                    f"(is the parameter used by another unit's forward too?)"
+                )
+            if self.reduced and entry.requires_grad:
+                entry.sharded.grad = entry.shard_grad
+        self._reset_pass()
+
+    # ------------------------------------------------------------ end
+
+    def close(self) -> None:
+        if self.group is not None:
+            if self.holds_slot:
+                self.session.slot_holders.remove(self)
+            self.group.close()

@@ -1,0 +1,64 @@
+"""dbuf.torch.auto_wrap: units chosen with the planner's diagnosis, registered with a real dbufd."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import dbuf
+import dbuf.torch as dt
+from conftest import run_threads
+
+
+def session_of(daemon, rank: int, world: int) -> dt.Session:
+    client = dbuf.Client(daemon.socket)
+    client.attach("wrap", rank, world)
+    return dt.Session(client, job="wrap", rank=rank, world_size=world, local_rank=rank, prefetch_depth=1)
+
+
+class Stack(nn.Module):
+    """Blocks of one 64 x 32 matrix: two bands of rows:32 each, too few for 4 ranks alone."""
+
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 64, bias=False) for _ in range(blocks))
+        self.out = nn.Linear(64, 8)
+
+
+def test_blocks_that_cannot_balance_alone_are_merged_as_the_diagnosis_says(daemon):
+    world = 4
+
+    def rank(r: int):
+        torch.manual_seed(0)
+        model = Stack(6)
+        units = dt.auto_wrap(model, granularity="rows:32", session=session_of(daemon, r, world))
+        return [(u.modules, round(u.inflation, 3), u.merged_because is not None) for u in units]
+
+    chosen = run_threads(world, rank)
+    assert all(c == chosen[0] for c in chosen)  # every rank chose the same units
+    blocks = [modules for modules, _, _ in chosen[0][:-1]]
+    # Alone: 2 bands for 4 ranks, 2x of N. Merged in pairs: 4 bands, 1x.
+    assert blocks == [("blocks.0", "blocks.1"), ("blocks.2", "blocks.3"), ("blocks.4", "blocks.5")]
+    assert all(inflation == 1.0 and merged for _, inflation, merged in chosen[0][:-1])
+    assert chosen[0][-1][0] == ("",)
+
+
+def test_max_merge_bounds_a_unit(daemon):
+    def rank(r: int):
+        torch.manual_seed(0)
+        units = dt.auto_wrap(Stack(4), granularity="rows:32", max_merge=1, session=session_of(daemon, r, 4))
+        return [(u.modules, u.inflation) for u in units[:-1]]
+
+    for chosen in run_threads(4, rank):
+        assert [m for m, _ in chosen] == [(f"blocks.{i}",) for i in range(4)]
+        assert all(inflation == 2.0 for _, inflation in chosen)
+
+
+def test_blocks_that_balance_stay_one_unit_each(daemon):
+    def rank(r: int):
+        torch.manual_seed(0)
+        units = dt.auto_wrap(Stack(3), granularity="element", session=session_of(daemon, r, 2))
+        return [u.modules for u in units]
+
+    for chosen in run_threads(2, rank):
+        assert chosen == [("blocks.0",), ("blocks.1",), ("blocks.2",), ("",)]
