@@ -6,38 +6,53 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_MODEL ?= models/gpt-oss-120b.json
 GPU_BUILD_DIR ?= build-gpu
+# The virtual environment of the Python package and its tests (scripts/python-env.sh).
+PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps configure build demo test bench gpu-bundle clean format
+.PHONY: all deps venv configure build python demo test bench gpu-bundle clean format
 
 all: build
 
 deps:
 	./scripts/install-deps.sh
 
+venv: deps
+	./scripts/python-env.sh
+
 $(BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDBUF_PYTHON=$(PYTHON) $(CMAKE_FLAGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-demo: build
+# The Python package, built and installed into .venv the way a user installs
+# it (pip install ./python), incrementally in $(BUILD_DIR)/python.
+python: venv
+	$(PYTHON) -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q ./python \
+	  -Cbuild-dir=$(BUILD_DIR)/python
+
+demo: build python
 	./scripts/demo.sh $(BUILD_DIR) $(DEMO_MODEL)
 	./scripts/demo_daemon.sh $(BUILD_DIR)
+	./scripts/demo_python.sh $(BUILD_DIR) $(PYTHON)
 
-test: build
+test: build python
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
-bench: build
-	./scripts/bench.sh $(BUILD_DIR)
+bench: build python
+	./scripts/bench.sh $(BUILD_DIR) $(PYTHON)
 
 # A CUDA build of its own (build-gpu/) packed into gpu-bundle/: copy that folder
 # to a machine with an NVIDIA GPU and run `gpu-bundle/run [RESULTS_DIR]` there
 # (gpu-bundle/README.txt).
-gpu-bundle: deps
+gpu-bundle: deps venv
 	cmake -S . -B $(GPU_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DDBUF_CUDA=ON $(CMAKE_FLAGS)
 	cmake --build $(GPU_BUILD_DIR) -j $(JOBS)
+	rm -rf $(GPU_BUILD_DIR)/python-package
+	DBUF_CUDA=ON $(PYTHON) -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q ./python \
+	  -Cbuild-dir=$(GPU_BUILD_DIR)/python --target $(GPU_BUILD_DIR)/python-package
 	./scripts/make_gpu_bundle.sh $(GPU_BUILD_DIR) gpu-bundle
 
 format:

@@ -11,3 +11,12 @@ echo "== control: round-trip latency between two processes (bare shared memory, 
 "$build_dir/bin/bench_control" --iterations 200000
 echo "== collectives: allGather / reduceScatter through dbufd, 4 and 8 rank processes, vs memcpy of the same bytes; unsharded memory of a 32-layer model (moderate sizes; docs/collectives.md has the full run) =="
 "$build_dir/bin/bench_collectives" --quick
+python=${2:-.venv/bin/python}
+if [[ -x "$python" ]]; then
+  echo "== python: no-op round trip from Python vs from C++ (goal: under 2 us more) =="
+  DBUF_DAEMON="$build_dir/bin/dbufd" "$python" python/bench/bench_overhead.py
+  echo "== python: the example GPT, 4 ranks: dbuf.torch vs PyTorch FSDP2 (gloo) step time, bytes, memory; both vs one process =="
+  daemon=$(realpath "$build_dir/bin/dbufd")
+  python=$(realpath -s "$python")
+  (cd python/examples && DBUF_DAEMON="$daemon" "$python" compare.py --steps 30 --backends fsdp2 dbuf)
+fi

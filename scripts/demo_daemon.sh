@@ -12,19 +12,8 @@ layers=${DEMO_LAYERS:-4}
 steps=${DEMO_STEPS:-3}
 shrink=${DEMO_SHRINK:-4}
 
-workdir=$(mktemp -d)
-socket="$workdir/dbufd.sock"
-daemon_pid=
-cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -TERM "$daemon_pid"; wait "$daemon_pid" || true; fi
-  rm -rf "$workdir"
-}
-trap cleanup EXIT
-
-"$build_dir/bin/dbufd" --config config/dbufd.toml --socket "$socket" --log-level info 2>"$workdir/dbufd.log" &
-daemon_pid=$!
-for _ in $(seq 100); do [[ -S "$socket" ]] && break; sleep 0.05; done
-[[ -S "$socket" ]] || { echo "dbufd did not start:"; cat "$workdir/dbufd.log"; exit 1; }
+source "$(dirname "$0")/temp_dbufd.sh"
+start_temp_dbufd "$build_dir" info
 
 echo "== dbufd on $socket: job 'demo', $ranks ranks, first $layers decoder layers of $(basename "$model" .json)" \
   "(dims / $shrink), rows:32, $steps training steps =="
@@ -38,9 +27,7 @@ done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 
-kill -TERM "$daemon_pid"
-wait "$daemon_pid" || status=1
-daemon_pid=
+stop_temp_dbufd || status=1
 echo "-- dbufd log --"
 cat "$workdir/dbufd.log"
 exit $status

@@ -286,6 +286,30 @@ else
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
+# The Python package's GPU tests (DLPack CUDA views, stream ordering, a short
+# dbuf.torch training), with the GPU machine's python3 when it has torch,
+# numpy and pytest (the bundle carries dbuf only: built for the build's Python).
+if [[ -d "$BUNDLE/python/dbuf" ]]; then
+  python_log="$RESULTS_DIR/python_gpu.log"
+  if ! PYTHONPATH="$BUNDLE/python" python3 -c 'import torch, numpy, pytest, dbuf' >"$python_log" 2>&1; then
+    printf '%-32s rc=%-4s %-7s %5ss  %s\n' python_gpu - "NOT RUN" 0 \
+      "python3 lacks torch / numpy / pytest or cannot load dbuf (python_gpu.log)" >>"$SUMMARY"
+  elif (($(budget_left) < 60)); then
+    printf '%-32s rc=%-4s %-7s %5ss  %s\n' python_gpu - "NOT RUN" 0 "GPU_RUN_BUDGET spent" >>"$SUMMARY"
+  else
+    python_limit=$TEST_TIMEOUT
+    (($(budget_left) < python_limit)) && python_limit=$(budget_left)
+    start=$(date +%s)
+    (cd "$BUNDLE/python/tests" && PYTHONPATH="$BUNDLE/python" DBUF_DAEMON="$BIN/dbufd" exec timeout \
+      --kill-after="$KILL_AFTER" "$python_limit" python3 -m pytest -q -p no:cacheprovider test_gpu.py) \
+      >"$python_log" 2>&1
+    rc=$?
+    ((rc == 0)) || all_ok=0
+    printf '%-32s rc=%-4s %-7s %5ss  %s\n' python_gpu "$rc" "$( ((rc == 0)) && echo PASS || echo FAIL)" \
+      "$(($(date +%s) - start))" "$(tail -n 1 "$python_log")" >>"$SUMMARY"
+  fi
+fi
+
 for name in "${tests[@]}"; do
   is_last_test "$name" && run_test "$name"
 done

@@ -8,6 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libgtest-dev
   libtomlplusplus-dev libspdlog-dev libasio-dev libboost-dev
   python3
+  fortunes
 )
 
 missing=()

@@ -18,6 +18,10 @@
 #   models/         the model files (benchmarks default to models/*.json,
 #                   relative to the working directory; `run` runs from the
 #                   bundle's root).
+#   python/         the Python package built with CUDA (BUILD_DIR/python-package,
+#                   `make gpu-bundle` installs it there) and its GPU tests
+#                   (python/tests/test_gpu.py with what it imports); `run`
+#                   runs them where the GPU machine's python3 has torch.
 #   run             scripts/gpu_bundle_run.sh
 #   README.txt      what it is, how to run it, where results go.
 #
@@ -115,6 +119,16 @@ shopt -u nullglob
 if [[ -d "$SOURCE_DIR/models" ]]; then
   mkdir -p "$BUNDLE_DIR/models"
   cp "$SOURCE_DIR"/models/*.json "$BUNDLE_DIR/models/"
+fi
+
+# The Python package and its GPU tests, when the build has them.
+if [[ -d "$BUILD_DIR/python-package/dbuf" ]]; then
+  mkdir -p "$BUNDLE_DIR/python/tests"
+  cp -r "$BUILD_DIR/python-package/dbuf" "$BUNDLE_DIR/python/"
+  find "$BUNDLE_DIR/python/dbuf" -name '*.so' -exec strip --strip-debug {} +
+  cp "$SOURCE_DIR"/python/tests/{conftest.py,test_gpu.py} "$BUNDLE_DIR/python/tests/"
+  cp -r "$SOURCE_DIR/python/tests/ranks" "$BUNDLE_DIR/python/tests/"
+  find "$BUNDLE_DIR/python" -name __pycache__ -prune -exec rm -rf {} +
 fi
 
 # --- lib/ (rule at the top) ----------------------------------------------------
