@@ -31,7 +31,7 @@ build: configure
 # it (pip install ./python), incrementally in $(BUILD_DIR)/python.
 python: venv
 	$(PYTHON) -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q ./python \
-	  -Cbuild-dir=$(BUILD_DIR)/python
+	  -Cbuild-dir=$(abspath $(BUILD_DIR))/python
 
 demo: build python
 	./scripts/demo.sh $(BUILD_DIR) $(DEMO_MODEL)
@@ -52,7 +52,7 @@ gpu-bundle: deps venv
 	cmake --build $(GPU_BUILD_DIR) -j $(JOBS)
 	rm -rf $(GPU_BUILD_DIR)/python-package
 	DBUF_CUDA=ON $(PYTHON) -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q ./python \
-	  -Cbuild-dir=$(GPU_BUILD_DIR)/python --target $(GPU_BUILD_DIR)/python-package
+	  -Cbuild-dir=$(abspath $(GPU_BUILD_DIR))/python --target $(abspath $(GPU_BUILD_DIR))/python-package
 	./scripts/make_gpu_bundle.sh $(GPU_BUILD_DIR) gpu-bundle
 
 format:

@@ -12,7 +12,9 @@
 #                   benchmark (bench_gpu_*), and the helpers GPU tests may
 #                   spawn: dbufd and whatever the build's bin/ holds named
 #                   coll*rank*, cf*rank*, mp*rank*, dbuf*, gpu* (with `_` or
-#                   `-` after the prefix). Copies are `strip --strip-debug`ed.
+#                   `-` after the prefix). Copies are `strip --strip-all`ed
+#                   (the static symbol tables go too: the bundle must stay
+#                   under 64 MiB; the dynamic symbols stay).
 #   lib/            shared libraries those binaries need that the GPU machine
 #                   may lack (rule below); often empty.
 #   models/         the model files (benchmarks default to models/*.json,
@@ -82,13 +84,13 @@ rm -rf "$BUNDLE_DIR"
 mkdir -p "$BUNDLE_DIR/bin" "$BUNDLE_DIR/lib"
 BUNDLE_DIR=$(cd "$BUNDLE_DIR" && pwd -P)
 
-copy_exe() { # SRC: into bin/, debug info stripped
+copy_exe() { # SRC: into bin/, debug info and static symbols stripped
   local dest
   dest="$BUNDLE_DIR/bin/$(basename "$1")"
   [[ -e "$dest" ]] && return 0
   cp -L "$1" "$dest"
   chmod 755 "$dest"
-  strip --strip-debug "$dest"
+  strip --strip-all "$dest"
 }
 
 : >"$BUNDLE_DIR/bin/gpu_tests.txt"
@@ -243,7 +245,7 @@ Results (all in RESULTS_DIR)
 
 Contents
 --------
-    bin/               executables (debug info stripped); bin/gpu_tests.txt
+    bin/               executables (debug info and symbol tables stripped); bin/gpu_tests.txt
     lib/               shared libraries the GPU machine may lack (may be empty)
     models/            model files (benchmark inputs)
     run                the runner
