@@ -89,9 +89,14 @@ struct Group::State final : Connection::DeferredRelease {
     if (!connection) return;
     std::erase(connection->on_detach, &unmap);
     std::erase(connection->deferred_releases, this);
-    // The trainer resharded: the slot goes back to the pool (best effort,
-    // once the stream is there), not held by a group that is gone.
-    if (release_point && connection->attached) static_cast<void>(finishRelease(true));
+    // The slot goes back to the pool (best effort: once a stream-ordered
+    // reshard's stream is there, or now), not held by a group that is gone.
+    if (!connection->attached) return;
+    if (release_point) {
+      static_cast<void>(finishRelease(true));
+    } else if (slot.valid()) {
+      static_cast<void>(release(std::nullopt, DbufferMapping::GpuWork::kMayBePending));
+    }
   }
 
   std::shared_ptr<Connection> connection;

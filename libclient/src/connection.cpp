@@ -114,6 +114,7 @@ void Connection::dropSocket() noexcept {
 }
 
 void Connection::close() noexcept {
+  attached = false;  // what groups outlive the connection must not call on it
   dropSocket();
   if (stream_order_) {
     // The page stays registered and the segment mapped for the process's
@@ -164,6 +165,7 @@ Result<void> Connection::checkAlive() {
 }
 
 void Connection::reap() {
+  if (!segment_.valid()) return;  // closed: no rings
   ipc::Completion completion;
   std::array<char, ipc::kCompletionMessageBytes> message{};
   std::size_t message_bytes = 0;

@@ -11,8 +11,8 @@
 // maps the slot where the last one was), and it means a view never points at
 // address space the process may reuse for something else. With host memory,
 // an unmapped range holds private zero pages, so a view used after reshard,
-// detach or the group's end reads zeros and its writes go nowhere: it cannot
-// fault. GPU ranges stay reserved but unmapped (the driver has no cheap
+// detach or the group's end reads zeros (its writes land in private pages
+// that the next mapping replaces): it cannot fault. GPU ranges stay reserved but unmapped (the driver has no cheap
 // equivalent of zero pages); kernels must not touch them after reshard.
 
 #include <cstddef>

@@ -24,6 +24,7 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,20 +53,25 @@ inline void unwrap(Result<void>&& result) {
 /// call succeeded anyway, say), if any.
 void raiseIfPending();
 
+/// True on a thread while a call must not be cancelled (a destructor, an
+/// explicit close): its interrupt check then neither runs Python's signal
+/// handlers nor cancels. Per thread: another thread's Ctrl-C still works.
+inline thread_local bool uninterruptible = false;  // NOLINT(readability-identifier-naming)
+
 /// One connection to dbufd as Python sees it: shared by its Client, Groups,
 /// Ops and nothing else. `client` is empty once closed.
 struct Session {
   std::mutex mutex;
   std::optional<Client> client;
-  /// False while a call must not be cancelled (destructors, close()).
-  std::atomic<bool> interruptible{true};
   /// The thread inside a call (holding `mutex`), if any: a Python signal
   /// handler run by that call's interrupt check must not call in again.
   std::atomic<std::thread::id> busy{};
   /// Groups, and the client, that Python let go of while their thread was
   /// inside a call of this session (a signal handler, a garbage collection
-  /// run by the interrupt check): closed when that call ends.
-  std::vector<Group> graveyard;
+  /// run by the interrupt check): closed when that call ends, never under
+  /// the call's feet. Groups are shared: a call holds its group for its
+  /// length, so the object it runs on cannot go away.
+  std::vector<std::shared_ptr<Group>> graveyard;
   bool close_pending = false;
 
   [[nodiscard]] bool calledFromInsideACall() const { return busy.load() == std::this_thread::get_id(); }
@@ -97,32 +103,49 @@ struct Session {
     }
     struct Leave {
       Session& session;
-      ~Leave() {
-        session.graveyard.clear();
-        if (session.close_pending) session.client.reset();
-        session.close_pending = false;
-        session.busy = std::thread::id{};
-      }
+      ~Leave() { session.leave(); }
     } leave{*this};
     return call(client);
+  }
+
+  /// The end of a call (mutex held): what was let go of during it is closed.
+  void leave() noexcept {
+    const bool was = uninterruptible;
+    uninterruptible = true;  // closing may wait; nothing may cancel it or run handlers
+    while (!graveyard.empty()) {
+      auto dead = std::move(graveyard);  // destructors may add more: none is lost, none cleared twice
+      graveyard.clear();
+      dead.clear();
+    }
+    if (close_pending) client.reset();
+    close_pending = false;
+    uninterruptible = was;
+    busy = std::thread::id{};
   }
 
   /// locked() for a libdbuf call returning a Result: its value, or its error
   /// raised (with the GIL back).
   template <typename F>
   auto run(F&& call) {
-    auto result = locked([&](std::optional<Client>& open) {
-      using R = decltype(call(std::declval<Client&>()));
+    using R = decltype(call(std::declval<Client&>()));
+    R result = locked([&](std::optional<Client>& open) {
       if (!open) return R(makeError(ErrorCode::kUnavailable, "the client is closed"));
       return call(*open);
     });
+    if constexpr (std::is_same_v<R, Result<OpHandle>>) {
+      // An op submitted while Ctrl-C arrived: nobody will get its handle.
+      if (result && PyErr_Occurred() != nullptr) abandon(*result);
+    }
     raiseIfPending();
     return unwrap(std::move(result));
   }
 };
 
-/// Seconds (None: the client's default) as libdbuf's timeout.
+/// Seconds (None: the client's default) as libdbuf's timeout; 0 is "now".
 std::optional<std::chrono::milliseconds> toTimeout(std::optional<double> seconds);
+/// toTimeout for a request to dbufd, which a timeout ends with the
+/// connection: 0 is refused (ValueError).
+std::optional<std::chrono::milliseconds> toRequestTimeout(std::optional<double> seconds);
 
 void bindErrors(nb::module_& module);
 void bindSession(nb::module_& module);

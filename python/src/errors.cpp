@@ -34,6 +34,16 @@ std::optional<std::chrono::milliseconds> toTimeout(std::optional<double> seconds
   return std::chrono::milliseconds(ms);
 }
 
+std::optional<std::chrono::milliseconds> toRequestTimeout(std::optional<double> seconds) {
+  const auto timeout = toTimeout(seconds);
+  if (timeout && timeout->count() == 0) {
+    throw nb::value_error(
+        "timeout must be > 0 seconds for a request to dbufd (a timed-out request closes the "
+        "connection)");
+  }
+  return timeout;
+}
+
 void bindErrors(nb::module_& module) {
   module.def(
       "_error_name", [](int code) { return std::string(toString(static_cast<ErrorCode>(code))); }, nb::arg("code"),

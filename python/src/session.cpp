@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <variant>
@@ -32,29 +33,40 @@ std::vector<std::int64_t> shapeOf(const nb::handle& shape) {
   return dims;
 }
 
+bool interpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 /// Ctrl-C: the waiting thread takes the GIL back briefly and lets Python run
 /// its signal handlers; a raised KeyboardInterrupt stays pending and cancels
-/// the wait (raise() then re-raises it).
+/// the wait (raise() then re-raises it). While the interpreter shuts down
+/// the wait is cancelled without touching Python (a thread taking the GIL
+/// then would be ended under our feet).
 std::function<bool()> interruptCheck(const std::weak_ptr<Session>& weak) {
   return [weak] {
-    const auto session = weak.lock();
-    if (!session || !session->interruptible) return false;
+    if (uninterruptible) return false;
+    if (interpreterFinalizing()) return true;
+    if (!weak.lock()) return false;
     const nb::gil_scoped_acquire gil;
     return PyErr_CheckSignals() != 0;
   };
 }
 
-/// A destructor or close() must finish: no cancelling, and no Python error
-/// left pending by it.
+/// A destructor or close() must finish: on this thread, no cancelling and
+/// no Python error left pending by it.
 class Uninterruptible {
  public:
-  explicit Uninterruptible(Session& session) : session_(session) { session_.interruptible = false; }
-  ~Uninterruptible() { session_.interruptible = true; }
+  Uninterruptible() : was_(uninterruptible) { uninterruptible = true; }
+  ~Uninterruptible() { uninterruptible = was_; }
   Uninterruptible(const Uninterruptible&) = delete;
   Uninterruptible& operator=(const Uninterruptible&) = delete;
 
  private:
-  Session& session_;
+  bool was_;
 };
 
 // ----------------------------------------------------------------- Op
@@ -73,17 +85,22 @@ class PyOp {
     if (state.result) return *state.result;
     if (state.error) raise(*state.error);
     const auto ms = toTimeout(timeout);
-    Result<OpResult> outcome = state.session->locked([&](std::optional<Client>& client) {
-      return client ? client->wait(state.handle, ms)
-                    : Result<OpResult>(makeError(ErrorCode::kUnavailable, "the client is closed"));
+    // The state is read and written under the session's mutex: two threads
+    // may wait on one op, the second then finds the first one's result.
+    Result<OpResult> outcome = state.session->locked([&](std::optional<Client>& client) -> Result<OpResult> {
+      if (state.result) return *state.result;
+      if (state.error) return *state.error;
+      if (!client) return makeError(ErrorCode::kUnavailable, "the client is closed");
+      auto waited = client->wait(state.handle, ms);
+      if (waited) {
+        state.result = *waited;
+      } else if (waited.error().code != ErrorCode::kTimeout && waited.error().code != ErrorCode::kCancelled) {
+        state.error = waited.error();  // it ended with this error
+      }
+      return waited;
     });
-    if (outcome) {
-      state.result = *outcome;
-    } else if (outcome.error().code != ErrorCode::kTimeout && outcome.error().code != ErrorCode::kCancelled) {
-      state.error = outcome.error();  // it ended with this error
-    }
     raiseIfPending();
-    if (outcome) return *state.result;
+    if (outcome) return *outcome;
     raise(outcome.error());  // a timeout or a cancelled wait leaves the op in flight: wait again
   }
 
@@ -146,7 +163,8 @@ OpOrResult finish(const std::shared_ptr<Session>& session, OpHandle handle, bool
 }
 
 ReduceOptions reduceOptions(ReduceMode op, double pre_scale, double post_scale, bool accumulate) {
-  if (!std::isfinite(pre_scale) || !std::isfinite(post_scale)) throw nb::value_error("scales must be finite");
+  const auto fits = [](double x) { return std::isfinite(x) && std::abs(x) <= std::numeric_limits<float>::max(); };
+  if (!fits(pre_scale) || !fits(post_scale)) throw nb::value_error("scales must be finite fp32 numbers");
   return {op, static_cast<float>(pre_scale), static_cast<float>(post_scale), accumulate};
 }
 
@@ -155,7 +173,10 @@ ReduceOptions reduceOptions(ReduceMode op, double pre_scale, double post_scale, 
 class PyGroup {
  public:
   PyGroup(std::shared_ptr<Session> session, Group group)
-      : session_(std::move(session)), group_(std::move(group)), plan_(group_->plan()), name_(group_->name()) {}
+      : session_(std::move(session)),
+        group_(std::make_shared<Group>(std::move(group))),
+        plan_(group_->plan()),
+        name_(group_->name()) {}
   PyGroup(const PyGroup&) = delete;
   PyGroup& operator=(const PyGroup&) = delete;
   ~PyGroup() { close(); }
@@ -165,11 +186,10 @@ class PyGroup {
   void close() {
     if (!group_) return;
     if (session_->calledFromInsideACall()) {  // let go of from inside a call: closed when it ends
-      session_->graveyard.push_back(std::move(*group_));
-      group_.reset();
+      session_->graveyard.push_back(std::move(group_));
       return;
     }
-    const Uninterruptible steady(*session_);
+    const Uninterruptible steady;
     session_->locked([&](std::optional<Client>&) { group_.reset(); });
   }
 
@@ -193,13 +213,15 @@ class PyGroup {
     throw nb::key_error(("group '" + name_ + "' has no tensor '" + wanted + "'").c_str());
   }
 
-  /// Runs `call` on the live group (session mutex held, GIL released).
+  /// Runs `call` on the live group (session mutex held, GIL released). The
+  /// call holds the group: closing it meanwhile (a signal handler) defers.
   template <typename F>
   auto run(F&& call) {
+    std::shared_ptr<Group> group = group_;
     return session_->run([&](Client&) {
       using R = decltype(call(std::declval<Group&>()));
-      if (!group_) return R(makeError(ErrorCode::kInvalidArgument, "group '" + name_ + "' is closed"));
-      return call(*group_);
+      if (!group) return R(makeError(ErrorCode::kInvalidArgument, "group '" + name_ + "' is closed"));
+      return call(*group);
     });
   }
 
@@ -220,7 +242,7 @@ class PyGroup {
 
  private:
   std::shared_ptr<Session> session_;
-  std::optional<Group> group_;
+  std::shared_ptr<Group> group_;  // shared with the call running on it, if any
   GroupPlan plan_;
   std::string name_;
 };
@@ -254,14 +276,14 @@ class PyClient {
       session_->close_pending = true;
       return;
     }
-    const Uninterruptible steady(*session_);
+    const Uninterruptible steady;
     session_->locked([](std::optional<Client>& client) { client.reset(); });
   }
 
   void attach(const std::string& job, std::uint32_t rank, std::uint32_t world_size, std::uint32_t local_rank,
               std::int32_t device, bool persistent, std::uint32_t prefetch_depth, std::optional<double> timeout) {
     AttachOptions options{job, rank, world_size, local_rank, device, persistent, prefetch_depth};
-    const auto ms = toTimeout(timeout);
+    const auto ms = toRequestTimeout(timeout);
     session_->run([&](Client& client) { return client.attach(options, ms); });
   }
 
@@ -275,7 +297,7 @@ class PyClient {
     spec.sharded_dtype = dtypeOf(sharded_dtype);
     spec.unsharded_dtype = dtypeOf(unsharded_dtype);
     spec.align_bytes = align_bytes;
-    const auto ms = toTimeout(timeout);
+    const auto ms = toRequestTimeout(timeout);
     Group group = session_->run([&](Client& client) { return client.registerGroup(spec, ms); });
     return new PyGroup(session_, std::move(group));  // NOLINT(cppcoreguidelines-owning-memory): Python owns it
   }
@@ -389,21 +411,21 @@ void bindGroup(nb::module_& m) {
       .def(
           "acquire_slot",
           [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toTimeout(timeout);
+            const auto ms = toRequestTimeout(timeout);
             g.run([&](Group& group) { return group.acquireSlot(ms); });
           },
           "timeout"_a = nb::none(), "Maps an unsharded slot without gathering (not a collective).")
       .def(
           "unshard",
           [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toTimeout(timeout);
+            const auto ms = toRequestTimeout(timeout);
             g.run([&](Group& group) { return group.unshard(ms); });
           },
           "timeout"_a = nb::none(), "Collective: acquire_slot() if needed, then all_gather() and wait for it.")
       .def(
           "reshard",
           [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toTimeout(timeout);
+            const auto ms = toRequestTimeout(timeout);
             g.run([&](Group& group) { return group.reshard(ms); });
           },
           "timeout"_a = nb::none(),
@@ -509,7 +531,7 @@ void bindClient(nb::module_& m) {
       .def(
           "detach",
           [](PyClient& c, std::optional<double> timeout) {
-            const auto ms = toTimeout(timeout);
+            const auto ms = toRequestTimeout(timeout);
             c.session()->run([&](Client& client) { return client.detach(ms); });
           },
           "timeout"_a = nb::none(), "Orderly goodbye; views read zeros afterwards.")

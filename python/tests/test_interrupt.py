@@ -146,3 +146,32 @@ def test_a_signal_handler_calling_into_a_waiting_client_gets_an_error_not_a_hang
     other.barrier()
     op.wait()
     assert client.noop().sequence == 0
+
+
+def test_a_signal_handler_closing_the_group_a_call_waits_on_defers_the_close(daemon):
+    import os
+
+    def attach(rank: int) -> dbuf.Client:
+        client = dbuf.Client(daemon.socket)
+        client.attach("close-inside", rank, 2)
+        return client
+
+    clients = [attach(0), attach(1)]
+    groups = run_threads(2, lambda r: clients[r].register_group("g", [dbuf.TensorSpec("w", (64, 64))]))
+    group = groups[0]
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: group.close())
+    try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        try:
+            group.unshard(timeout=0.5)  # rank 1 never gathers: waits in the all-gather
+        except dbuf.TimeoutError:
+            pass
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    try:
+        group.unshard()
+    except dbuf.InvalidArgumentError as error:
+        assert "closed" in str(error)
+    else:
+        raise AssertionError("the group was not closed")
+    assert clients[0].noop().sequence == 0

@@ -62,3 +62,43 @@ def test_blocks_that_balance_stay_one_unit_each(daemon):
 
     for chosen in run_threads(2, rank):
         assert chosen == [("blocks.0",), ("blocks.1",), ("blocks.2",), ("",)]
+
+
+class TiedAcross(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_weights_tied_across_units_are_refused(daemon):
+    session = session_of(daemon, 0, 1)
+    model = TiedAcross()
+    dt.fully_shard(model.embed, session=session)
+    try:
+        dt.fully_shard(model, session=session)
+    except ValueError as error:
+        assert "head.weight" in str(error) and "shared" in str(error)
+    else:
+        raise AssertionError("a weight tied across two units was sharded twice")
+
+
+def test_state_dicts_keep_parameters_no_unit_shards_and_persistent_buffers_only(daemon):
+    def rank(r: int):
+        torch.manual_seed(0)
+        model = Stack(2)
+        model.register_buffer("kept", torch.arange(3))
+        model.register_buffer("scratch", torch.ones(2), persistent=False)
+        ignored = set(model.out.parameters())
+        dt.fully_shard(model, session=session_of(daemon, r, 2), ignored_params=ignored)
+        full = dt.get_model_state_dict(model, full=True, rank0_only=False)
+        sharded = dt.get_model_state_dict(model, full=False)
+        return full, sharded, {n: p.detach().clone() for n, p in model.out.named_parameters()}
+
+    for full, sharded, out in run_threads(2, rank):
+        for state in (full, sharded):
+            assert "kept" in state and "scratch" not in state
+            assert torch.equal(state["out.weight"], out["weight"]) and torch.equal(state["out.bias"], out["bias"])
+        assert isinstance(sharded["blocks.0.weight"], dt.LocalShard)
+        assert full["blocks.0.weight"].shape == (64, 32)

@@ -547,3 +547,59 @@ TEST(ClientInterrupt, BlockingFormsThatGiveUpDoNotWedgeTheClient) {
 
 }  // namespace
 }  // namespace dbuf::integration
+
+namespace dbuf::integration {
+namespace {
+
+// A group destroyed while it holds its slot gives the slot back: with a pool
+// of one, the next group can take it.
+TEST(ClientMemory, AGroupDestroyedWhileUnshardedGivesItsSlotBack) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("give-back", 0, 1, false, 0));  // prefetch depth 0: one slot
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  GroupSpec first;
+  first.name = "first";
+  first.tensors = {{"w", {64, 64}, "", -1}};
+  GroupSpec second = first;
+  second.name = "second";
+  auto other = client->registerGroup(second);
+  ASSERT_TRUE(other.ok()) << messageOf(other);
+  {
+    auto group = client->registerGroup(first);
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    ASSERT_TRUE(group->acquireSlot().ok());
+    EXPECT_FAILS_WITH(other->acquireSlot(), ErrorCode::kConflict);  // the one slot is taken
+  }
+  EXPECT_TRUE(other->acquireSlot().ok()) << "the destroyed group kept its slot";
+}
+
+}  // namespace
+}  // namespace dbuf::integration
+
+namespace dbuf::integration {
+namespace {
+
+// A group that outlives its client (closed, rings unmapped) is destroyed
+// without touching the connection's memory.
+TEST(ClientMemory, AGroupOutlivingItsClientIsDestroyedSafely) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  std::optional<Group> group;
+  {
+    auto client = daemon.attach(rankOf("outlive", 0, 1));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    GroupSpec spec;
+    spec.name = "g";
+    spec.tensors = {{"w", {64, 64}, "", -1}};
+    auto registered = client->registerGroup(spec);
+    ASSERT_TRUE(registered.ok()) << messageOf(registered);
+    group.emplace(std::move(*registered));
+    ASSERT_TRUE(group->acquireSlot().ok());
+  }  // the client goes first
+  EXPECT_FAILS_WITH(group->allGather(), ErrorCode::kUnavailable);
+  group.reset();  // must not reap the unmapped rings
+}
+
+}  // namespace
+}  // namespace dbuf::integration

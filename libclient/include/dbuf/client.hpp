@@ -37,10 +37,11 @@
 /// unshard() maps the slot at the same address, so a view taken once stays
 /// right across reshard / unshard. Host memory (dbufd's host backend): once
 /// unmapped, a range holds private zero pages, so a stale view reads zeros
-/// and its writes are lost, but never fault; a view's `pin` keeps its range
-/// reserved even after the Group is gone (language bindings hold it in the
-/// objects they hand out). GPU memory: the range stays reserved, unmapped;
-/// kernels must not use it after reshard() (an illegal-address fault).
+/// (its writes land in private pages that the next mapping replaces) and
+/// never faults; a view's `pin` keeps its range reserved even after the
+/// Group is gone (language bindings hold it in the objects they hand out).
+/// GPU memory: the range stays reserved, unmapped; kernels must not use it
+/// after reshard() (an illegal-address fault).
 
 #include <chrono>
 #include <cstddef>
@@ -197,6 +198,8 @@ class Group {
  public:
   Group(Group&&) noexcept;
   Group& operator=(Group&&) noexcept;
+  /// Gives a slot it still holds back to the pool (as reshard(), best
+  /// effort), and unmaps its memory. The daemon keeps the shards.
   ~Group();
 
   [[nodiscard]] const std::string& name() const noexcept;

@@ -31,7 +31,8 @@
  * (across reshard / unshard), and stays reserved after the group is gone
  * while a pin of it is held (dbuf_group_pin). With host memory a view whose
  * memory is no longer mapped (after reshard, detach or dbuf_group_free)
- * reads zeros and its writes are lost, but it never faults; with GPU memory
+ * reads zeros (writes land in private pages the next mapping replaces) and
+ * never faults; with GPU memory
  * kernels must not touch it then. "View lifetimes and pins" below has the
  * rules.
  *
@@ -319,8 +320,8 @@ dbuf_status dbuf_group_tensor_granularity(const dbuf_group* group, size_t index,
  * the process for anything else, while the group lives or a pin of its
  * range (dbuf_group_pin) is held:
  *   - host memory (dbuf_memory_device: -1): the range holds private zero
- *     pages: a stale view reads zeros and its writes are lost, never a
- *     fault;
+ *     pages: a stale view reads zeros (its writes land in private pages the
+ *     next mapping replaces), never a fault;
  *   - GPU memory: the range is reserved but unmapped: kernels must not
  *     touch it (an illegal-address fault, which ends the process's CUDA
  *     context).

@@ -17,6 +17,7 @@ environment, the daemon's socket from ``$DBUF_SOCKET`` (:func:`init` sets them
 explicitly). No process group is needed.
 """
 
+from ._clip import clip_grad_norm_
 from ._fully_shard import DBufModule, MixedPrecisionPolicy, fully_shard, units
 from ._param import ShardedParameter, ShardInfo, shard_info
 from ._session import Session, default_session, destroy, init, is_initialized
@@ -28,6 +29,7 @@ __all__ = [
     "LocalShard",
     "WrappedUnit",
     "auto_wrap",
+    "clip_grad_norm_",
     "get_model_state_dict",
     "set_model_state_dict",
     "MixedPrecisionPolicy",

@@ -23,6 +23,8 @@ The hooks, per unit (the order every rank follows, so the collectives match):
 
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, overload
 
@@ -141,7 +143,7 @@ def _mix_in(module: nn.Module) -> None:
 
 
 class _PostBackward(torch.autograd.Function):
-    """Identity on a unit's inputs; its backward runs once the unit's backward is done."""
+    """Identity on a unit's inputs; its backward runs once that call's backward through the unit is done."""
 
     @staticmethod
     def forward(ctx, unit: Unit, *inputs: torch.Tensor):  # type: ignore[override]
@@ -150,7 +152,10 @@ class _PostBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):  # type: ignore[override]
-        ctx.unit.reduce_gradients()
+        unit = ctx.unit
+        unit.routed_calls -= 1
+        if unit.routed_calls == 0:  # every call's backward through the unit is done
+            unit.reduce_gradients()
         return (None, *grads)
 
 
@@ -159,7 +164,13 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
 
 
 class _Hooks:
-    """The hooks of one unit (see the module docstring)."""
+    """The hooks of one unit (see the module docstring).
+
+    Iterations: the root is the first unit whose forward ran with no other
+    unit's forward around it (FSDP2's lazy root), for good; each top-level
+    forward of the root starts an iteration. The first iteration records the
+    order units enter and leave forward, which prefetching follows.
+    """
 
     def __init__(self, unit: Unit) -> None:
         self.unit = unit
@@ -169,18 +180,28 @@ class _Hooks:
 
     def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
         unit, session = self.unit, self.session
-        if session.forwards_running == 0 and not session.in_backward:
-            self._start_pass()
+        if session.forwards_running == 0:
+            if session.root is None:
+                session.root = unit
+            if unit is session.root:
+                self._start_iteration()
         first_call = not unit.forward_ran
         if not unit.inside:
             self._enter(first_call)
         if unit.cast_forward_inputs:
             args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
-        if first_call and torch.is_grad_enabled():
-            # The first call's inputs get their gradients last: the unit's
-            # backward (all its calls') is done then.
-            args = self._route_through_post_backward(args)
+        if torch.is_grad_enabled():
+            args, kwargs = self._route_through_post_backward(args, kwargs)
         return args, kwargs
+
+    def _start_iteration(self) -> None:
+        session = self.session
+        if session.in_backward:
+            _recover_from_an_unfinished_backward(session)
+        if session.forward_order:
+            session.order_recorded = True  # the first iteration's
+        for unit in session.units:
+            unit.forward_ran = False
 
     def _enter(self, first_call: bool) -> None:
         unit, session = self.unit, self.session
@@ -190,14 +211,20 @@ class _Hooks:
         unit.unshard()
         unit.use_unsharded()
         if first_call:
-            if not session.order_recorded:
+            if not session.order_recorded and unit not in session.forward_order:
                 session.forward_order.append(unit)
             self._prefetch(unit.forward_prefetch, session.forward_order)
 
     def post_forward(self, module: nn.Module, args: tuple, output: Any):
+        # Registered with always_call: runs when the forward raised too (then
+        # output is None and an exception is being handled), so that a
+        # caught error leaves the unit resharded and the counts right.
         unit, session = self.unit, self.session
+        if not unit.inside:
+            return output  # its pre-hook failed before entering
         unit.modules_done.add(id(module))
-        if len(unit.modules_done) < len(unit.modules):
+        failed = sys.exc_info()[1] is not None and output is None
+        if len(unit.modules_done) < len(unit.modules) and not failed:
             return output  # a grouped unit: the others' forwards are still to come
         unit.modules_done = set()
         unit.inside = False
@@ -206,13 +233,18 @@ class _Hooks:
         if not session.order_recorded and unit not in session.post_forward_order:
             session.post_forward_order.append(unit)
         grad = torch.is_grad_enabled()
-        if (not grad or self._reshard_after_forward()) and not unit.holding_grads:
+        if (failed or not grad or self._reshard_after_forward()) and not unit.holding_grads:
             unit.reshard()
-        if grad:
+        if grad and not failed:
             self._hook_outputs(output)
         if session.forwards_running == 0:
-            session.order_recorded = True
-        if unit.output_dtype is not None:
+            if failed:
+                # No backward will come for a forward that raised: its
+                # calls no longer count for the next backward's reductions.
+                for routed in session.pass_routes:
+                    routed.routed_calls -= 1
+            session.pass_routes.clear()
+        if unit.output_dtype is not None and not failed:
             output = _cast(output, unit.output_dtype)
         return output
 
@@ -224,17 +256,13 @@ class _Hooks:
             return self.unit is not self.session.root
         return bool(value)
 
-    def _start_pass(self) -> None:
-        """A forward that no other unit's forward encloses: this unit is the root of the pass."""
-        self.session.root = self.unit
-        for unit in self.session.units:
-            unit.forward_ran = False
-
-    def _route_through_post_backward(self, args: tuple) -> tuple:
-        flat, spec = tree_flatten(args)
+    def _route_through_post_backward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        flat, spec = tree_flatten((args, kwargs))
         positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not positions:
-            return args  # the end of backward reduces this unit
+            return args, kwargs  # no gradient reaches this call's inputs: the end of backward reduces
+        self.unit.routed_calls += 1
+        self.session.pass_routes.append(self.unit)
         routed = _PostBackward.apply(self.unit, *(flat[i] for i in positions))
         for i, tensor in zip(positions, routed):
             flat[i] = tensor
@@ -250,29 +278,36 @@ class _Hooks:
 
     def _pre_backward(self, grad: torch.Tensor) -> None:
         unit, session = self.unit, self.session
+        task = torch._C._current_graph_task_id()
+        if session.backward_task != task:
+            # The first unit of this backward (the engine's graph task): the
+            # end-of-backward callback, once per backward.
+            if session.in_backward:
+                _recover_from_an_unfinished_backward(session)
+            session.in_backward = True
+            session.backward_task = task
+            session.order_recorded = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         if unit.pre_backward_done:
             return
         unit.pre_backward_done = True
-        if not session.in_backward:
-            session.in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         unit.unshard()
         unit.prepare_gradients()
         self._prefetch(unit.backward_prefetch, list(reversed(session.post_forward_order)))
 
     def _end_of_backward(self) -> None:
         session = self.session
+        steps = [
+            *(unit.reduce_gradients for unit in reversed(session.post_forward_order) if unit.pre_backward_done),
+            *(unit.finish_backward for unit in session.units),
+        ]
         try:
-            for unit in reversed(session.post_forward_order):
-                if unit.pre_backward_done:
-                    unit.reduce_gradients()
-            for unit in session.units:
-                unit.finish_backward()
-            for unit in list(session.slot_holders):
-                if not unit.holding_grads:
-                    unit.reshard()
+            _run_all(steps)
+            _run_all([unit.reshard for unit in list(session.slot_holders) if not unit.holding_grads])
+            session.collect()
         finally:
             session.in_backward = False
+            session.backward_task = None
 
     def _prefetch(self, explicit: list[Unit] | None, order: list[Unit]) -> None:
         """Starts gathering the unit after this one in `order` (or the explicit ones), if a slot is free."""
@@ -288,16 +323,41 @@ class _Hooks:
             target.start_gather(required=False)
 
 
+def _run_all(steps: list[Callable[[], None]]) -> None:
+    """Runs every step even when some raise (each unit's state must be reset); raises the first error."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def _recover_from_an_unfinished_backward(session: Session) -> None:
+    """A backward raised before its end (its callback never ran): drop its gradients, give the slots back."""
+    warnings.warn(
+        "dbuf.torch: the previous backward did not finish (it raised); its gradients are dropped", stacklevel=3
+    )
+    for unit in session.units:
+        unit.abandon_backward()
+    session.in_backward = False
+    session.backward_task = None
+
+
 # ---------------------------------------------------------------- fully_shard
 
 
 def _managed_parameters(
-    modules: list[nn.Module], ignored: set[nn.Parameter]
+    modules: list[nn.Module], ignored: set[nn.Parameter], session: Session
 ) -> list[tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]]:
     """The parameters a new unit of `modules` takes: not ignored, not already a unit's.
 
     Each comes with every (module, attribute) that holds it (tied weights),
-    named by its first path from the first module.
+    named by its first path from the first module. A parameter an earlier
+    unit took, still held by a module here (weights tied across units), is
+    an error, as in FSDP2: two units would keep two copies that drift apart.
     """
     found: dict[int, tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]] = {}
     for position, root in enumerate(modules):
@@ -309,6 +369,12 @@ def _managed_parameters(
                 if isinstance(param, ShardedParameter):
                     continue  # a unit of a submodule has it
                 fqn = prefix + (f"{module_name}.{name}" if module_name else name)
+                taken_by = session.unit_holding(param)
+                if taken_by is not None:
+                    raise ValueError(
+                        f"parameter {fqn} is shared with unit {taken_by.label}, which already shards it: put the "
+                        f"modules that share it in one unit (fully_shard their common parent, or a list of them)"
+                    )
                 if id(param) in found:
                     found[id(param)][2].append((module, name))
                 else:
@@ -375,7 +441,7 @@ def fully_shard(
         if getattr(m, "_dbuf_unit", None) is not None:
             raise ValueError(f"{type(m).__name__} is already a dbuf unit")
     session = session if session is not None else default_session()
-    params = _managed_parameters(modules, set(ignored_params or ()))
+    params = _managed_parameters(modules, set(ignored_params or ()), session)
     rules: dict[str, str] = {}
     default_rule = granularity if isinstance(granularity, str) else "element"
     if callable(granularity):
@@ -396,11 +462,13 @@ def fully_shard(
         label=_label(modules),
     )
     session.units.append(unit)
+    for _, param, _ in params:
+        session.claim(param, unit)
     hooks = _Hooks(unit)
     for m in modules:
         m._dbuf_unit = unit
         m.register_forward_pre_hook(hooks.pre_forward, prepend=True, with_kwargs=True)
-        m.register_forward_hook(hooks.post_forward)
+        m.register_forward_hook(hooks.post_forward, always_call=True)
         _mix_in(m)
     return modules if isinstance(module, (list, tuple)) else module
 

@@ -11,6 +11,7 @@ it, creating it from torchrun's environment on first use.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,9 +96,14 @@ class Session:
         self.order_recorded = False
         self.root: Unit | None = None  # the unit whose forward encloses the pass's others
         self.in_backward = False
+        self.backward_task: int | None = None  # the autograd graph task of the backward in progress
         self.forwards_running = 0
+        self.pass_routes: list[Unit] = []  # units whose inputs this top-level forward routed (see _fully_shard)
         self._staging: dbuf.Group | None = None
         self.stats = Stats()
+        self._prefetch_stream = None
+        self.unwaited: list[dbuf.Op] = []  # GPU: stream-ordered ops used, their results not yet collected
+        self._claimed: dict[int, tuple[weakref.ref, Unit]] = {}
 
     # ------------------------------------------------------------ placement
 
@@ -109,9 +115,38 @@ class Session:
         """The stream ops are ordered on: the current CUDA stream for GPU memory, else None (host)."""
         return None if self.device is None else torch.cuda.current_stream(self.device)
 
+    def prefetch_stream(self):
+        """GPU memory: the stream prefetching all-gathers are ordered on (after the current stream's
+        work so far); None for host memory."""
+        if self.device is None:
+            return None
+        if self._prefetch_stream is None:
+            self._prefetch_stream = torch.cuda.Stream(self.device)
+        self._prefetch_stream.wait_stream(self.stream())  # the shards as the optimizer left them
+        return self._prefetch_stream
+
+    def collect(self) -> None:
+        """Waits for the stream-ordered ops whose results were not collected yet (their errors raise here)."""
+        ops, self.unwaited = self.unwaited, []
+        for op in ops:
+            op.wait()
+
     def next_group_name(self, label: str) -> str:
         # Every rank makes its units in the same order: the index names them alike.
         return f"{len(self.units):04d}:{label}"[:200]
+
+    # ------------------------------------------------------------ parameters
+
+    def claim(self, param: torch.nn.Parameter, unit: Unit) -> None:
+        """`param` (the module's original parameter) is `unit`'s now."""
+        self._claimed[id(param)] = (weakref.ref(param), unit)
+
+    def unit_holding(self, param: torch.nn.Parameter) -> Unit | None:
+        """The unit that took this original parameter, if any."""
+        claimed = self._claimed.get(id(param))
+        if claimed is None or claimed[0]() is not param:
+            return None
+        return claimed[1]
 
     # ------------------------------------------------------------ slots
 
@@ -134,7 +169,9 @@ class Session:
                 wanted = unit.label if unit is not None else label
                 raise dbuf.ConflictError(
                     f"{wanted} needs an unsharded slot and all {self.slots} are held ({held}); attach with a "
-                    f"larger prefetch_depth (dbuf.torch.init(prefetch_depth=...)), or sync gradients more often"
+                    f"larger prefetch_depth (dbuf.torch.init(prefetch_depth=...)): units that keep their "
+                    f"parameters for backward (reshard_after_forward=False, the root), that accumulate without "
+                    f"sync, or whose backward runs through several forwards hold theirs"
                 )
             releasable.reshard()
         return True
@@ -156,6 +193,28 @@ class Session:
                 unsharded_dtype="fp32",
             )
         return self._staging
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum over the job's ranks of a small fp32 vector (every rank calls it: collective).
+
+        Summed in fp32 in rank order by dbufd, through the staging group.
+        """
+        count = values.numel()
+        staging = self.staging()
+        if count > self.STAGING_ELEMS * self.world_size:
+            raise ValueError(f"all_reduce_sum takes at most {self.STAGING_ELEMS * self.world_size} values")
+        self.make_room(None, required=True, label="an all-reduce")
+        staging.acquire_slot()
+        try:
+            buffer = staging.unsharded_grad_view(0).torch()
+            buffer[:count].copy_(values.reshape(-1))
+            staging.all_reduce(op=dbuf.ReduceOp.SUM, stream=self.stream())
+            return buffer[:count].clone().reshape(values.shape)
+        finally:
+            if self.device is None:
+                staging.reshard()
+            else:
+                staging.reshard_on_stream(self.stream())
 
     # ------------------------------------------------------------ end
 

@@ -17,7 +17,7 @@ from torch import nn
 import dbuf
 
 from ._fully_shard import units as units_of
-from ._param import ShardInfo
+from ._param import ShardedParameter, ShardInfo
 from ._session import Session
 from ._unit import ParamEntry, Unit
 
@@ -95,17 +95,27 @@ class _Staging:
             self.group.reshard_on_stream(self.session.stream())
 
 
-def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: buffer for name, buffer in model.named_buffers()}
+def _replicated(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What every rank holds whole: persistent buffers, and parameters no unit shards (ignored ones)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        for name, buffer in module._buffers.items():
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                out[dot + name] = buffer
+        for name, param in module._parameters.items():
+            if param is not None and not isinstance(param, ShardedParameter):
+                out.setdefault(dot + name, param)
+    return out
 
 
 def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: bool = True) -> dict:
-    """The model's state: parameters (fp32 master values) and buffers. Collective when ``full``.
+    """The model's state: parameters (fp32 master values) and persistent buffers. Collective when ``full``.
 
     full: every parameter whole, with its original shape, as a plain tensor:
     on rank 0 (other ranks get an empty dict) or, with ``rank0_only=False``,
     on every rank. Not full: ``{fqn: LocalShard}`` with this rank's elements.
-    Buffers (not sharded) come from this rank's modules.
+    Buffers and parameters no unit shards come from this rank's modules.
     """
     all_units = list(units_of(model))
     if not full:
@@ -113,7 +123,7 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
         for unit in all_units:
             for entry, name in _entry_names(model, unit):
                 state[name] = LocalShard(entry.sharded.detach().clone(), entry.sharded.shard_info)
-        state.update({k: v.detach().clone() for k, v in _buffers(model).items()})
+        state.update({k: v.detach().clone() for k, v in _replicated(model).items()})
         return state
     if not all_units:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -125,7 +135,7 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
             if unit.group is not None:
                 state.update(_gather_unit(model, unit, staging, receives))
     if receives:
-        state.update({k: v.detach().clone() for k, v in _buffers(model).items()})
+        state.update({k: v.detach().clone() for k, v in _replicated(model).items()})
     return state
 
 
@@ -168,21 +178,19 @@ def _gather_unit(model: nn.Module, unit: Unit, staging: _Staging, receives: bool
 
 
 def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_rank0: bool = False) -> None:
-    """Loads parameters and buffers into the model's shards (and modules).
+    """Loads parameters and persistent buffers into the model's shards (and modules).
 
     ``state_dict`` may be full (whole tensors: each rank takes its elements)
     or sharded (LocalShards made on the same plan: each rank its own). With
-    ``broadcast_from_rank0``, only rank 0's (full) dict counts: its tensors go
-    to every rank through dbufd (collective); floating-point buffers too,
-    others must be in every rank's dict.
+    ``broadcast_from_rank0``, only rank 0's (full) dict counts (pass {} on
+    the others): rank 0 checks it, then its tensors, buffers included, go to
+    every rank through dbufd, exactly (collective; integer buffers up to
+    2^24). A dict rank 0 finds wrong raises on every rank, naming the problem
+    on rank 0.
     """
     all_units = [u for u in units_of(model) if u.group is not None]
     if broadcast_from_rank0 and all_units:
-        session = all_units[0].session
-        with _Staging(session) as staging:
-            for unit in all_units:
-                _broadcast_unit(model, unit, staging, state_dict if session.rank == 0 else {})
-        _broadcast_buffers(model, staging_session=session, state_dict=state_dict)
+        _broadcast_state(model, all_units, state_dict)
         return
     with torch.no_grad():
         for unit in all_units:
@@ -190,9 +198,84 @@ def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_r
                 if name not in state_dict:
                     raise KeyError(f"state dict has no {name}")
                 _load_entry(entry, name, state_dict[name])
-        for name, buffer in _buffers(model).items():
+        for name, tensor in _replicated(model).items():
             if name in state_dict:
-                buffer.copy_(state_dict[name])
+                tensor.copy_(state_dict[name])
+
+
+_EXACT_INTEGERS = 1 << 24  # fp32 holds every integer up to here exactly
+
+
+def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str | None:
+    """What is wrong with rank 0's dict for a broadcast load, if anything."""
+    expected = {name: tuple(entry.sharded.global_shape) for unit in units for entry, name in _entry_names(model, unit)}
+    expected.update({name: tuple(t.shape) for name, t in _replicated(model).items()})
+    for name, shape in expected.items():
+        if name not in state_dict:
+            return f"state dict has no {name}"
+        value = state_dict[name]
+        if tuple(value.shape) != shape:
+            return f"{name}: shape {tuple(value.shape)} in the state dict, {shape} here"
+        if not value.is_floating_point() and value.numel() and value.abs().max().item() > _EXACT_INTEGERS:
+            return f"{name}: integer values beyond 2^24 cannot be broadcast exactly through fp32"
+    return None
+
+
+def _broadcast_state(model: nn.Module, units: list[Unit], state_dict: dict) -> None:
+    session = units[0].session
+    replicated = _replicated(model)
+    with _Staging(session) as staging:
+        # Rank 0 says first whether its dict is good: the other ranks must not
+        # wait for tensors it will never send.
+        problem = _problem_with(model, units, state_dict) if session.rank == 0 else None
+        staging.unsharded[:1].fill_(0.0 if problem is None else 1.0)
+        staging.broadcast_from_rank0()
+        if staging.unsharded[0].item() != 0.0:
+            raise ValueError(problem or "rank 0's state dict is not right for this model (rank 0 says why)")
+        for unit in units:
+            pieces = [
+                _Piece(name, entry.sharded.view(-1), *entry.sharded.element_range, entry.sharded.global_shape.numel())
+                for entry, name in _entry_names(model, unit)
+            ]
+            _broadcast_pieces(staging, pieces, state_dict)
+        whole = [_Piece(name, t.view(-1), 0, t.numel(), t.numel()) for name, t in replicated.items()]
+        _broadcast_pieces(staging, whole, state_dict)
+
+
+@dataclass
+class _Piece:
+    """What a rank keeps of one tensor of a broadcast: elements [begin, end) of its `numel`, into `dest`."""
+
+    name: str
+    dest: torch.Tensor  # 1-D view of where they go
+    begin: int
+    end: int
+    numel: int
+
+
+def _broadcast_pieces(staging: _Staging, pieces: list[_Piece], state_dict: dict) -> None:
+    """Rank 0's whole tensors, one stream in rounds of the staging slot's size -> each rank's pieces of them."""
+    total = sum(piece.numel for piece in pieces)
+    if total == 0:
+        return
+    is_root = staging.session.rank == 0
+    stream = torch.cat([state_dict[p.name].detach().reshape(-1).float() for p in pieces]) if is_root else None
+    capacity = staging.unsharded.numel()
+    starts, position = [], 0
+    for piece in pieces:
+        starts.append(position)
+        position += piece.numel
+    with torch.no_grad():
+        for lo in range(0, total, capacity):
+            hi = min(lo + capacity, total)
+            if is_root:
+                staging.unsharded[: hi - lo].copy_(stream[lo:hi])
+            staging.broadcast_from_rank0()
+            for piece, start in zip(pieces, starts):
+                a, b = max(start + piece.begin, lo), min(start + piece.end, hi)
+                if a < b:
+                    offset = a - start - piece.begin
+                    piece.dest[offset : offset + b - a].copy_(staging.unsharded[a - lo : b - lo])
 
 
 def _load_entry(entry: ParamEntry, name: str, value) -> None:
@@ -210,58 +293,3 @@ def _load_entry(entry: ParamEntry, name: str, value) -> None:
         raise ValueError(f"{name}: shape {tuple(value.shape)} in the state dict, {tuple(info.global_shape)} here")
     entry.sharded.copy_(value.detach().reshape(-1)[info.begin : info.end])
 
-
-def _broadcast_unit(model: nn.Module, unit: Unit, staging: _Staging, state_dict: dict) -> None:
-    """Rank 0's whole tensors of the unit -> every rank's shards, in rounds of the staging slot's size."""
-    named = _entry_names(model, unit)
-    is_root = unit.session.rank == 0
-    if is_root:
-        for entry, name in named:
-            if name not in state_dict:
-                raise KeyError(f"state dict has no {name}")
-            if tuple(state_dict[name].shape) != tuple(entry.sharded.global_shape):
-                raise ValueError(f"{name}: shape {tuple(state_dict[name].shape)}, {tuple(entry.sharded.global_shape)} here")
-        stream = torch.cat([state_dict[name].detach().reshape(-1).float() for _, name in named])
-    total = sum(entry.sharded.global_shape.numel() for entry, _ in named)
-    capacity = staging.unsharded.numel()
-    # Where each tensor starts in the stream, and which of its elements this rank keeps.
-    starts, position = [], 0
-    for entry, _ in named:
-        starts.append(position)
-        position += entry.sharded.global_shape.numel()
-    with torch.no_grad():
-        for lo in range(0, total, capacity):
-            hi = min(lo + capacity, total)
-            if is_root:
-                staging.unsharded[: hi - lo].copy_(stream[lo:hi])
-            staging.broadcast_from_rank0()
-            for (entry, _), start in zip(named, starts):
-                begin, end = entry.sharded.element_range
-                a, b = max(start + begin, lo), min(start + end, hi)
-                if a < b:
-                    entry.sharded.view(-1)[a - start - begin : b - start - begin].copy_(staging.unsharded[a - lo : b - lo])
-
-
-def _broadcast_buffers(model: nn.Module, *, staging_session: Session, state_dict: dict) -> None:
-    floating = [(n, b) for n, b in _buffers(model).items() if b.is_floating_point()]
-    if floating:
-        total = sum(b.numel() for _, b in floating)
-        with _Staging(staging_session) as staging:
-            capacity = staging.unsharded.numel()
-            if total > capacity:
-                raise ValueError(f"floating-point buffers of {total} elements exceed the staging slot ({capacity})")
-            if staging_session.rank == 0:
-                flat = torch.cat([state_dict[n].detach().reshape(-1).float() for n, _ in floating])
-                staging.unsharded[:total].copy_(flat)
-            staging.broadcast_from_rank0()
-            offset = 0
-            with torch.no_grad():
-                for _, buffer in floating:
-                    buffer.copy_(staging.unsharded[offset : offset + buffer.numel()].reshape(buffer.shape))
-                    offset += buffer.numel()
-    with torch.no_grad():
-        for name, buffer in _buffers(model).items():
-            if not buffer.is_floating_point():
-                if name not in state_dict:
-                    raise KeyError(f"{name} (not floating point) must be in every rank's state dict")
-                buffer.copy_(state_dict[name])

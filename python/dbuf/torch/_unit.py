@@ -86,7 +86,9 @@ class Unit:
         self.backward_prefetch: list[Unit] | None = None
         self._reset_pass()
         self.gather_op: dbuf.Op | None = None
+        self.gather_event: torch.cuda.Event | None = None  # GPU: where the gather's stream is after it
         self.reduce_op: dbuf.Op | None = None
+        self.added_back: list[tuple[ParamEntry, torch.Tensor]] = []  # see reduce_gradients
         self.releasable = False  # its gradients are being reduced: the slot may go back
         self.holding_grads = False  # accumulating without sync: the slot keeps the gradients
         if not params:
@@ -98,6 +100,7 @@ class Unit:
             names = ", ".join(f"{fqn} ({param.dtype})" for fqn, param, _ in params)
             raise TypeError(f"unit {label}: its parameters must share one dtype, got {names}")
         sharded_dtype = dtypes.pop()
+        self.sharded_dtype = sharded_dtype
         self.param_dtype = param_dtype if param_dtype is not None else sharded_dtype
         self.cast_forward_inputs = cast_forward_inputs and param_dtype is not None
         self._register(params, granularity, tensor_granularity, sharded_dtype)
@@ -142,6 +145,7 @@ class Unit:
         self.forward_ran = False
         self.inside = False  # between the forward pre-hook and the forward hook
         self.modules_done: set[int] = set()
+        self.routed_calls = 0  # forward calls since the last backward whose inputs need gradients
         self.pre_backward_done = False
         self.post_backward_done = False
         self.grads_prepared = False
@@ -203,7 +207,14 @@ class Unit:
         stats.unsharded_bytes += self.slot_bytes
         stats.peak_unsharded_bytes = max(stats.peak_unsharded_bytes, stats.unsharded_bytes)
         self._bind_unsharded()
-        self.gather_op = self.group.all_gather(async_op=True, stream=self.session.stream())
+        # GPU memory: a prefetch runs on a stream of its own, so the compute
+        # queued meanwhile does not wait for it; the stream that uses the
+        # unit waits for its event instead (_wait_gather).
+        stream = self.session.prefetch_stream() if not required else self.session.stream()
+        self.gather_op = self.group.all_gather(async_op=True, stream=stream)
+        if stream is not None:
+            self.gather_event = torch.cuda.Event()
+            self.gather_event.record(stream)
         stats.all_gathers += 1
         stats.all_gather_bytes += self.unsharded_elems * self.param_dtype.itemsize
         return True
@@ -214,11 +225,17 @@ class Unit:
         self._wait_gather()
 
     def _wait_gather(self) -> None:
-        if self.gather_op is not None:
-            # Stream-ordered (GPU): the stream already waits for it; this
-            # only collects the result, which reports a failure.
-            op, self.gather_op = self.gather_op, None
-            op.wait()
+        op, self.gather_op = self.gather_op, None
+        if op is None:
+            return
+        if self.session.device is None:
+            op.wait()  # host ordering: the gathered parameters are there once it returns
+            return
+        # Stream-ordered: the using stream waits on the GPU; the host only
+        # collects the result (a failure) later, without blocking now.
+        event, self.gather_event = self.gather_event, None
+        self.session.stream().wait_event(event)
+        self.session.unwaited.append(op)
 
     def reshard(self) -> None:
         """Gives the slot back, once this unit's ops in flight are done."""
@@ -262,6 +279,12 @@ class Unit:
             self.holding_grads = True
             return
         accumulate = self._stage_sharded_gradients()
+        if accumulate and self.sharded_dtype != torch.float32:
+            # dbufd adds into fp32 sharded gradients only: the reduction
+            # overwrites, and the gradients so far are added back, in the
+            # parameters' own dtype, once it is done (wait_reduce).
+            self.added_back = [(e, e.shard_grad.clone()) for e in self.entries if e.requires_grad]
+            accumulate = False
         self.reduce_op = self.group.reduce_scatter(
             op=dbuf.ReduceOp.AVG, accumulate=accumulate, async_op=True, stream=self.session.stream()
         )
@@ -294,9 +317,19 @@ class Unit:
         if self.reduce_op is not None:
             op, self.reduce_op = self.reduce_op, None
             op.wait()
+        added_back, self.added_back = self.added_back, []
+        with torch.no_grad():
+            for entry, earlier in added_back:
+                entry.shard_grad.add_(earlier)
 
     def finish_backward(self) -> None:
         """End of backward: the reduction done, the sharded gradients on the ShardedParameters."""
+        try:
+            self._finish_backward()
+        finally:
+            self._reset_pass()
+
+    def _finish_backward(self) -> None:
         self.wait_reduce()
         for entry in self.entries:
             if entry.unsharded is not None and entry.unsharded.grad is not None:
@@ -306,7 +339,17 @@ class Unit:
                 )
             if self.reduced and entry.requires_grad:
                 entry.sharded.grad = entry.shard_grad
-        self._reset_pass()
+
+    def abandon_backward(self) -> None:
+        """After a backward that raised: its gradients dropped, the slot given back, the pass reset."""
+        for entry in self.entries:
+            if entry.unsharded is not None:
+                entry.unsharded.grad = None
+        self.holding_grads = False
+        try:
+            self.reshard()
+        finally:
+            self._reset_pass()
 
     # ------------------------------------------------------------ end
 

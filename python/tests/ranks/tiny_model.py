@@ -22,7 +22,10 @@ class Block(nn.Module):
 
 
 class Tiny(nn.Module):
-    def __init__(self, d: int = 32, layers: int = 3, tied: bool = False) -> None:
+    """kwargs_calls: blocks get their input as a keyword; freeze_outer: only the blocks train."""
+
+    def __init__(self, d: int = 32, layers: int = 3, tied: bool = False, kwargs_calls: bool = False,
+                 freeze_outer: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, d)
         self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
@@ -30,11 +33,18 @@ class Tiny(nn.Module):
         self.head = nn.Linear(d, VOCAB, bias=False)
         if tied:
             self.head.weight = self.embed.weight
+        if freeze_outer:
+            for module in (self.embed, self.norm, self.head):
+                module.requires_grad_(False)
+        self.kwargs_calls = kwargs_calls
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))  # persistent: in state dicts
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)  # not in state dicts
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
         x = self.embed(tokens)
         for block in self.blocks:
-            x = block(x)
+            x = block(x=x) if self.kwargs_calls else block(x)
         return self.head(self.norm(x))
 
 
@@ -90,45 +100,57 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micro: bool = True,
-              optimizer: str = "adamw", param_dtype: torch.dtype = torch.bfloat16, **model_kwargs):
+              optimizer: str = "adamw", param_dtype: torch.dtype = torch.bfloat16,
+              master_dtype: torch.dtype = torch.float32, two_forwards: bool = False, clip: float | None = None,
+              skip_steps: tuple[int, ...] = (), **model_kwargs):
     """Single-process data parallelism with dbuf's casts and reduction order.
 
-    Each rank's forward / backward runs on a copy of the fp32 master cast to
+    Each rank's forward / backward runs on a copy of the master cast to
     param_dtype. sync_every_micro: every micro-batch's gradients are reduced
-    (fp32 sum in rank order, times 1/world) and the reductions added in fp32;
-    else each rank accumulates its micro-batches in param_dtype and the sums
-    are reduced once. Returns (losses[step][micro][rank], final master params).
+    (fp32 sum in rank order, times 1/world, then in the master's dtype) and
+    the reductions added in the master's dtype; else each rank accumulates
+    its micro-batches in param_dtype and the sums are reduced once.
+    two_forwards: each rank's loss is the sum over two micro-batches, one
+    backward. clip: torch's clip_grad_norm_ on the reduced gradients.
+    skip_steps: steps whose gradients are dropped (no update). Returns
+    (losses[step][micro][rank], final master params).
     """
-    master = make_model(**model_kwargs)
+    master = make_model(**model_kwargs).to(master_dtype)
     step_with = make_optimizer(master, optimizer)
     losses = []
     for step in range(steps):
         step_losses = []
         reduced = None
         kept = [None] * world  # per-rank accumulated low-precision gradients (no sync)
-        for micro in range(micro_batches):
+        for micro in range(1 if two_forwards else micro_batches):
             per_rank = []
             row = []
             for rank in range(world):
                 work = copy.deepcopy(master).to(param_dtype)
                 loss = loss_of(work, *micro_batch(step, micro, rank, world))
+                if two_forwards:
+                    loss = loss + loss_of(work, *micro_batch(step, 1, rank, world))
                 loss.backward()
                 row.append(loss.item())
-                grads = [p.grad for p in work.parameters()]
+                grads = [p.grad for p in work.parameters() if p.requires_grad]
                 if not sync_every_micro:
                     kept[rank] = grads if kept[rank] is None else [a + b for a, b in zip(kept[rank], grads)]
                 per_rank.append(grads)
             step_losses.append(row)
             if sync_every_micro:
-                now = _reduce(per_rank, world)
+                now = [g.to(master_dtype) for g in _reduce(per_rank, world)]
                 reduced = now if reduced is None else [a + b for a, b in zip(reduced, now)]
         if not sync_every_micro:
-            reduced = _reduce(kept, world)
-        for param, grad in zip(master.parameters(), reduced):
+            reduced = [g.to(master_dtype) for g in _reduce(kept, world)]
+        losses.append(step_losses)
+        if step in skip_steps:
+            continue
+        for param, grad in zip([p for p in master.parameters() if p.requires_grad], reduced):
             param.grad = grad
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(master.parameters(), clip)
         step_with.step()
         step_with.zero_grad()
-        losses.append(step_losses)
     return losses, {name: p.detach().clone() for name, p in master.named_parameters()}
 
 
