@@ -2,9 +2,13 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -33,18 +37,43 @@ class Server::Impl final : public SessionHandler {
         jobs_(io_, config_, instance_id) {}
 
   Result<void> bind() {
+    // Bound and listening under a name of its own first, then renamed into
+    // place: the socket path appears only once connecting to it works (a
+    // client that sees the file is never refused). Binding in place where
+    // that name would be too long for a Unix socket.
+    const std::string& path = config_.socket_path;
+    const std::string staged = stagedSocketPath(path);
+    const std::string& bound = staged.empty() ? path : staged;
+    // One left by a daemon that crashed with this pid (the lock file beside
+    // the socket says no live daemon uses this directory).
+    if (!staged.empty()) ::unlink(staged.c_str());
     asio::error_code error;
-    const asio::local::stream_protocol::endpoint endpoint(config_.socket_path);
+    const asio::local::stream_protocol::endpoint endpoint(bound);
     acceptor_.open(endpoint.protocol(), error);
     if (!error) acceptor_.bind(endpoint, error);
     if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
     if (error) {
-      return makeError(ErrorCode::kIo, "cannot listen on " + config_.socket_path + ": " + error.message());
+      if (!staged.empty()) ::unlink(staged.c_str());
+      return makeError(ErrorCode::kIo, "cannot listen on " + path + ": " + error.message());
     }
     // Anyone may connect; who may do what is decided per peer (SO_PEERCRED)
     // against the tenant table.
-    ::chmod(config_.socket_path.c_str(), 0666);
+    ::chmod(bound.c_str(), 0666);
+    if (!staged.empty() && ::rename(staged.c_str(), path.c_str()) != 0) {
+      const int saved = errno;
+      ::unlink(staged.c_str());
+      return makeError(ErrorCode::kIo, "cannot listen on " + path + ": rename: " + std::strerror(saved));
+    }
     return {};
+  }
+
+  /// A name beside `path` to bind under before renaming into place, or
+  /// empty when it would not fit a Unix socket address.
+  static std::string stagedSocketPath(const std::string& path) {
+    const auto slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+    std::string staged = dir + ".dbufd-" + std::to_string(::getpid()) + ".sock";
+    return staged.size() < sizeof(sockaddr_un::sun_path) ? staged : std::string();
   }
 
   void run(bool handle_signals) {

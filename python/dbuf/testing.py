@@ -72,6 +72,7 @@ class Daemon:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + start_timeout
+        # dbufd renames its socket into place once it listens: the file is the signal.
         while not os.path.exists(self.socket):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 output = Path(self.log).read_text(errors="replace")
