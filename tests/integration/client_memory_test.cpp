@@ -508,12 +508,6 @@ TEST(ClientInterrupt, ACheckThatNeverFiresChangesNothing) {
   EXPECT_TRUE(waitUntil([&] { return daemonIsEmpty(daemon.stats()); }));
 }
 
-}  // namespace
-}  // namespace dbuf::integration
-
-namespace dbuf::integration {
-namespace {
-
 // A blocking form whose wait times out has no handle to wait with again: its
 // op must not keep a record taken, or once the handles wrap around (twice the
 // ring capacity) every submit fails with kWouldBlock.
@@ -545,11 +539,13 @@ TEST(ClientInterrupt, BlockingFormsThatGiveUpDoNotWedgeTheClient) {
   EXPECT_FAILS_WITH(rank0->wait(*dropped), ErrorCode::kInvalidArgument);
 }
 
-}  // namespace
-}  // namespace dbuf::integration
-
-namespace dbuf::integration {
-namespace {
+/// A group of one 64 x 64 tensor.
+GroupSpec squareGroup(const std::string& name) {
+  GroupSpec spec;
+  spec.name = name;
+  spec.tensors = {{"w", {64, 64}, "", -1}};
+  return spec;
+}
 
 // A group destroyed while it holds its slot gives the slot back: with a pool
 // of one, the next group can take it.
@@ -558,27 +554,16 @@ TEST(ClientMemory, AGroupDestroyedWhileUnshardedGivesItsSlotBack) {
   ASSERT_TRUE(daemon.started());
   auto client = daemon.attach(rankOf("give-back", 0, 1, false, 0));  // prefetch depth 0: one slot
   ASSERT_TRUE(client.ok()) << messageOf(client);
-  GroupSpec first;
-  first.name = "first";
-  first.tensors = {{"w", {64, 64}, "", -1}};
-  GroupSpec second = first;
-  second.name = "second";
-  auto other = client->registerGroup(second);
+  auto other = client->registerGroup(squareGroup("second"));
   ASSERT_TRUE(other.ok()) << messageOf(other);
   {
-    auto group = client->registerGroup(first);
+    auto group = client->registerGroup(squareGroup("first"));
     ASSERT_TRUE(group.ok()) << messageOf(group);
     ASSERT_TRUE(group->acquireSlot().ok());
     EXPECT_FAILS_WITH(other->acquireSlot(), ErrorCode::kConflict);  // the one slot is taken
   }
   EXPECT_TRUE(other->acquireSlot().ok()) << "the destroyed group kept its slot";
 }
-
-}  // namespace
-}  // namespace dbuf::integration
-
-namespace dbuf::integration {
-namespace {
 
 // A group that outlives its client (closed, rings unmapped) is destroyed
 // without touching the connection's memory.
@@ -589,10 +574,7 @@ TEST(ClientMemory, AGroupOutlivingItsClientIsDestroyedSafely) {
   {
     auto client = daemon.attach(rankOf("outlive", 0, 1));
     ASSERT_TRUE(client.ok()) << messageOf(client);
-    GroupSpec spec;
-    spec.name = "g";
-    spec.tensors = {{"w", {64, 64}, "", -1}};
-    auto registered = client->registerGroup(spec);
+    auto registered = client->registerGroup(squareGroup("g"));
     ASSERT_TRUE(registered.ok()) << messageOf(registered);
     group.emplace(std::move(*registered));
     ASSERT_TRUE(group->acquireSlot().ok());
