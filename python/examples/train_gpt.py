@@ -191,13 +191,14 @@ class DbufMeter:
     def __init__(self) -> None:
         from dbuf.torch import default_session
 
-        self._stats = default_session().stats
+        self._session = default_session()
 
     def start_step(self) -> None:
-        self._stats.reset_step()
+        self._session.reset_step_stats()
 
     def end_step(self) -> StepFigures:
-        return StepFigures(self._stats.all_gather_bytes, self._stats.peak_unsharded_bytes)
+        stats = self._session.stats
+        return StepFigures(stats.all_gather_bytes, stats.peak_unsharded_bytes)
 
 
 def make_meter(backend: str, model: nn.Module) -> contextlib.AbstractContextManager[StepMeter]:

@@ -229,12 +229,13 @@ class PyGroup {
     const std::size_t i = index(which);
     PyTensorView result;
     result.whole = !sharded;
-    result.view = run([&](Group& group) -> Result<TensorView> {
-      if (sharded) return grad ? group.shardGradView(i) : group.shardView(i);
-      return grad ? group.unshardedGradView(i) : group.unshardedView(i);
+    std::shared_ptr<Group> group = group_;
+    result.view = session_->run([&](Client& client) -> Result<TensorView> {
+      if (!group) return makeError(ErrorCode::kInvalidArgument, "group '" + name_ + "' is closed");
+      result.device = client.memoryDevice();
+      if (sharded) return grad ? group->shardGradView(i) : group->shardView(i);
+      return grad ? group->unshardedGradView(i) : group->unshardedView(i);
     });
-    result.device =
-        session_->run([](Client& client) -> Result<std::optional<std::int32_t>> { return client.memoryDevice(); });
     return result;
   }
 
@@ -376,6 +377,13 @@ void bindOp(nb::module_& m) {
       .def_prop_ro("id", &PyOp::id);
 }
 
+/// A Group method that asks dbufd with a timeout (acquireSlot, unshard, reshard), as a binding.
+template <Result<void> (Group::*Method)(std::optional<std::chrono::milliseconds>)>
+void slotRequest(PyGroup& g, std::optional<double> timeout) {
+  const auto ms = toRequestTimeout(timeout);
+  g.run([&](Group& group) { return (group.*Method)(ms); });
+}
+
 void bindGroup(nb::module_& m) {
   using Which = std::variant<std::int64_t, std::string>;
   nb::class_<PyGroup>(m, "Group",
@@ -408,28 +416,12 @@ void bindGroup(nb::module_& m) {
       .def(
           "unsharded_grad_view", [](PyGroup& g, const Which& t) { return g.view(t, false, true); }, "tensor"_a,
           "The whole tensor's gradient in the unsharded slot.")
-      .def(
-          "acquire_slot",
-          [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toRequestTimeout(timeout);
-            g.run([&](Group& group) { return group.acquireSlot(ms); });
-          },
-          "timeout"_a = nb::none(), "Maps an unsharded slot without gathering (not a collective).")
-      .def(
-          "unshard",
-          [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toRequestTimeout(timeout);
-            g.run([&](Group& group) { return group.unshard(ms); });
-          },
-          "timeout"_a = nb::none(), "Collective: acquire_slot() if needed, then all_gather() and wait for it.")
-      .def(
-          "reshard",
-          [](PyGroup& g, std::optional<double> timeout) {
-            const auto ms = toRequestTimeout(timeout);
-            g.run([&](Group& group) { return group.reshard(ms); });
-          },
-          "timeout"_a = nb::none(),
-          "Waits for this group's ops in flight, then gives the slot back (not a collective).")
+      .def("acquire_slot", &slotRequest<&Group::acquireSlot>, "timeout"_a = nb::none(),
+           "Maps an unsharded slot without gathering (not a collective).")
+      .def("unshard", &slotRequest<&Group::unshard>, "timeout"_a = nb::none(),
+           "Collective: acquire_slot() if needed, then all_gather() and wait for it.")
+      .def("reshard", &slotRequest<&Group::reshard>, "timeout"_a = nb::none(),
+           "Waits for this group's ops in flight, then gives the slot back (not a collective).")
       .def(
           "reshard_on_stream",
           [](PyGroup& g, const nb::object& stream) {

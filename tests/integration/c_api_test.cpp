@@ -74,6 +74,19 @@ dbuf_attach_options attachOptions(const char* job, uint32_t rank, uint32_t world
   return options;
 }
 
+/// A C client connected and attached with `options` (null, the failure
+/// recorded, otherwise).
+dbuf_client* attachedC(const EmbeddedDaemon& daemon, const dbuf_attach_options& options) {
+  dbuf_client* client = connectC(daemon);
+  if (client == nullptr) return nullptr;
+  if (dbuf_attach_ex(client, &options, kTimeoutMs) != DBUF_OK) {
+    ADD_FAILURE() << "attach: " << dbuf_last_error(client);
+    dbuf_client_free(client);
+    return nullptr;
+  }
+  return client;
+}
+
 dbuf_tensor_spec tensorSpec(const char* name, const std::vector<int64_t>& shape, const char* granularity = nullptr,
                             int32_t tp_dim = -1) {
   dbuf_tensor_spec spec;
@@ -556,10 +569,8 @@ TEST(CApi, RegisterGroupExGivesTheCppApisPlan) {
   spec.unsharded_dtype = DType::kBF16;
   spec.align_bytes = 64;
   onRanks(kWorld, [&](uint32_t rank) {
-    dbuf_client* client = connectC(daemon);
+    dbuf_client* client = attachedC(daemon, attachOptions("c-plan", rank, kWorld));
     ASSERT_NE(client, nullptr);
-    const dbuf_attach_options attach = attachOptions("c-plan", rank, kWorld);
-    ASSERT_EQ(dbuf_attach_ex(client, &attach, kTimeoutMs), DBUF_OK) << lastError(client);
     const dbuf_tensor_spec tensors[] = {tensorSpec("w", w_shape, "rows:4"), tensorSpec("b", b_shape),
                                         tensorSpec("q", q_shape, "", 1)};
     dbuf_group_options options;
@@ -643,10 +654,8 @@ TEST(CApi, RegisterGroupExGivesTheCppApisPlan) {
 TEST(CApi, RegisterGroupExAndThePlanAccessorsCheckTheirArguments) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
-  dbuf_client* client = connectC(daemon);
+  dbuf_client* client = attachedC(daemon, attachOptions("c-register-args", 0, 1));
   ASSERT_NE(client, nullptr);
-  const dbuf_attach_options attach = attachOptions("c-register-args", 0, 1);
-  ASSERT_EQ(dbuf_attach_ex(client, &attach, kTimeoutMs), DBUF_OK) << lastError(client);
   const std::vector<int64_t> shape{8, 8};
   const dbuf_tensor_spec good = tensorSpec("w", shape);
   dbuf_group* group = nullptr;
@@ -915,11 +924,10 @@ TEST(CApi, AReattachingRankOfAPersistentJobIsToldSo) {
   const dbuf_tensor_spec tensor = tensorSpec("w", shape);
   uint64_t first_instance = 0;
   {
-    dbuf_client* client = connectC(daemon);
-    ASSERT_NE(client, nullptr);
     dbuf_attach_options attach = attachOptions("c-keep", 0, 1);
     attach.persistent = 1;
-    ASSERT_EQ(dbuf_attach_ex(client, &attach, kTimeoutMs), DBUF_OK) << lastError(client);
+    dbuf_client* client = attachedC(daemon, attach);
+    ASSERT_NE(client, nullptr);
     int reattached = -1;
     ASSERT_EQ(dbuf_reattached(client, &reattached), DBUF_OK);
     EXPECT_EQ(reattached, 0) << "a new job";
@@ -937,11 +945,10 @@ TEST(CApi, AReattachingRankOfAPersistentJobIsToldSo) {
   }
   EXPECT_EQ(daemon.stats().jobs, 1U) << "the persistent job outlives its rank";
   {
-    dbuf_client* client = connectC(daemon);
-    ASSERT_NE(client, nullptr);
     dbuf_attach_options attach = attachOptions("c-keep", 0, 1);
     attach.persistent = 1;
-    ASSERT_EQ(dbuf_attach_ex(client, &attach, kTimeoutMs), DBUF_OK) << lastError(client);
+    dbuf_client* client = attachedC(daemon, attach);
+    ASSERT_NE(client, nullptr);
     int reattached = -1;
     ASSERT_EQ(dbuf_reattached(client, &reattached), DBUF_OK);
     EXPECT_EQ(reattached, 1);
@@ -1255,10 +1262,8 @@ TEST(CApi, ConnectExPinsAndMemoryDeviceCheckTheirArguments) {
 TEST(CApi, APinOutlivesItsGroupAndClientAndItsFreeReleasesTheRange) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
-  dbuf_client* client = connectC(daemon);
+  dbuf_client* client = attachedC(daemon, attachOptions("c-pins", 0, 1));
   ASSERT_NE(client, nullptr);
-  const dbuf_attach_options attach = attachOptions("c-pins", 0, 1);
-  ASSERT_EQ(dbuf_attach_ex(client, &attach, kTimeoutMs), DBUF_OK) << lastError(client);
   const std::vector<int64_t> shape{16, 8};
   const dbuf_tensor_spec tensor = tensorSpec("w", shape);
   dbuf_group_options group_options;

@@ -38,7 +38,8 @@ TEST(CollectivesSmoke, AllGatherReduceScatterBarrier) {
       auto full = group->unshardedView(t);
       ASSERT_TRUE(full.ok());
       for (std::int64_t i = 0; i < full->numel(); ++i) {
-        ASSERT_EQ(full->data<float>()[i], static_cast<float>(static_cast<std::int64_t>(t) * 1000 + i)) << "tensor " << t << " element " << i;
+        ASSERT_EQ(full->data<float>()[i], static_cast<float>(static_cast<std::int64_t>(t) * 1000 + i))
+            << "tensor " << t << " element " << i;
       }
       auto grad = group->unshardedGradView(t);
       ASSERT_TRUE(grad.ok());

@@ -22,23 +22,6 @@ namespace {
 using dbuf::testing::contains;
 using Ranks = std::vector<std::uint32_t>;
 
-/// The next frame of `fd`, which must be an ErrorReply to `request_id` (its
-/// ranks are what raw.hpp's expectErrorReply does not show).
-ipc::ErrorReply nextErrorReply(int fd, std::uint64_t request_id) {
-  auto frame = ipc::receiveMessage(fd, ipc::Clock::now() + std::chrono::seconds(5));
-  if (!frame.ok()) {
-    ADD_FAILURE() << "no reply: " << frame.error().message;
-    return {};
-  }
-  const auto* error = std::get_if<ipc::ErrorReply>(&frame->message);
-  if (error == nullptr) {
-    ADD_FAILURE() << "reply of type " << static_cast<int>(frame->header.type) << " instead of an error";
-    return {};
-  }
-  EXPECT_EQ(frame->header.request_id, request_id) << error->message;
-  return *error;
-}
-
 /// A fresh job attaches, registers, unshards and detaches: the daemon serves.
 void expectStillServing(EmbeddedDaemon& daemon, const std::string& job = "afterwards") {
   auto client = daemon.attach(rankOf(job, 0, 1));

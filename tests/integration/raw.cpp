@@ -71,7 +71,7 @@ bool closedByDaemon(int fd, Clock::duration timeout) {
   }
 }
 
-std::string expectErrorReply(int fd, ipc::WireError code, std::optional<std::uint64_t> request_id) {
+ipc::ErrorReply nextErrorReply(int fd, std::optional<std::uint64_t> request_id) {
   auto frame = ipc::receiveMessage(fd, ipc::Clock::now() + 5s);
   if (!frame.ok()) {
     ADD_FAILURE() << "no reply: " << frame.error().message;
@@ -82,12 +82,17 @@ std::string expectErrorReply(int fd, ipc::WireError code, std::optional<std::uin
     ADD_FAILURE() << "reply of type " << static_cast<int>(frame->header.type) << " instead of an error";
     return {};
   }
-  EXPECT_EQ(error->code, code) << error->message;
   if (request_id) {
     EXPECT_EQ(frame->header.request_id, *request_id) << error->message;
   }
-  EXPECT_FALSE(error->message.empty());
-  return error->message;
+  return *error;
+}
+
+std::string expectErrorReply(int fd, ipc::WireError code, std::optional<std::uint64_t> request_id) {
+  const ipc::ErrorReply error = nextErrorReply(fd, request_id);
+  EXPECT_EQ(error.code, code) << error.message;
+  EXPECT_FALSE(error.message.empty());
+  return error.message;
 }
 
 }  // namespace dbuf::integration

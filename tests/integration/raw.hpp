@@ -33,6 +33,10 @@ bool rawAttach(int fd, const std::string& job, std::uint32_t rank, std::uint32_t
 /// true on EOF (or a reset, which also means closed).
 [[nodiscard]] bool closedByDaemon(int fd, Clock::duration timeout = 5s);
 
+/// The next frame of `fd`, which must be an ErrorReply (to `request_id`, if
+/// given); a failure is recorded otherwise, and an empty reply returned.
+ipc::ErrorReply nextErrorReply(int fd, std::optional<std::uint64_t> request_id = std::nullopt);
+
 /// The next frame must be an ErrorReply of `code` (and of `request_id` when
 /// given); returns its message.
 std::string expectErrorReply(int fd, ipc::WireError code, std::optional<std::uint64_t> request_id = std::nullopt);

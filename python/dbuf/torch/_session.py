@@ -49,23 +49,19 @@ def _job_from_env() -> str | None:
 
 @dataclass
 class Stats:
-    """What this process's units did through dbufd (Session.stats; reset_step() zeroes the per-step part).
+    """What this process's units did through dbufd (Session.stats; Session.reset_step_stats() starts a step).
 
     Bytes are of the unsharded buffers the collectives fill or read (V*S
     elements of the unit's unsharded dtype per op), as FSDP2's are counted.
-    Unsharded bytes: the slots this rank holds (params + gradients of each).
+    Peak unsharded bytes: the most the slots this rank held at once took
+    (params + gradients of each).
     """
 
     all_gathers: int = 0
     all_gather_bytes: int = 0
     reduce_scatters: int = 0
     reduce_scatter_bytes: int = 0
-    unsharded_bytes: int = 0
     peak_unsharded_bytes: int = 0
-
-    def reset_step(self) -> None:
-        self.all_gathers = self.all_gather_bytes = self.reduce_scatters = self.reduce_scatter_bytes = 0
-        self.peak_unsharded_bytes = self.unsharded_bytes
 
 
 class Session:
@@ -149,6 +145,19 @@ class Session:
         return claimed[1]
 
     # ------------------------------------------------------------ slots
+
+    @property
+    def unsharded_bytes(self) -> int:
+        """Bytes of the unsharded slots this rank's units hold now."""
+        return sum(unit.slot_bytes for unit in self.slot_holders)
+
+    def hold_slot(self, unit: Unit) -> None:
+        self.slot_holders.append(unit)
+        self.stats.peak_unsharded_bytes = max(self.stats.peak_unsharded_bytes, self.unsharded_bytes)
+
+    def reset_step_stats(self) -> None:
+        """Zeroes the counts; the peak starts from what is held now."""
+        self.stats = Stats(peak_unsharded_bytes=self.unsharded_bytes)
 
     def make_room(self, unit: Unit | None, *, required: bool, label: str | None = None) -> bool:
         """Frees an unsharded slot for `unit` (None: the staging group) if the pool is full.

@@ -202,10 +202,8 @@ class Unit:
         if not self.session.make_room(self, required=required):
             return False
         self.group.acquire_slot()
-        self.session.slot_holders.append(self)
+        self.session.hold_slot(self)
         stats = self.session.stats
-        stats.unsharded_bytes += self.slot_bytes
-        stats.peak_unsharded_bytes = max(stats.peak_unsharded_bytes, stats.unsharded_bytes)
         self._bind_unsharded()
         # GPU memory: a prefetch runs on a stream of its own, so the compute
         # queued meanwhile does not wait for it; the stream that uses the
@@ -248,7 +246,6 @@ class Unit:
         else:
             self.group.reshard_on_stream(self.session.stream())
         self.session.slot_holders.remove(self)
-        self.session.stats.unsharded_bytes -= self.slot_bytes
         self.releasable = False
         self.holding_grads = False
 
