@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake make pkg-config
   nlohmann-json3-dev libgtest-dev
   libtomlplusplus-dev libspdlog-dev libasio-dev libboost-dev
+  libgloo-dev libhiredis-dev redis-server iproute2
   python3
   fortunes
 )

@@ -27,12 +27,15 @@ namespace {
 constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
 constexpr std::int64_t kMaxId = std::int64_t{std::numeric_limits<std::uint32_t>::max()} - 1;  // (uid_t)-1 means "none"
 
-constexpr std::array<std::string_view, 5> kRootKeys{"daemon", "rings", "timeouts", "persistence", "tenant"};
+constexpr std::array<std::string_view, 6> kRootKeys{"daemon", "rings", "timeouts", "persistence", "cluster",
+                                                    "tenant"};
 constexpr std::array<std::string_view, 5> kDaemonKeys{"socket", "backend", "log_level", "memory_limit",
                                                       "virtual_ranks"};
 constexpr std::array<std::string_view, 2> kRingKeys{"entries", "busy_poll_us"};
 constexpr std::array<std::string_view, 3> kTimeoutKeys{"handshake_ms", "register_ms", "collective_ms"};
 constexpr std::array<std::string_view, 1> kPersistenceKeys{"grace_period_s"};
+constexpr std::array<std::string_view, 2> kClusterKeys{"address", "store_hosts"};
+constexpr std::size_t kMaxClusterNameLength = 255;
 constexpr std::array<std::string_view, 5> kTenantKeys{"name", "uids", "gids", "memory_quota", "max_jobs"};
 
 Error invalid(std::string message) {
@@ -308,6 +311,25 @@ class Reader {
     }
   }
 
+  void cluster(const toml::table& t, Config& config) {
+    for (auto&& [key, node] : t) {
+      const std::string path = "cluster." + std::string(key.str());
+      if (key == "address") {
+        if (auto text = string(node, path)) {
+          if (auto valid = validateHostName(*text); !valid) {
+            problems_.add(node.source(), path, valid.error().message);
+          } else {
+            config.cluster_address = std::move(*text);
+          }
+        }
+      } else if (key == "store_hosts") {
+        config.cluster_store_hosts = storeHosts(node, path);
+      } else {
+        unknownKey(key, path, kClusterKeys);
+      }
+    }
+  }
+
   void tenants(const toml::node& node, Config& config) {
     const toml::array* list = node.as_array();
     if (list == nullptr) {
@@ -406,6 +428,45 @@ class Reader {
     return p;
   }
 
+  std::vector<std::string> storeHosts(const toml::node& node, const std::string& path) {
+    std::vector<std::string> out;
+    const toml::array* list = node.as_array();
+    if (list == nullptr) {
+      problems_.add(node.source(), path, "expected an array of \"HOST:PORT\" strings, got " + std::string(typeName(node)));
+      return out;
+    }
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const toml::node& element = *list->get(i);
+      const std::string element_path = path + "[" + std::to_string(i) + "]";
+      auto text = string(element, element_path);
+      if (!text) continue;
+      const std::size_t colon = text->rfind(':');
+      const bool port_ok = colon != std::string::npos && colon + 1 < text->size() && text->size() - colon <= 6 &&
+                           std::all_of(text->begin() + static_cast<std::ptrdiff_t>(colon) + 1, text->end(),
+                                       [](char c) { return c >= '0' && c <= '9'; });
+      if (!port_ok || !validateHostName(text->substr(0, colon))) {
+        problems_.add(element.source(), element_path, quoted(*text) + " is not HOST:PORT");
+        continue;
+      }
+      out.push_back(std::move(*text));
+    }
+    return out;
+  }
+
+  /// An IP address or a host name: letters, digits, '.', '-', ':' (IPv6).
+  static Result<void> validateHostName(const std::string& name) {
+    if (name.empty() || name.size() > kMaxClusterNameLength) {
+      return invalid("expected an IP address or host name of 1.." + std::to_string(kMaxClusterNameLength) +
+                     " characters");
+    }
+    for (char c : name) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                      c == '-' || c == ':';
+      if (!ok) return invalid(quoted(name) + " is not an IP address or host name");
+    }
+    return {};
+  }
+
   static Result<void> validateTenantName(const std::string& name) {
     if (name.empty()) return invalid("tenant name is empty");
     if (name.size() > kMaxTenantNameLength) {
@@ -481,6 +542,8 @@ Result<Config> walk(const toml::table& root, const std::string& source) {
       section = &Reader::timeouts;
     } else if (key == "persistence") {
       section = &Reader::persistence;
+    } else if (key == "cluster") {
+      section = &Reader::cluster;
     } else {
       reader.unknownKey(key, path, kRootKeys, node.is_table() ? "table" : "key");
       continue;

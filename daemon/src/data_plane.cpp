@@ -72,8 +72,8 @@ bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
 std::vector<std::uint32_t> ranksDifferingFromRankZero(const Job& job) {
   const ipc::Submission& first = job.ranks.front().ops.front().submission;
   std::vector<std::uint32_t> differing;
-  for (std::uint32_t r = 1; r < job.world_size; ++r) {
-    if (!sameOp(job.ranks[r].ops.front().submission, first)) differing.push_back(r);
+  for (std::uint32_t r = 1; r < job.localCount(); ++r) {
+    if (!sameOp(job.ranks[r].ops.front().submission, first)) differing.push_back(job.globalRank(r));
   }
   return differing;
 }
@@ -237,6 +237,7 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
       Executor& executor = *collectives.executor;
       const std::uint64_t budget_end = executor.bytesWritten() + kTurnBytes;
       while (executor.bytesWritten() < budget_end) {
+        if (executor.waiting()) return 0;  // another thread's turn; it wakes the loop
         auto stepped = executor.step();
         if (!stepped) return failRunning(job, stepped.error());
         if (*stepped) {
@@ -284,7 +285,9 @@ bool DataPlane::match(Job& job, SteadyClock::time_point now) {
   }
   JobCollectives& collectives = job.collectives;
   collectives.matched = now;
-  if (!isGroupOp(collectives.args.op)) {
+  const bool executor_runs_it =
+      isGroupOp(collectives.args.op) || (collectives.executor && collectives.executor->runsBarriers());
+  if (!executor_runs_it) {
     finish(job, nullptr, now);  // a barrier: everyone is here
     return false;
   }
@@ -299,8 +302,8 @@ bool DataPlane::streamsReady(const Job& job) {
 bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   if (now - job.collectives.matched < config_.collective_timeout) return false;
   std::vector<std::uint32_t> late;
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
-    if (streamBehind(job.ranks[r])) late.push_back(r);
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
+    if (streamBehind(job.ranks[r])) late.push_back(job.globalRank(r));
   }
   const std::string message =
       timedOut(job, job.ranks.front().ops.front().submission,
@@ -318,9 +321,11 @@ std::string DataPlane::timedOut(const Job& job, const ipc::Submission& op, const
 
 bool DataPlane::executorTimeout(Job& job) {
   if (SteadyClock::now() - job.collectives.matched < config_.collective_timeout) return false;
-  const std::string message = timedOut(job, job.ranks.front().ops.front().submission,
-                                       "the daemon could not start it (the job's NCCL communicators are still "
-                                       "being made)");
+  const std::string message =
+      timedOut(job, job.ranks.front().ops.front().submission,
+               job.acrossNodes() ? "the job's other nodes did not join it (their daemons have not met this one "
+                                   "through the job's store yet, or are still in the previous op)"
+                                 : "the daemon could not start it (the job's NCCL communicators are still being made)");
   spdlog::error("job {}: {}", job.id, message);
   failFronts(job, makeError(ErrorCode::kTimeout, message));
   return true;
@@ -328,19 +333,21 @@ bool DataPlane::executorTimeout(Job& job) {
 
 bool DataPlane::start(Job& job) {
   JobCollectives& collectives = job.collectives;
-  const GroupState& group = *job.groups_by_id[collectives.group_id - 1];
+  static const GroupGeometry kNoGroup;  // a barrier's (across nodes)
+  const GroupGeometry& geometry =
+      collectives.group_id == 0 ? kNoGroup : job.groups_by_id[collectives.group_id - 1]->geometry;
   if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
     failFronts(job, makeError(ErrorCode::kInternal, "dbufd: the job has no executor (a bug); the op was not run"));
     return true;
   }
   collectives.executor->activate();
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     SessionPlane& plane = *job.ranks[r].plane;
     if (!streamOrdered(job.ranks[r].ops.front().submission) || plane.counters) continue;
     auto counters = collectives.executor->sessionCounters(r, plane.rings.streamCounters());
     if (!counters) {
       const std::string message = describe(job, job.ranks[r].ops.front().submission) + " cannot be ordered on rank " +
-                                  std::to_string(r) + "'s CUDA stream: " + counters.error().message;
+                                  std::to_string(job.globalRank(r)) + "'s CUDA stream: " + counters.error().message;
       spdlog::error("job {}: {}", job.id, message);
       failFronts(job, Error{counters.error().code, message, {}});
       return true;
@@ -348,7 +355,7 @@ bool DataPlane::start(Job& job) {
     plane.counters = std::move(*counters);
     collectives.executor->activate();  // registering made another GPU current
   }
-  auto begun = collectives.executor->begin(collectives.args, group.geometry, collectives.buffers);
+  auto begun = collectives.executor->begin(collectives.args, geometry, collectives.buffers);
   if (!begun) {
     const std::string message =
         describe(job, job.ranks.front().ops.front().submission) + " cannot run in the daemon: " + begun.error().message;
@@ -379,12 +386,15 @@ Result<void> DataPlane::validateFronts(Job& job) {
     return refuse(": bad reduce mode, flags or scales");
   }
   CollectiveArgs& args = job.collectives.args;
-  args = {op,
-          static_cast<ipc::ReduceMode>(first.reduce),
-          (first.flags & ipc::kFlagAccumulate) != 0,
-          first.root,
-          first.pre_scale,
-          first.post_scale};
+  args.sequence = job.collectives.next_sequence;
+  args.op = op;
+  args.reduce = static_cast<ipc::ReduceMode>(first.reduce);
+  args.accumulate = (first.flags & ipc::kFlagAccumulate) != 0;
+  args.root = first.root;
+  args.pre_scale = first.pre_scale;
+  args.post_scale = first.post_scale;
+  args.description.clear();  // keeps its capacity: no allocation per op
+  if (job.acrossNodes()) args.description = describe(job, first);
   job.collectives.group_id = first.group_id;
   if (op == ipc::OpCode::kBarrier) return {};
   if (first.group_id == 0 || first.group_id > job.groups_by_id.size()) {
@@ -402,7 +412,7 @@ Result<void> DataPlane::validateFronts(Job& job) {
 
 Result<void> DataPlane::bindBuffers(Job& job, const GroupState& group) {
   bool every_rank_has_a_slot = true;
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     RankState& rank = job.ranks[r];
     const auto slot =
         std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group.id; });
@@ -420,10 +430,10 @@ Result<void> DataPlane::bindBuffers(Job& job, const GroupState& group) {
   }
   if (every_rank_has_a_slot) return {};
   std::vector<std::uint32_t> without_slot;
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     const auto& slots = job.ranks[r].slots;
     if (std::none_of(slots.begin(), slots.end(), [&](const Slot& s) { return s.group == group.id; })) {
-      without_slot.push_back(r);
+      without_slot.push_back(job.globalRank(r));
     }
   }
   std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
@@ -443,7 +453,7 @@ Result<void> DataPlane::markQueued(Job& job) {
 
 void DataPlane::finish(Job& job, const Error* error, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     RankState& rank = job.ranks[r];
     if (rank.ops.empty()) continue;
     const ipc::Submission submission = rank.ops.front().submission;
@@ -465,6 +475,7 @@ void DataPlane::finish(Job& job, const Error* error, SteadyClock::time_point now
       poisonCounter(rank.plane->rings.streamCounters().done);
     }
   }
+  if (error != nullptr && collectives.executor) collectives.executor->opFailed(collectives.next_sequence, *error);
   collectives.validated = false;
   collectives.running = false;
   collectives.draining = false;
@@ -488,17 +499,20 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
   if (now - std::max(oldest, job.collectives.finished) < config_.collective_timeout) return false;
   std::vector<std::uint32_t> missing;
   const ipc::Submission* example = nullptr;
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     if (job.ranks[r].ops.empty()) {
-      missing.push_back(r);
+      missing.push_back(r);  // local indices until the message
     } else if (example == nullptr) {
       example = &job.ranks[r].ops.front().submission;
     }
   }
-  std::string message = timedOut(
-      job, *example, ranksPhrase(missing) + " of job " + job.id + " " + hasOrHave(missing) + " not submitted it");
+  std::vector<std::uint32_t> missing_ranks;
+  for (const std::uint32_t r : missing) missing_ranks.push_back(job.globalRank(r));
+  std::string message = timedOut(job, *example,
+                                 ranksPhrase(missing_ranks) + " of job " + job.id + " " + hasOrHave(missing_ranks) +
+                                     " not submitted it");
   spdlog::warn("job {}: {}", job.id, message);
-  const Error timed_out{ErrorCode::kTimeout, std::move(message), missing};
+  const Error timed_out{ErrorCode::kTimeout, std::move(message), std::move(missing_ranks)};
   for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(timed_out);
   failFronts(job, timed_out);
   return true;
@@ -521,11 +535,13 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   job.collectives.draining = false;
   const Error disconnected{
       ErrorCode::kConflict,
-      "rank " + std::to_string(rank) + " of job " + job.id + " disconnected" +
+      "rank " + std::to_string(job.globalRank(rank)) + " of job " + job.id + " disconnected" +
           (was_running ? " while collective #" + std::to_string(job.collectives.next_sequence) + " was running"
                        : (had_op ? " with collectives pending" : "")),
-      {rank}};
-  // Every queued op of the others needs the dead rank: fail them all now.
+      {job.globalRank(rank)}};
+  // Every queued op of the others needs the dead rank: fail them all now
+  // (and, across nodes, every op of the job from now on, on every node).
+  if (job.collectives.executor) job.collectives.executor->abandon(job.collectives.next_sequence, disconnected);
   while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankState& r) { return !r.ops.empty(); })) {
     failFronts(job, disconnected);
   }
@@ -591,15 +607,15 @@ std::string DataPlane::mismatchMessage(const Job& job) {
   // allGather(...); rank 7 barrier"), so the message names every op even for
   // large jobs within a completion's message slot.
   std::string text = "collective #" + std::to_string(job.collectives.next_sequence) + " does not match across ranks:";
-  std::vector<bool> listed(job.world_size, false);
-  for (std::uint32_t r = 0; r < job.world_size; ++r) {
+  std::vector<bool> listed(job.localCount(), false);
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     if (listed[r]) continue;
     const ipc::Submission& op = job.ranks[r].ops.front().submission;
     std::vector<std::uint32_t> same;
-    for (std::uint32_t other = r; other < job.world_size; ++other) {
+    for (std::uint32_t other = r; other < job.localCount(); ++other) {
       if (!listed[other] && sameOp(job.ranks[other].ops.front().submission, op)) {
         listed[other] = true;
-        same.push_back(other);
+        same.push_back(job.globalRank(other));
       }
     }
     text += std::string(same.size() > 1 ? " ranks " : " rank ") + rankRanges(same) + " " + describe(job, op) + ";";

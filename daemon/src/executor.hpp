@@ -69,6 +69,25 @@ class Executor {
   [[nodiscard]] virtual Result<bool> done() = 0;
   /// Waits until everything queued has run: memory it touches is about to go.
   virtual void quiesce() noexcept = 0;
+  /// Whether the op waits for another thread (its step() would do nothing
+  /// now); the loop is woken when that changes.
+  [[nodiscard]] virtual bool waiting() const noexcept { return false; }
+  /// Whether barriers run here too (across nodes a barrier is an exchange
+  /// with the other nodes), not only group ops.
+  [[nodiscard]] virtual bool runsBarriers() const noexcept { return false; }
+  /// Collective `sequence` ended with `error` on this node: an executor
+  /// taking part in other nodes' collectives tells them, unless it took
+  /// part in that one already.
+  virtual void opFailed(std::uint64_t sequence, const Error& error) {
+    static_cast<void>(sequence);
+    static_cast<void>(error);
+  }
+  /// A rank of the job is gone: collective `sequence` (the next one) and
+  /// every later one fail on every node, with `why`.
+  virtual void abandon(std::uint64_t sequence, const Error& why) {
+    static_cast<void>(sequence);
+    static_cast<void>(why);
+  }
   /// Rank `rank`'s session counters, for its stream-ordered ops; kUnavailable
   /// where no GPU stream runs the rank's ops (host memory).
   [[nodiscard]] virtual Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t rank,
@@ -98,6 +117,12 @@ class EngineExecutor : public Executor {
 /// `scratch` (LocalCollective::kStepElements floats) may be shared by every
 /// host executor: the data plane runs one step at a time.
 [[nodiscard]] std::unique_ptr<Executor> hostExecutor(std::span<float> scratch);
+
+struct NodeJob;
+struct ClusterContext;
+/// A job across nodes on the host backend: the node's ranks through the CPU
+/// kernels, the nodes' parts through Gloo (node_executor.hpp).
+[[nodiscard]] std::unique_ptr<Executor> nodeExecutor(const NodeJob& job, const ClusterContext& cluster);
 
 #if defined(DBUF_WITH_CUDA)
 /// Virtual ranks: the CUDA kernels over memory on `device`, on a stream of

@@ -129,6 +129,15 @@ SlotLayout slotLayout(const ipc::GroupReady& group) {
   return layout;
 }
 
+std::uint64_t planDigest(const ipc::GroupReady& group) {
+  // FNV-1a over the reply as it goes on the wire: the plan, dtypes and sizes.
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  if (auto bytes = ipc::encodePayload(ipc::Message{group})) {
+    for (const std::byte b : *bytes) hash = (hash ^ static_cast<std::uint8_t>(b)) * 0x100000001b3ULL;
+  }
+  return hash;
+}
+
 GroupGeometry groupGeometry(const ipc::GroupReady& group) {
   GroupGeometry geometry;
   geometry.world = group.devices;
@@ -136,6 +145,7 @@ GroupGeometry groupGeometry(const ipc::GroupReady& group) {
   geometry.sharded = *parseDType(group.sharded_dtype);
   geometry.unsharded = *parseDType(group.unsharded_dtype);
   geometry.grad = gradientDType(geometry.unsharded);
+  geometry.digest = planDigest(group);
   if (!geometry.quantized()) return geometry;
   const std::vector<planner::PlannedTensor> tensors = plannedTensors(group);
   const planner::BlockNumbering blocks = planner::numberBlocks(tensors);

@@ -57,8 +57,13 @@ struct GroupGeometry {
     std::int64_t scales = 0;
   };
   std::vector<RankBlocks> ranks;  ///< fp8 groups only
+  std::uint64_t digest = 0;       ///< planDigest(): equal on every node that planned the group alike
   [[nodiscard]] bool quantized() const noexcept { return unsharded == DType::kF8E4M3; }
 };
 [[nodiscard]] GroupGeometry groupGeometry(const ipc::GroupReady& group);
+
+/// A hash of the group's plan as its ranks get it: nodes compare it before
+/// their first collective of the group to be sure they planned it alike.
+[[nodiscard]] std::uint64_t planDigest(const ipc::GroupReady& group);
 
 }  // namespace dbuf::daemon

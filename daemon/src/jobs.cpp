@@ -18,6 +18,33 @@ constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
 
+/// The job's ranks on the rank's node, as its Hello says (0: all of them).
+std::uint32_t localWorldSize(const ipc::Hello& hello) {
+  return hello.local_world_size == 0 ? hello.world_size : hello.local_world_size;
+}
+
+/// The node layout a Hello gives: its node's ranks are contiguous and
+/// inside the job; a job across nodes names its store.
+Result<void> checkNodeLayout(const ipc::Hello& hello) {
+  const std::uint32_t local = localWorldSize(hello);
+  if (hello.local_rank >= local || hello.local_rank > hello.rank ||
+      hello.rank - hello.local_rank + local > hello.world_size) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "local rank " + std::to_string(hello.local_rank) + " of " + std::to_string(local) +
+                         " ranks on this node does not fit rank " + std::to_string(hello.rank) + " of world size " +
+                         std::to_string(hello.world_size) + " (a node's ranks are contiguous in the job)");
+  }
+  if (local < hello.world_size && hello.store.empty()) {
+    return makeError(ErrorCode::kInvalidArgument, "a job across nodes (" + std::to_string(local) + " of " +
+                                                      std::to_string(hello.world_size) +
+                                                      " ranks on this node) needs a store its daemons meet in");
+  }
+  if (local == hello.world_size && !hello.store.empty()) {
+    return makeError(ErrorCode::kInvalidArgument, "a store is for jobs across nodes; every rank of this one is here");
+  }
+  return {};
+}
+
 }  // namespace
 
 JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id)
@@ -29,7 +56,32 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       host_scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
       gpu_offer_{config.backend == Backend::kCuda, config.virtual_ranks,
                  config.backend == Backend::kCuda ? visibleGpus() : std::vector<GpuUuid>{}},
+      cluster_{&config, instance_id, std::make_shared<CommunicatorCache>(),
+               std::make_shared<Waker>([&io] { asio::post(io, [] {}); })},
       data_plane_(io, config) {}
+
+JobTable::~JobTable() {
+  cluster_.waker->close();
+}
+
+Result<void> JobTable::acceptAcrossNodes(const ipc::Hello& hello, Placement placement,
+                                         const ipc::PeerCredentials& peer) const {
+  const std::string what = "job '" + hello.job_id + "' spans nodes";
+  if (config_.cluster_address.empty()) {
+    return makeError(ErrorCode::kUnavailable, what + ", and this dbufd takes no such jobs ([cluster] address is not set)");
+  }
+  if (placement != Placement::kHost) {
+    return makeError(ErrorCode::kUnavailable,
+                     what + ": jobs across nodes run on dbufd's host backend only in this version");
+  }
+  auto store = parseStoreSpec(hello.store);
+  if (!store) return std::move(store).error();
+  return checkStoreAllowed(*store, config_, peer.uid);
+}
+
+NodeJob JobTable::nodeJob(const Job& job) {
+  return NodeJob{job.id, *parseStoreSpec(job.store), job.world_size, job.first_rank, job.localCount()};
+}
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
   const auto found = attachments_.find(session.id());
@@ -95,6 +147,7 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
                                                    std::to_string(hello.world_size) + " (prefetch depth " +
                                                    std::to_string(hello.prefetch_depth) + ") is out of range");
   }
+  if (auto layout = checkNodeLayout(hello); !layout) return refuse(ipc::WireError::kBadRequest, layout.error().message);
   const auto tenant = tenantOf(session->peer());
   if (!tenant) {
     return refuse(ipc::WireError::kPermissionDenied, "uid " + std::to_string(session->peer().uid) + " / gid " +
@@ -118,13 +171,14 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   if (!job) return refuse_with(job.error());
   Job& attached = **job;
   const bool reattached = !attached.groups.empty();
-  RankState& rank = attached.ranks[hello.rank];
+  const std::uint32_t local = hello.rank - attached.first_rank;
+  RankState& rank = attached.ranks[local];
   rank.session = session;
   rank.plane = std::move(*plane);
   // `owed` stays: ops this rank missed before attaching (its job-mates' k-th
   // op timed out without it) fail first, so its k-th op stays theirs.
   rank.ops.reset(config_.ring_entries);
-  attachments_[session->id()] = {attached.id, hello.rank};
+  attachments_[session->id()] = {attached.id, local};
   session->markAttached();
   ipc::Welcome welcome;
   welcome.nonce = hello.nonce;
@@ -152,15 +206,21 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     }
     auto placement = placeJob(hello, gpu_offer_);
     if (!placement) return std::move(placement).error();
+    const std::uint32_t local_count = localWorldSize(hello);
+    if (local_count < hello.world_size) {
+      if (auto allowed = acceptAcrossNodes(hello, *placement, peer); !allowed) return std::move(allowed).error();
+    }
     Job job;
     job.id = hello.job_id;
     job.tenant = tenant;
     job.placement = *placement;
     job.world_size = hello.world_size;
+    job.first_rank = hello.rank - hello.local_rank;
+    job.store = hello.store;
     job.persistent = hello.persistent;
-    job.ranks.resize(hello.world_size);
+    job.ranks.resize(local_count);
     for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
-    job.collectives.buffers.resize(hello.world_size);
+    job.collectives.buffers.resize(local_count);
     if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
     job_order_.push_back(created);
@@ -183,7 +243,15 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     return makeError(ErrorCode::kConflict, "job '" + job.id + "' has world size " + std::to_string(job.world_size) +
                                                ", not " + std::to_string(hello.world_size));
   }
-  const RankState& rank = job.ranks[hello.rank];
+  if (job.first_rank != hello.rank - hello.local_rank || job.localCount() != localWorldSize(hello) ||
+      job.store != hello.store) {
+    return makeError(ErrorCode::kConflict,
+                     "rank " + std::to_string(hello.rank) + " places job '" + job.id + "''s ranks " +
+                         rankSpan(hello.rank - hello.local_rank, localWorldSize(hello)) + " on this node with store '" +
+                         hello.store + "', but its other ranks here said ranks " +
+                         rankSpan(job.first_rank, job.localCount()) + " with store '" + job.store + "'");
+  }
+  const RankState& rank = job.ranks[hello.rank - job.first_rank];
   if (rank.session) {
     return makeError(ErrorCode::kConflict, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
                                                "' is already attached (pid " +
@@ -207,21 +275,22 @@ Result<void> JobTable::placeRank(Job& job, const ipc::Hello& hello) {
     if (!executor) return std::move(executor).error();
     job.collectives.executor = std::move(*executor);
   }
-  job.ranks[hello.rank].device = hello.device;
+  job.ranks[hello.rank - job.first_rank].device = hello.device;
   return {};
 }
 
 Result<std::unique_ptr<Executor>> JobTable::executorFor(const Job& job, const ipc::Hello& hello) const {
   switch (job.placement) {
     case Placement::kHost:
+      if (job.acrossNodes()) return nodeExecutor(nodeJob(job), cluster_);
       return hostExecutor({host_scratch_.get(), LocalCollective::kStepElements});
 #if defined(DBUF_WITH_CUDA)
     case Placement::kSharedGpu:
       return cudaExecutor(hello.device);
     case Placement::kGpuPerRank: {
       std::vector<int> devices;
-      for (std::uint32_t r = 0; r < job.world_size; ++r) {
-        devices.push_back(r == hello.rank ? hello.device : job.ranks[r].device);
+      for (std::uint32_t r = 0; r < job.localCount(); ++r) {
+        devices.push_back(job.globalRank(r) == hello.rank ? hello.device : job.ranks[r].device);
       }
       if (std::find(devices.begin(), devices.end(), -1) != devices.end()) {
         return std::unique_ptr<Executor>();  // ranks still to come
@@ -254,7 +323,7 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
                               const ipc::RegisterGroup& spec) {
   Attachment* attachment = attachmentOf(*session);
   Job& job = jobs_.at(attachment->job);
-  const std::uint32_t rank = attachment->rank;
+  const std::uint32_t rank = attachment->local;
   if (spec.name.empty() || spec.name.size() > kMaxGroupName || spec.tensors.empty()) {
     session->sendError(ipc::WireError::kBadRequest, "a group needs a name (1-128 bytes) and at least one tensor",
                        request);
@@ -295,8 +364,8 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
       const auto waiting = job_entry->second.pending.find(name);
       if (waiting == job_entry->second.pending.end()) return;
       std::vector<std::uint32_t> missing;
-      for (std::uint32_t r = 0; r < job_entry->second.world_size; ++r) {
-        if (!waiting->second.waiters.contains(r)) missing.push_back(r);
+      for (std::uint32_t r = 0; r < job_entry->second.localCount(); ++r) {
+        if (!waiting->second.waiters.contains(r)) missing.push_back(job_entry->second.globalRank(r));
       }
       std::string why = "group '" + name + "': ranks " + rankList(missing) + " did not register within " +
                         std::to_string(config_.register_timeout.count()) + " ms";
@@ -304,14 +373,17 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
     });
   } else if (pending.waiters.contains(rank)) {
     session->sendError(ipc::WireError::kConflict,
-                       "rank " + std::to_string(rank) + " is already registering '" + spec.name + "'", request);
+                       "rank " + std::to_string(job.globalRank(rank)) + " is already registering '" + spec.name + "'",
+                       request);
     return;
   } else if (const auto difference = specDifference(pending.spec, spec)) {
     pending.waiters[rank] = {session, request};
+    const std::uint32_t first = job.globalRank(pending.first_rank);
+    const std::uint32_t late = job.globalRank(rank);
     const Error why{ErrorCode::kConflict,
-                    "group '" + spec.name + "': rank " + std::to_string(rank) + " and rank " +
-                        std::to_string(pending.first_rank) + " disagree: " + *difference,
-                    {std::min(rank, pending.first_rank), std::max(rank, pending.first_rank)}};
+                    "group '" + spec.name + "': rank " + std::to_string(late) + " and rank " + std::to_string(first) +
+                        " disagree: " + *difference,
+                    {std::min(late, first), std::max(late, first)}};
     auto& failure = job.failed[spec.name];
     failure.why = why;
     for (const auto& [waiting, waiter] : pending.waiters) failure.told.insert(waiting);
@@ -319,7 +391,7 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
     return;
   }
   pending.waiters[rank] = {session, request};
-  if (pending.waiters.size() == job.world_size) completeRegistration(job, spec.name);
+  if (pending.waiters.size() == job.localCount()) completeRegistration(job, spec.name);
 }
 
 bool JobTable::reportEarlierMismatch(Job& job, std::uint32_t rank, const std::string& name,
@@ -332,7 +404,7 @@ bool JobTable::reportEarlierMismatch(Job& job, std::uint32_t rank, const std::st
   }
   session->sendError(failure->second.why, request);
   failure->second.told.insert(rank);
-  if (failure->second.told.size() == job.world_size) job.failed.erase(failure);
+  if (failure->second.told.size() == job.localCount()) job.failed.erase(failure);
   return true;
 }
 
@@ -356,18 +428,19 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   // Announced and charged as the memory really is (GPU allocations are
   // rounded up to their granularity).
   // (Every rank's GPU rounds the same way in practice; the largest counts.)
-  for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
+  for (std::uint32_t rank = 0; rank < job.localCount(); ++rank) {
     auto rounded = allocatorFor(job, rank).roundedSize(group.reply.shard_file_bytes);
     if (!rounded) return std::move(rounded).error();
     group.reply.shard_file_bytes = *rounded;
   }
-  const std::uint64_t bytes = group.reply.shard_file_bytes * job.world_size;
+  const std::uint64_t bytes = group.reply.shard_file_bytes * job.localCount();
   if (auto charged = budget_.charge(job.tenant, bytes, "group '" + spec.name + "'"); !charged) {
     return std::move(charged).error();
   }
   job.charged += bytes;
-  for (std::uint32_t rank = 0; rank < job.world_size; ++rank) {
-    auto memory = allocatorFor(job, rank).allocate("dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(rank),
+  for (std::uint32_t rank = 0; rank < job.localCount(); ++rank) {
+    auto memory = allocatorFor(job, rank).allocate(
+        "dbuf:" + job.id + ":" + spec.name + ":" + std::to_string(job.globalRank(rank)),
                                                    group.reply.shard_file_bytes);
     if (!memory) {
       budget_.release(job.tenant, bytes);
@@ -415,7 +488,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
     return;
   }
   const SlotLayout& layout = group->second.slot_layout;
-  RankState& rank = job.ranks[attachment->rank];
+  RankState& rank = job.ranks[attachment->local];
   auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
     slot = std::find_if(rank.slots.begin(), rank.slots.end(), [](const Slot& s) { return !s.group.has_value(); });
@@ -423,12 +496,12 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   if (slot == rank.slots.end()) {
     session->sendError(ipc::WireError::kConflict,
                        "all " + std::to_string(rank.slots.size()) + " unsharded slots of rank " +
-                           std::to_string(attachment->rank) + " are in use (prefetch depth " +
+                           std::to_string(job.globalRank(attachment->local)) + " are in use (prefetch depth " +
                            std::to_string(rank.slots.size() - 1) + "); reshard a group first",
                        request);
     return;
   }
-  if (auto sized = growSlot(job, *slot, layout.file_bytes, attachment->rank, group->first); !sized) {
+  if (auto sized = growSlot(job, *slot, layout.file_bytes, attachment->local, group->first); !sized) {
     session->sendError(sized.error(), request);
     return;
   }
@@ -454,7 +527,8 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
   if (auto charged = budget_.charge(job.tenant, *rounded, "unsharded slot for group '" + group + "'"); !charged) {
     return charged;
   }
-  auto memory = allocatorFor(job, rank).allocate("dbuf:" + job.id + ":slot:" + std::to_string(rank), bytes);
+  auto memory =
+      allocatorFor(job, rank).allocate("dbuf:" + job.id + ":slot:" + std::to_string(job.globalRank(rank)), bytes);
   if (!memory) {
     budget_.release(job.tenant, *rounded);
     return std::move(memory).error();
@@ -468,7 +542,7 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
 void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
   const Attachment* attachment = attachmentOf(*session);
   Job& job = jobs_.at(attachment->job);
-  RankState& rank = job.ranks[attachment->rank];
+  RankState& rank = job.ranks[attachment->local];
   const auto slot =
       std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
@@ -478,7 +552,7 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
   if (rank.ops.any([&](const PendingOp& op) { return op.submission.group_id == group_id; })) {
     // A queued or running collective of this group may still read or write the slot.
     session->sendError(ipc::WireError::kConflict,
-                       "rank " + std::to_string(attachment->rank) + " has collectives of group " +
+                       "rank " + std::to_string(job.globalRank(attachment->local)) + " has collectives of group " +
                            std::to_string(group_id) + " in flight; wait for them first",
                        request);
     return;
@@ -499,8 +573,8 @@ void JobTable::onClosed(const std::shared_ptr<Session>& session) {
   attachments_.erase(found);
   const auto job = jobs_.find(attachment.job);
   if (job == jobs_.end()) return;
-  spdlog::info("job {} rank {} detached", attachment.job, attachment.rank);
-  releaseRank(job->second, attachment.rank);
+  spdlog::info("job {} rank {} detached", attachment.job, job->second.globalRank(attachment.local));
+  releaseRank(job->second, attachment.local);
   const bool anyone_left = std::any_of(job->second.ranks.begin(), job->second.ranks.end(),
                                        [](const RankState& rank) { return rank.session != nullptr; });
   if (!anyone_left) jobLostAllRanks(job->second);
@@ -525,11 +599,11 @@ void JobTable::releaseRank(Job& job, std::uint32_t rank) {
     const bool joined = job.pending.at(name).waiters.erase(rank) > 0;
     failPending(job, name,
                 Error{ErrorCode::kConflict,
-                      "group '" + name + "': rank " + std::to_string(rank) + " disconnected" +
+                      "group '" + name + "': rank " + std::to_string(job.globalRank(rank)) + " disconnected" +
                           (joined ? " while registering" : " before registering"),
-                      {rank}});
+                      {job.globalRank(rank)}});
   }
-  job.gone.insert(rank);  // cleared by jobLostAllRanks when nobody is left
+  job.gone.insert(job.globalRank(rank));  // cleared by jobLostAllRanks when nobody is left
 }
 
 void JobTable::jobLostAllRanks(Job& job) {
@@ -572,11 +646,12 @@ std::size_t JobTable::pollDataPlane() {
   std::size_t work = 0;
   std::shared_ptr<Session> corrupt;
   for (Job* job : job_order_) {
-    for (std::uint32_t rank = 0; rank < job->world_size; ++rank) {
+    for (std::uint32_t rank = 0; rank < job->localCount(); ++rank) {
       if (!job->ranks[rank].plane) continue;
       auto taken = data_plane_.takeSubmissions(*job, rank, now);
       if (!taken) {
-        spdlog::warn("job {} rank {}: {}; closing its session", job->id, rank, taken.error().message);
+        spdlog::warn("job {} rank {}: {}; closing its session", job->id, job->globalRank(rank),
+                     taken.error().message);
         corrupt = job->ranks[rank].session;
         break;
       }

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cluster.hpp"
 #include "data_plane.hpp"
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
@@ -24,6 +25,7 @@
 #include "dbuffer_memory.hpp"
 #include "group_layout.hpp"
 #include "memory_budget.hpp"
+#include "node_link.hpp"
 #include "placement.hpp"
 #include "session.hpp"
 
@@ -43,12 +45,12 @@ struct GroupState {
 /// A registration waiting for every rank of the job.
 struct PendingGroup {
   ipc::RegisterGroup spec;
-  std::uint32_t first_rank = 0;
+  std::uint32_t first_rank = 0;  ///< local index of the rank that registered first
   struct Waiter {
     std::shared_ptr<Session> session;
     std::uint64_t request_id = 0;
   };
-  std::map<std::uint32_t, Waiter> waiters;
+  std::map<std::uint32_t, Waiter> waiters;  ///< by local index
   std::unique_ptr<asio::steady_timer> timer;
 };
 
@@ -77,7 +79,13 @@ struct RankState {
 struct Job {
   std::string id;
   std::size_t tenant = 0;
-  std::uint32_t world_size = 1;
+  std::uint32_t world_size = 1;  ///< ranks of the job on every node
+  /// The job's ranks on this node are first_rank .. first_rank + ranks.size()
+  /// - 1 (contiguous, as torchrun numbers them); `ranks` and everything
+  /// indexed like it (slots, shards, queues, buffers) hold this node's ranks
+  /// only, by local index. Messages and errors name global ranks.
+  std::uint32_t first_rank = 0;
+  std::string store;  ///< where the job's daemons meet (jobs across nodes)
   Placement placement = Placement::kHost;
   bool persistent = false;
   std::vector<RankState> ranks;
@@ -88,7 +96,7 @@ struct Job {
   std::uint64_t charged = 0;  // bytes charged to the tenant for this job
   std::uint32_t next_group_id = 1;
   std::unique_ptr<asio::steady_timer> grace_timer;
-  /// Ranks whose connection ended while others of the job stayed attached,
+  /// Ranks (global) whose connection ended while others of the job stayed attached,
   /// and that have not attached again. A registration (a collective) cannot
   /// complete without them, so it fails at once, naming them, instead of
   /// waiting for register_ms. Cleared when every rank is gone (a restart of the
@@ -99,9 +107,14 @@ struct Job {
   /// of starting a registration the others already abandoned.
   struct FailedRegistration {
     Error why;  ///< kConflict naming the two ranks that disagree
-    std::set<std::uint32_t> told;
+    std::set<std::uint32_t> told;  ///< local indices
   };
   std::map<std::string, FailedRegistration> failed;
+
+  [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
+  [[nodiscard]] std::uint32_t globalRank(std::uint32_t local) const noexcept { return first_rank + local; }
+  /// Whether some of the job's ranks are on other nodes.
+  [[nodiscard]] bool acrossNodes() const noexcept { return localCount() < world_size; }
 
   /// Every rank has prefetch_depth + 1 slots.
   [[nodiscard]] std::uint32_t prefetchDepth() const {
@@ -112,6 +125,10 @@ struct Job {
 class JobTable {
  public:
   JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id);
+  /// Jobs' link threads that outlive it no longer wake the loop.
+  ~JobTable();
+  JobTable(const JobTable&) = delete;
+  JobTable& operator=(const JobTable&) = delete;
 
   void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header, ipc::Message message);
   void onClosed(const std::shared_ptr<Session>& session);
@@ -129,7 +146,7 @@ class JobTable {
  private:
   struct Attachment {
     std::string job;
-    std::uint32_t rank = 0;
+    std::uint32_t local = 0;  ///< the rank's local index in its job
   };
 
   void handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello);
@@ -141,6 +158,12 @@ class JobTable {
   void handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
 
   Result<Job*> attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant);
+  /// Whether this daemon takes a new job whose ranks span nodes: its
+  /// [cluster] address is set, the job is on the host backend and its store
+  /// is one the job's user may have the daemon use.
+  [[nodiscard]] Result<void> acceptAcrossNodes(const ipc::Hello& hello, Placement placement,
+                                               const ipc::PeerCredentials& peer) const;
+  [[nodiscard]] static NodeJob nodeJob(const Job& job);
   /// Checks the rank's GPU (checkRankDevice) and records it; makes the job's
   /// executor once its placement is complete (host, one GPU: at the first
   /// rank; a GPU per rank: once every rank's GPU is known).
@@ -179,6 +202,7 @@ class JobTable {
   std::unique_ptr<float[]> host_scratch_;
   std::map<std::int32_t, std::unique_ptr<DbufferAllocator>> gpu_allocators_;  // cuda backend: per GPU
   GpuOffer gpu_offer_;
+  ClusterContext cluster_;
   DataPlane data_plane_;
   std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
   std::size_t next_job_turn_ = 0;  // round-robin start for fairness

@@ -17,8 +17,14 @@ Segment run(std::int64_t src, std::int64_t dst, std::int64_t count) {
 
 LocalCollective::LocalCollective(const CollectiveArgs& args, const GroupGeometry* geometry,
                                  std::span<const RankBuffers> ranks, std::span<kernels::ConstBuffer> sources,
-                                 std::span<float> scratch, kernels::Runner& runner)
-    : args_(args), geometry_(geometry), ranks_(ranks), sources_(sources), scratch_(scratch), runner_(&runner) {
+                                 std::span<float> scratch, kernels::Runner& runner, std::uint32_t first_rank)
+    : args_(args),
+      geometry_(geometry),
+      ranks_(ranks),
+      sources_(sources),
+      scratch_(scratch),
+      runner_(&runner),
+      first_rank_(first_rank) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     sources_[r] = ConstBuffer{ranks[r].grads, geometry->grad, geometry->world * geometry->shard_elems};
   }
@@ -61,7 +67,7 @@ Result<bool> LocalCollective::allGatherStep() {
     if (*rank_done) {
       offset_ = 0;
       segment_ = 0;
-      if (++index_ == geometry_->world) {
+      if (++index_ == ranks_.size()) {
         phase_ = 1;
         index_ = 0;
       }
@@ -75,8 +81,9 @@ Result<bool> LocalCollective::castOwnPartStep() {
   // Rank `index_`'s own part of its unsharded params, cast from its shard.
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
+  const std::int64_t part = first_rank_ + rank;
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
-  const Segment segment = run(offset_, rank * g.shard_elems + offset_, count);
+  const Segment segment = run(offset_, part * g.shard_elems + offset_, count);
   if (auto done = runner_->cast(ConstBuffer{ranks_[rank].shard, g.sharded, g.shard_elems},
                                 MutBuffer{ranks_[rank].params, g.unsharded, g.world * g.shard_elems}, {&segment, 1});
       !done) {
@@ -93,7 +100,7 @@ Result<bool> LocalCollective::quantizeOwnPartStep() {
   // piece of whole blocks of one larger than a step.
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
-  const std::vector<Segment>& segments = g.ranks[rank].segments;
+  const std::vector<Segment>& segments = g.ranks[first_rank_ + rank].segments;
   if (segment_ == segments.size()) return true;
   Segment piece;
   std::span<const Segment> batch;
@@ -131,17 +138,19 @@ Result<bool> LocalCollective::copyPartStep() {
   // Every rank's part to every other rank: plain copies in the unsharded
   // dtype (and, for fp8, the part's scales).
   const GroupGeometry& g = *geometry_;
-  const std::uint64_t pairs = std::uint64_t{g.world} * g.world;
-  while (index_ < pairs && index_ / g.world == index_ % g.world) ++index_;  // a rank has its own part
+  const std::uint64_t ranks = ranks_.size();
+  const std::uint64_t pairs = ranks * ranks;
+  while (index_ < pairs && index_ / ranks == index_ % ranks) ++index_;  // a rank has its own part
   if (index_ == pairs) return true;
-  const auto to = static_cast<std::uint32_t>(index_ / g.world);
-  const auto from = static_cast<std::uint32_t>(index_ % g.world);
+  const auto to = static_cast<std::uint32_t>(index_ / ranks);
+  const auto from = static_cast<std::uint32_t>(index_ % ranks);
+  const std::uint32_t part = first_rank_ + from;
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
-  if (auto copied = copyParams(from, to, from * g.shard_elems + offset_, count); !copied) {
+  if (auto copied = copyParams(from, to, part * g.shard_elems + offset_, count); !copied) {
     return std::move(copied).error();
   }
-  if (g.quantized() && offset_ == 0 && g.ranks[from].scales > 0) {
-    const Segment scales = run(g.ranks[from].first_scale, g.ranks[from].first_scale, g.ranks[from].scales);
+  if (g.quantized() && offset_ == 0 && g.ranks[part].scales > 0) {
+    const Segment scales = run(g.ranks[part].first_scale, g.ranks[part].first_scale, g.ranks[part].scales);
     if (auto copied = runner_->copy(ConstBuffer{ranks_[from].scales, DType::kF32, g.total_blocks},
                                     MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1});
         !copied) {
@@ -166,7 +175,7 @@ Result<bool> LocalCollective::reduceScatterStep() {
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
-  const Segment segment = run(rank * g.shard_elems + offset_, offset_, count);
+  const Segment segment = run((first_rank_ + rank) * g.shard_elems + offset_, offset_, count);
   if (auto done = runner_->reduce(sources_, MutBuffer{ranks_[rank].shard_grad, g.sharded, g.shard_elems},
                                   reduction(args_.accumulate), {&segment, 1});
       !done) {
@@ -178,7 +187,7 @@ Result<bool> LocalCollective::reduceScatterStep() {
     offset_ = 0;
     ++index_;
   }
-  return index_ == g.world;
+  return index_ == ranks_.size();
 }
 
 Result<bool> LocalCollective::allReduceStep() {
@@ -210,14 +219,17 @@ Result<bool> LocalCollective::allReduceStep() {
 Result<bool> LocalCollective::broadcastStep() {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
-  if (index_ == args_.root) ++index_;
-  if (index_ >= g.world) return true;
+  const std::uint64_t root = args_.root - first_rank_;
+  if (index_ == root) ++index_;
+  if (index_ >= ranks_.size()) return true;
   const auto to = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, elements - offset_);
-  if (auto copied = copyParams(args_.root, to, offset_, count); !copied) return std::move(copied).error();
+  if (auto copied = copyParams(static_cast<std::uint32_t>(root), to, offset_, count); !copied) {
+    return std::move(copied).error();
+  }
   if (g.quantized() && offset_ == 0) {
     const Segment scales = run(0, 0, g.total_blocks);
-    if (auto copied = runner_->copy(ConstBuffer{ranks_[args_.root].scales, DType::kF32, g.total_blocks},
+    if (auto copied = runner_->copy(ConstBuffer{ranks_[root].scales, DType::kF32, g.total_blocks},
                                     MutBuffer{ranks_[to].scales, DType::kF32, g.total_blocks}, {&scales, 1});
         !copied) {
       return std::move(copied).error();

@@ -31,12 +31,16 @@ struct RankBuffers {
 
 /// The arguments every rank agreed on.
 struct CollectiveArgs {
+  std::uint64_t sequence = 0;  ///< the job's collective number
   ipc::OpCode op = ipc::OpCode::kBarrier;
   ipc::ReduceMode reduce = ipc::ReduceMode::kSum;
   bool accumulate = false;
   std::uint32_t root = 0;
   float pre_scale = 1.0F;
   float post_scale = 1.0F;
+  /// In words ("allGather(group 'layer0')"); jobs across nodes only (the
+  /// other nodes are told it when the ops differ).
+  std::string description;
 
   /// What a reduction's sum is multiplied by: post, or post / world for avg.
   [[nodiscard]] float factor(std::uint32_t world) const noexcept {
@@ -50,11 +54,15 @@ class LocalCollective {
   static constexpr std::int64_t kStepElements = std::int64_t{1} << 22;
 
   LocalCollective() = default;
-  /// `ranks` and `sources` (world entries each; `sources` is filled here
-  /// with the ranks' gradients) and `scratch` (kStepElements floats, for the
-  /// in-place all-reduce) must outlive the op; `geometry` too.
+  /// `ranks` and `sources` (an entry per rank the daemon addresses; `sources`
+  /// is filled here with the ranks' gradients) and `scratch` (kStepElements
+  /// floats, for the in-place all-reduce) must outlive the op; `geometry`
+  /// too. `ranks` are ranks first_rank.. of the job's geometry->world: all of
+  /// them on one node; a node's own for the local all-gather of a job across
+  /// nodes (the only op that runs on part of a job).
   LocalCollective(const CollectiveArgs& args, const GroupGeometry* geometry, std::span<const RankBuffers> ranks,
-                  std::span<kernels::ConstBuffer> sources, std::span<float> scratch, kernels::Runner& runner);
+                  std::span<kernels::ConstBuffer> sources, std::span<float> scratch, kernels::Runner& runner,
+                  std::uint32_t first_rank = 0);
 
   /// Runs one step; true when the op is complete. An error ends the op.
   [[nodiscard]] Result<bool> step();
@@ -73,7 +81,7 @@ class LocalCollective {
   Result<bool> allReduceStep();
   Result<bool> broadcastStep();
   /// Copies [first, first + count) elements of rank `from`'s params into rank
-  /// `to`'s.
+  /// `to`'s (indices into ranks_).
   Result<void> copyParams(std::uint32_t from, std::uint32_t to, std::int64_t first, std::int64_t count);
   /// The reduction's scales (pre, CollectiveArgs::factor).
   [[nodiscard]] kernels::ReduceOptions reduction(bool accumulate) const noexcept;
@@ -84,6 +92,7 @@ class LocalCollective {
   std::span<kernels::ConstBuffer> sources_;
   std::span<float> scratch_;
   kernels::Runner* runner_ = nullptr;
+  std::uint32_t first_rank_ = 0;  // the job's rank of ranks_[0]
   // Cursor: phase, then an index (rank or rank pair), then an element offset.
   int phase_ = 0;
   std::uint64_t index_ = 0;

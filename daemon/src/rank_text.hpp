@@ -30,6 +30,12 @@ namespace dbuf::daemon {
   return ranksPhrase(gone) + " of job " + job + " disconnected and " + hasOrHave(gone) + " not attached again";
 }
 
+/// "rank 4" or "ranks 2-3": `count` consecutive ranks from `first`.
+[[nodiscard]] inline std::string rankSpan(std::uint32_t first, std::uint32_t count) {
+  if (count == 1) return "rank " + std::to_string(first);
+  return "ranks " + std::to_string(first) + "-" + std::to_string(first + count - 1);
+}
+
 /// "0-6, 9": sorted ranks with consecutive runs collapsed.
 [[nodiscard]] inline std::string rankRanges(const std::vector<std::uint32_t>& ranks) {
   std::string text;

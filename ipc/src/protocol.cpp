@@ -114,6 +114,8 @@ void fields(Io& io, M& m) {
   io.integer("rank", m.rank);
   io.integer("world_size", m.world_size);
   io.integer("local_rank", m.local_rank);
+  io.integer("local_world_size", m.local_world_size);
+  io.string("store", m.store);
   io.integer("device", m.device);
   io.integer("gpu_uuid_high", m.gpu_uuid.high);
   io.integer("gpu_uuid_low", m.gpu_uuid.low);

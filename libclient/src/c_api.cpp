@@ -94,12 +94,12 @@ std::chrono::milliseconds ms(int64_t timeout_ms) {
 // Each struct's first version is its size today; the structs have no padding,
 // so a later field always makes struct_size grow (the asserts keep it so).
 static_assert(sizeof(dbuf_connect_options) == offsetof(dbuf_connect_options, interrupt_data) + sizeof(void*));
-static_assert(sizeof(dbuf_attach_options) == offsetof(dbuf_attach_options, prefetch_depth) + sizeof(uint32_t));
+static_assert(sizeof(dbuf_attach_options) == offsetof(dbuf_attach_options, store) + sizeof(const char*));
 static_assert(sizeof(dbuf_tensor_spec) == offsetof(dbuf_tensor_spec, tp_dim) + sizeof(int32_t));
 static_assert(sizeof(dbuf_group_options) == offsetof(dbuf_group_options, reserved) + sizeof(uint32_t));
 static_assert(sizeof(dbuf_op_result) == offsetof(dbuf_op_result, run_ns) + sizeof(int64_t));
 constexpr std::size_t kConnectOptionsV1 = sizeof(dbuf_connect_options);
-constexpr std::size_t kAttachOptionsV1 = sizeof(dbuf_attach_options);
+constexpr std::size_t kAttachOptionsV1 = offsetof(dbuf_attach_options, local_world_size);
 constexpr std::size_t kTensorSpecV1 = sizeof(dbuf_tensor_spec);
 constexpr std::size_t kGroupOptionsV1 = sizeof(dbuf_group_options);
 constexpr std::size_t kOpResultV1 = sizeof(dbuf_op_result);
@@ -192,6 +192,8 @@ dbuf_attach_options attachDefaults() {
   options.device = -1;
   options.persistent = 0;
   options.prefetch_depth = 1;
+  options.local_world_size = 0;
+  options.store = nullptr;
   return options;
 }
 
@@ -460,6 +462,8 @@ dbuf_status dbuf_attach_ex(dbuf_client* client, const dbuf_attach_options* optio
   attach.device = given.device;
   attach.persistent = given.persistent != 0;
   attach.prefetch_depth = given.prefetch_depth;
+  attach.local_world_size = given.local_world_size;
+  if (given.store != nullptr) attach.store = given.store;
   auto attached = client->client.attach(attach, ms(timeout_ms));
   return attached ? DBUF_OK : fail(client, std::move(attached).error());
 }

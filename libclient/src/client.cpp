@@ -388,6 +388,8 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   hello.rank = options.rank;
   hello.world_size = options.world_size;
   hello.local_rank = options.local_rank;
+  hello.local_world_size = options.local_world_size;
+  hello.store = options.store;
   hello.device = options.device;
   hello.gpu_uuid = uuidOf(options.device);
   hello.persistent = options.persistent;

@@ -282,8 +282,9 @@ class PyClient {
   }
 
   void attach(const std::string& job, std::uint32_t rank, std::uint32_t world_size, std::uint32_t local_rank,
-              std::int32_t device, bool persistent, std::uint32_t prefetch_depth, std::optional<double> timeout) {
-    AttachOptions options{job, rank, world_size, local_rank, device, persistent, prefetch_depth};
+              std::int32_t device, bool persistent, std::uint32_t prefetch_depth, std::uint32_t local_world_size,
+              const std::string& store, std::optional<double> timeout) {
+    AttachOptions options{job, rank, world_size, local_rank, device, persistent, prefetch_depth, local_world_size, store};
     const auto ms = toRequestTimeout(timeout);
     session_->run([&](Client& client) { return client.attach(options, ms); });
   }
@@ -493,10 +494,13 @@ void bindClient(nb::module_& m) {
            "Connects to dbufd. socket: its path (None: $DBUF_SOCKET, else /run/dbufd/dbufd.sock); timeout: the "
            "default of every call, in seconds.")
       .def("attach", &PyClient::attach, "job"_a, "rank"_a, "world_size"_a, nb::kw_only(), "local_rank"_a = 0,
-           "device"_a = -1, "persistent"_a = false, "prefetch_depth"_a = 1, "timeout"_a = nb::none(),
+           "device"_a = -1, "persistent"_a = false, "prefetch_depth"_a = 1, "local_world_size"_a = 0,
+           "store"_a = "", "timeout"_a = nb::none(),
            "Joins job `job` as `rank` of `world_size`. device: the trainer's GPU (-1: none); persistent: keep "
            "the shards for the daemon's grace period if every rank dies; prefetch_depth: unsharded slots = "
-           "prefetch_depth + 1.")
+           "prefetch_depth + 1. A job across nodes: local_world_size is the job's ranks on this node "
+           "(contiguous, from rank - local_rank; 0: every rank is here) and store where the nodes' daemons "
+           "meet: \"file:DIR\" or \"redis:HOST:PORT\", optionally \"#PREFIX\" (unique per run of the job).")
       .def("register_group", &PyClient::registerGroup, "name"_a, "tensors"_a, nb::kw_only(),
            "granularity"_a = "element", "sharded_dtype"_a = "fp32", "unsharded_dtype"_a = "bf16", "align_bytes"_a = 16,
            "timeout"_a = nb::none(), nb::rv_policy::take_ownership,

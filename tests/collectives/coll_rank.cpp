@@ -6,6 +6,11 @@
 //
 //   coll-rank --socket PATH --job JOB --rank R --world W --scenario NAME
 //             [--shape NAME] [--seed N] [--out FILE] [--timeout-ms MS] [--device GPU]
+//             [--local-world L --store STORE]
+//
+// --local-world L: a job across nodes of L ranks each (rank r on node r / L),
+// its daemons meeting in STORE; the reference then sums node by node
+// (GroupSim::setNodes).
 //
 // Scenarios:
 //   ops    every op (all-gather, reduce-scatter sum/avg with and without
@@ -72,6 +77,8 @@ struct Args {
   std::string out;
   std::chrono::milliseconds timeout{20000};
   std::int32_t device = -1;  ///< the GPU to attach on (a dbufd with the cuda backend); -1: host memory
+  std::uint32_t local_world = 0;  ///< ranks per node of a job across nodes; 0: one node
+  std::string store;
 };
 
 Args g_args;
@@ -285,6 +292,12 @@ TestGroup registerGroup(Client& client, std::uint64_t index, const std::string& 
   spec.align_bytes = shape.align_bytes;
   Group group = must(client.registerGroup(spec, g_args.timeout), "registerGroup " + name);
   GroupSim sim(group.plan(), pair.sharded, pair.unsharded);
+  if (g_args.local_world != 0) {
+    std::vector<std::uint32_t> first_ranks;
+    for (std::uint32_t r = 0; r < g_args.world; r += g_args.local_world) first_ranks.push_back(r);
+    first_ranks.push_back(g_args.world);
+    sim.setNodes(std::move(first_ranks));
+  }
   const std::string label = name + " (" + dtypeName(pair.sharded) + " -> " + dtypeName(pair.unsharded) + ")";
   return TestGroup{index, label, std::move(group), std::move(sim)};
 }
@@ -929,12 +942,16 @@ bool parse(int argc, char** argv) {
       g_args.timeout = std::chrono::milliseconds(std::stol(value));
     } else if (key == "--device") {
       g_args.device = static_cast<std::int32_t>(std::stol(value));
+    } else if (key == "--local-world") {
+      g_args.local_world = static_cast<std::uint32_t>(std::stoul(value));
+    } else if (key == "--store") {
+      g_args.store = value;
     } else {
       return false;
     }
   }
   return argc % 2 == 1 && !g_args.socket.empty() && !g_args.job.empty() && !g_args.scenario.empty() &&
-         g_args.rank < g_args.world;
+         g_args.rank < g_args.world && (g_args.local_world == 0 || g_args.world % g_args.local_world == 0);
 }
 
 }  // namespace
@@ -949,8 +966,13 @@ int main(int argc, char** argv) {
   }
   const auto started = std::chrono::steady_clock::now();
   Client client = must(Client::connect({g_args.socket, g_args.timeout}), "connect");
-  must(client.attach({g_args.job, g_args.rank, g_args.world, g_args.rank, g_args.device, false, 1}, g_args.timeout),
-       "attach");
+  dbuf::AttachOptions attach{g_args.job, g_args.rank, g_args.world, g_args.rank, g_args.device, false, 1};
+  if (g_args.local_world != 0) {
+    attach.local_rank = g_args.rank % g_args.local_world;
+    attach.local_world_size = g_args.local_world;
+    attach.store = g_args.store;
+  }
+  must(client.attach(attach, g_args.timeout), "attach");
   if (g_args.scenario == "ops") {
     scenarioOps(client);
   } else if (g_args.scenario == "fp8") {

@@ -300,11 +300,20 @@ void GroupSim::allGather() {
 }
 
 float GroupSim::reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept {
+  const auto sumOf = [&](std::uint32_t first, std::uint32_t end) {
+    float acc = 0.0F;
+    for (std::uint32_t r = first; r < end; ++r) {
+      const float x = loadElement(grad_, grads_[r].data(), global);
+      const float scaled = x * reduce.pre_scale;
+      acc = acc + scaled;
+    }
+    return acc;
+  };
+  if (first_ranks_.empty()) return sumOf(0, world_);
   float acc = 0.0F;
-  for (std::uint32_t r = 0; r < world_; ++r) {
-    const float x = loadElement(grad_, grads_[r].data(), global);
-    const float scaled = x * reduce.pre_scale;
-    acc = acc + scaled;
+  for (std::size_t n = 0; n + 1 < first_ranks_.size(); ++n) {
+    const float node = sumOf(first_ranks_[n], first_ranks_[n + 1]);
+    acc = acc + node;
   }
   return acc;
 }

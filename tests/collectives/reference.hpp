@@ -110,6 +110,10 @@ class GroupSim {
   /// The slot was released and acquired again: its content is undefined.
   void forgetSlot(std::uint32_t rank);
 
+  /// A job across nodes (first_ranks: nodes + 1 entries, node n holding
+  /// ranks [first_ranks[n], first_ranks[n+1])): reductions sum each node's
+  /// ranks in rank order, then the nodes' sums in node order.
+  void setNodes(std::vector<std::uint32_t> first_ranks) { first_ranks_ = std::move(first_ranks); }
   // Collectives.
   void allGather();
   void reduceScatter(const ReduceOptions& reduce);
@@ -127,10 +131,12 @@ class GroupSim {
   [[nodiscard]] bool gradsKnown(std::uint32_t rank) const { return grads_known_.at(rank); }
 
  private:
-  /// acc = sum over r in rank order of (float(grad_r[g]) * pre), then the factor.
+  /// acc = sum over r in rank order of (float(grad_r[g]) * pre) (over nodes:
+  /// sum over nodes of each node's such sum), before the factor.
   [[nodiscard]] float reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept;
 
   std::uint32_t world_ = 1;
+  std::vector<std::uint32_t> first_ranks_;  // empty: one node
   std::int64_t shard_elems_ = 0;
   DType sharded_ = DType::kF32;
   DType unsharded_ = DType::kBF16;

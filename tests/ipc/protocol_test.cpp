@@ -151,14 +151,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x06, 0x00,                                      // version 6 (error codes, the ranks of an error)
+      0x07, 0x00,                                      // version 7 (a job across nodes)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 6, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 7, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -178,6 +178,8 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
   hello.rank = 1;
   hello.world_size = 2;
   hello.local_rank = 3;
+  hello.local_world_size = 5;
+  hello.store = "file:/s";
   hello.device = -1;
   hello.gpu_uuid = {0x1122334455667788ULL, 0x99aabbccddeeff00ULL};
   hello.nonce = 9;
@@ -189,6 +191,8 @@ TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
                             .u32(1)
                             .u32(2)
                             .u32(3)
+                            .u32(5)
+                            .str("file:/s")
                             .i32(-1)
                             .u64(0x1122334455667788ULL)
                             .u64(0x99aabbccddeeff00ULL)

@@ -28,6 +28,8 @@ inline Hello sampleHello() {
   hello.rank = 5;
   hello.world_size = 8;
   hello.local_rank = 3;
+  hello.local_world_size = 4;
+  hello.store = "redis:10.0.0.1:6379#run-42";
   hello.device = 7;
   hello.nonce = 0xDEADBEEFCAFEF00DULL;
   hello.persistent = true;

@@ -91,6 +91,15 @@ struct AttachOptions {
   std::int32_t device = -1;
   bool persistent = false;           ///< keep shards for the daemon's grace period if every rank dies
   std::uint32_t prefetch_depth = 1;  ///< unsharded slots = prefetch_depth + 1
+  /// A job across nodes: the job's ranks on this node (they are contiguous,
+  /// local_rank 0 first, as torchrun numbers them); 0: every rank is here.
+  std::uint32_t local_world_size = 0;
+  /// Across nodes: where the nodes' daemons meet, "file:DIR" (a directory
+  /// every node shares, owned by the caller's uid) or "redis:HOST:PORT" (a
+  /// host dbufd's [cluster] store_hosts lists), then optionally "#PREFIX":
+  /// unique per run of the job, so that a restarted job never reads the keys
+  /// of an earlier run. Every rank of the job passes the same store.
+  std::string store = {};
 };
 
 struct TensorSpec {

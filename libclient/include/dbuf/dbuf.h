@@ -187,7 +187,8 @@ dbuf_status dbuf_attach(dbuf_client* client, const char* job, uint32_t rank, uin
 
 /* dbuf::AttachOptions. Defaults (dbuf_attach_options_init): job NULL (must
  * be set), rank 0, world_size 1, local_rank 0, device -1, persistent 0,
- * prefetch_depth 1. No padding (LP64: 8 + 8 + 6 x 4 bytes). */
+ * prefetch_depth 1, local_world_size 0, store NULL. No padding (LP64: 8 + 8 +
+ * 7 x 4 + 8 bytes; version 1 ended at prefetch_depth, 40 bytes). */
 typedef struct dbuf_attach_options {
   size_t struct_size;      /* sizeof(dbuf_attach_options) as the caller knows it */
   const char* job;         /* the job's name; borrowed for the call */
@@ -197,6 +198,9 @@ typedef struct dbuf_attach_options {
   int32_t device;          /* the trainer's GPU as it numbers them (CUDA builds); -1: none */
   int32_t persistent;      /* non-zero: keep the shards for the daemon's grace period if every rank dies */
   uint32_t prefetch_depth; /* unsharded slots = prefetch_depth + 1 */
+  /* Since version 2 (a job across nodes; see dbuf::AttachOptions): */
+  uint32_t local_world_size; /* the job's ranks on this node, contiguous from rank - local_rank; 0: all */
+  const char* store;         /* "file:DIR" or "redis:HOST:PORT", optionally "#PREFIX"; NULL: one node */
 } dbuf_attach_options;
 
 /* Sets *options to the defaults with options->struct_size = struct_size

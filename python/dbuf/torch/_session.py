@@ -240,6 +240,15 @@ class Session:
 _default: Session | None = None
 
 
+def _store_from_env() -> str:
+    store = os.environ.get("DBUF_STORE", "")
+    if store and "#" not in store:
+        run = os.environ.get("TORCHELASTIC_RUN_ID")
+        if run:
+            store += f"#{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return store
+
+
 def init(
     *,
     job: str | None = None,
@@ -250,6 +259,8 @@ def init(
     device: int | None = None,
     prefetch_depth: int | None = None,
     persistent: bool = False,
+    local_world_size: int | None = None,
+    store: str | None = None,
     timeout: float = 60.0,
 ) -> Session:
     """Attaches this process to dbufd and makes it the default session of dbuf.torch.
@@ -263,6 +274,13 @@ def init(
     a root unit that keeps its parameters for backward holds one throughout;
     default ``$DBUF_PREFETCH_DEPTH``, else 2). ``timeout``: seconds,
     the default of every call (registration waits for every rank).
+
+    A job across nodes: ``local_world_size`` (default ``$LOCAL_WORLD_SIZE``,
+    which torchrun sets) ranks run on this node, and the nodes' daemons meet
+    in ``store`` (default ``$DBUF_STORE``): ``"file:DIR"`` or
+    ``"redis:HOST:PORT"``, to which the run id and restart count torchrun sets
+    are appended as the key prefix, so a restarted job never reads an earlier
+    run's keys.
     """
     global _default
     if _default is not None:
@@ -271,6 +289,10 @@ def init(
     world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
     local_rank = local_rank if local_rank is not None else _env_int("LOCAL_RANK", 0)
     prefetch_depth = prefetch_depth if prefetch_depth is not None else _env_int("DBUF_PREFETCH_DEPTH", 2)
+    local_world_size = local_world_size if local_world_size is not None else _env_int("LOCAL_WORLD_SIZE", 0)
+    if local_world_size == world_size:
+        local_world_size = 0  # one node
+    store = store if store is not None else _store_from_env()
     job = job if job is not None else _job_from_env()
     if job is None:
         if world_size != 1:
@@ -282,7 +304,7 @@ def init(
     try:
         client.attach(
             job, rank, world_size, local_rank=local_rank, device=device, persistent=persistent,
-            prefetch_depth=prefetch_depth,
+            prefetch_depth=prefetch_depth, local_world_size=local_world_size, store=store,
         )
     except BaseException:
         client.close()

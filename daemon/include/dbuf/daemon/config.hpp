@@ -60,6 +60,13 @@ struct Config {
   std::chrono::seconds persistence_grace{300};
   /// Empty: a single tenant "default" admitting the daemon's own uid only.
   std::vector<Tenant> tenants;
+  /// [cluster]: jobs across nodes. The address (IP or host name) this
+  /// daemon's inter-node connections bind to and its peers reach it at;
+  /// empty: jobs across nodes are refused.
+  std::string cluster_address;
+  /// Redis stores ("redis:HOST:PORT") a job may name, as "HOST:PORT"; file
+  /// stores need no listing (the directory must belong to the job's user).
+  std::vector<std::string> cluster_store_hosts;
 
   bool operator==(const Config&) const = default;
 };

@@ -33,11 +33,12 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 6;  // 2: session segment, collectives; 3: memory kind;
+inline constexpr std::uint16_t kProtocolVersion = 7;  // 2: session segment, collectives; 3: memory kind;
                                                       // 4: stream-ordered ops (segment version 2);
                                                       // 5: the GPU's UUID in Hello;
                                                       // 6: error codes kIo, kWouldBlock, kDevice, the
-                                                      //    ranks of an error (segment version 3)
+                                                      //    ranks of an error (segment version 3);
+                                                      // 7: a job across nodes (Hello's node layout, store)
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
@@ -128,7 +129,12 @@ struct Hello {
   std::string job_id;  ///< 1..128 bytes, [A-Za-z0-9._-]
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
-  std::uint32_t local_rank = 0;
+  std::uint32_t local_rank = 0;        ///< rank among the job's ranks on this node (they are contiguous)
+  std::uint32_t local_world_size = 0;  ///< the job's ranks on this node; 0: all of them (one node)
+  /// Where the job's daemons meet when it spans nodes (local_world_size <
+  /// world_size): "file:DIR" or "redis:HOST:PORT", optionally "#PREFIX"
+  /// (keys are prefixed with the job and PREFIX). Empty on one node.
+  std::string store;
   std::int32_t device = -1;  ///< GPU index as the client sees it, -1 for host memory
   GpuUuid gpu_uuid;          ///< that GPU's UUID (unknown: dbufd takes `device` as its own index)
   std::uint64_t nonce = 0;

@@ -1,0 +1,102 @@
+#pragma once
+// A job's link to its other nodes: a thread of its own that meets the other
+// nodes' daemons through the job's store, takes (or makes) the communicator
+// between them, and then runs the job's inter-node steps in order, one at a
+// time. Gloo's calls block, so none of this runs on the daemon's loop: the
+// executor posts a step and polls its ticket; the thread wakes the loop when
+// a step ends.
+//
+// Steps touch only memory the daemon owns and shares with them (never a
+// rank's), so a step may finish after the op that posted it was failed, or
+// after the job is gone (its thread is then left to end on its own, bounded
+// by Gloo's timeouts).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster.hpp"
+#include "dbuf/common/result.hpp"
+
+namespace dbuf::daemon {
+
+/// Where a job's ranks are: its nodes in rank order (each node's ranks are
+/// contiguous), and which node is this daemon's.
+struct NodeLayout {
+  std::vector<std::uint32_t> first_ranks;  ///< nodes + 1 entries: node n has ranks [first_ranks[n], first_ranks[n+1])
+  std::uint32_t node = 0;
+
+  [[nodiscard]] std::uint32_t nodes() const noexcept {
+    return static_cast<std::uint32_t>(first_ranks.size()) - 1;
+  }
+  [[nodiscard]] std::uint32_t firstRank(std::uint32_t n) const noexcept { return first_ranks[n]; }
+  [[nodiscard]] std::uint32_t rankCount(std::uint32_t n) const noexcept {
+    return first_ranks[n + 1] - first_ranks[n];
+  }
+  /// "node 1 (ranks 2-3)".
+  [[nodiscard]] std::string describeNode(std::uint32_t n) const;
+  /// The ranks of node n.
+  [[nodiscard]] std::vector<std::uint32_t> ranksOf(std::uint32_t n) const;
+};
+
+/// What a job tells its link about itself.
+struct NodeJob {
+  std::string job_id;
+  StoreSpec store;
+  std::uint32_t world_size = 1;
+  std::uint32_t first_rank = 0;   ///< this node's first rank
+  std::uint32_t local_count = 1;  ///< this node's ranks
+};
+
+/// What a step runs with: the communicator's context, the job's tag on it,
+/// and the layout.
+struct LinkChannel {
+  std::shared_ptr<gloo::Context> context;
+  std::uint32_t tag;
+  std::chrono::milliseconds timeout;  ///< for data transfers (Gloo's end-to-end timeout)
+  const NodeLayout& layout;
+};
+
+class NodeLink {
+ public:
+  using Step = std::function<Result<void>(const LinkChannel&)>;
+  /// A posted step's outcome: `result` is valid once `done` is true.
+  struct Ticket {
+    std::atomic<bool> done{false};
+    Result<void> result;
+  };
+
+  NodeLink(NodeJob job, ClusterContext cluster);
+  /// Stops the thread: joined if it is idle, else left to finish its step.
+  ~NodeLink();
+  NodeLink(const NodeLink&) = delete;
+  NodeLink& operator=(const NodeLink&) = delete;
+
+  /// Queues `step` after those posted before it (the first one also waits
+  /// for the link to be made).
+  [[nodiscard]] std::shared_ptr<Ticket> post(Step step);
+  /// Whether every step posted so far has ended.
+  [[nodiscard]] bool idle() const;
+  /// Whether the link is made (layout() is then valid, and stays so).
+  [[nodiscard]] bool connected() const noexcept;
+  [[nodiscard]] const NodeLayout& layout() const;
+  /// Once the steps posted so far have run, every later one fails with `why`
+  /// (a fatal error, on this node or another: the job cannot run collectives
+  /// across nodes any more).
+  void breakLink(const Error& why);
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
+}  // namespace dbuf::daemon
