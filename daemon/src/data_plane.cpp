@@ -167,6 +167,10 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
     failOne(job, rank, submission, timed_out);
     return;
   }
+  if (const Error* unusable = job.collectives.executor ? job.collectives.executor->unusable() : nullptr) {
+    failOne(job, rank, submission, *unusable);
+    return;
+  }
   if (!job.gone.empty()) {
     std::vector<std::uint32_t> gone(job.gone.begin(), job.gone.end());
     std::string message = describe(job, submission) + " cannot run: " + goneRanksText(gone, job.id);

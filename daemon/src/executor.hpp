@@ -88,6 +88,9 @@ class Executor {
     static_cast<void>(sequence);
     static_cast<void>(why);
   }
+  /// Why no collective of the job can run any more (a job across nodes that
+  /// lost a rank or a node), or null: its ops then fail as they arrive.
+  [[nodiscard]] virtual const Error* unusable() const noexcept { return nullptr; }
   /// Rank `rank`'s session counters, for its stream-ordered ops; kUnavailable
   /// where no GPU stream runs the rank's ops (host memory).
   [[nodiscard]] virtual Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t rank,

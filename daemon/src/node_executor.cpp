@@ -85,6 +85,9 @@ class NodeExecutor final : public Executor {
   [[nodiscard]] bool runsBarriers() const noexcept override { return true; }
   void opFailed(std::uint64_t sequence, const Error& error) override;
   void abandon(std::uint64_t sequence, const Error& why) override;
+  [[nodiscard]] const Error* unusable() const noexcept override {
+    return unusable_ ? &*unusable_ : nullptr;
+  }
 
  private:
   enum class Phase : std::uint8_t { kIdle, kBefore, kExchange, kAfter };
@@ -124,6 +127,7 @@ class NodeExecutor final : public Executor {
   std::optional<std::uint64_t> committed_;
   std::vector<std::size_t> scale_counts_;  // fp8 all-gather and broadcast: each node's scales
   bool abandoned_ = false;
+  std::optional<Error> unusable_;  // set with abandoned_ once the other nodes know
 };
 
 Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
@@ -392,6 +396,7 @@ Result<bool> NodeExecutor::step() {
         phase_ = Phase::kIdle;
         if (staging_->fatal.load() && !abandoned_) {
           abandoned_ = true;  // another node's rank is gone: so is this job, on every node
+          unusable_ = error;
           link_.breakLink(error);
         }
         return error;
@@ -558,6 +563,7 @@ void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
   const std::uint64_t first_failing = committed_ == sequence ? sequence + 1 : sequence;
   static_cast<void>(link_.post(exchange(failureHeader(first_failing, why, true))));
   link_.breakLink(why);
+  unusable_ = why;
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 //   begin <command>                                  printed once a blocking op is submitted
 //
 // Commands (groups hold one fp32 tensor "w", fp32 unsharded):
-//   connect SOCKET / attach JOB RANK WORLD / detach / pid
+//   connect SOCKET / attach JOB RANK WORLD [LOCAL_RANK LOCAL_WORLD STORE] / detach / pid
+//                                 (the optional three: a job across nodes)
 //   register NAME ELEMENTS        Client::registerGroup
 //   acquire NAME                  Group::acquireSlot
 //   fill NAME BASE                shard := (rank + 1) * BASE; with a slot also the unsharded
@@ -84,7 +85,7 @@ class Rank {
     for (std::string arg; in >> arg;) args.push_back(arg);
     if (command.empty()) return;
     if (command == "connect" && args.size() == 1) return connect(args[0]);
-    if (command == "attach" && args.size() == 3) return attach(args);
+    if (command == "attach" && (args.size() == 3 || args.size() == 6)) return attach(args);
     if (command == "register" && args.size() == 2) return registerGroup(args[0], std::stoll(args[1]));
     if (command == "acquire" && args.size() == 1) return acquire(args[0]);
     if ((command == "fill" || command == "fillshard") && args.size() == 2) {
@@ -117,6 +118,11 @@ class Rank {
     options.job = args[0];
     options.rank = static_cast<std::uint32_t>(std::stoul(args[1]));
     options.world_size = static_cast<std::uint32_t>(std::stoul(args[2]));
+    if (args.size() == 6) {
+      options.local_rank = static_cast<std::uint32_t>(std::stoul(args[3]));
+      options.local_world_size = static_cast<std::uint32_t>(std::stoul(args[4]));
+      options.store = args[5];
+    }
     rank_ = options.rank;
     world_ = options.world_size;
     if (auto attached = client_->attach(options); !attached) return fail("attach", attached.error());

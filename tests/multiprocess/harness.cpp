@@ -167,7 +167,8 @@ Daemon::Daemon(const std::filesystem::path& dir, const Settings& settings)
       socket_((dir / "dbufd.sock").string()),
       config_((dir / "dbufd.toml").string()),
       log_((dir / "dbufd.log").string()),
-      extra_args_(settings.extra_args) {
+      extra_args_(settings.extra_args),
+      launcher_(settings.launcher) {
   std::ostringstream text;
   text << "[daemon]\n"
        << "socket = \"" << socket_ << "\"\n"
@@ -176,12 +177,14 @@ Daemon::Daemon(const std::filesystem::path& dir, const Settings& settings)
        << "[timeouts]\n"
        << "handshake_ms = " << settings.handshake_ms << "\n"
        << "register_ms = " << settings.register_ms << "\n"
+       << "collective_ms = " << settings.collective_ms << "\n"
        << "[persistence]\n"
        << "grace_period_s = " << settings.grace_period_s << "\n";
   if (settings.tenants_by_uid) {
     text << "[[tenant]]\nname = \"a\"\nuids = [0]\nmemory_quota = \"256MiB\"\n"
          << "[[tenant]]\nname = \"b\"\nuids = [65534]\nmemory_quota = \"256MiB\"\n";
   }
+  text << settings.extra_config;
   std::ofstream out(config_);
   out << text.str();
   if (!out) fatal("cannot write " + config_);
@@ -205,7 +208,15 @@ Daemon::~Daemon() {
 
 void Daemon::start() {
   process_.reset();
-  process_.emplace(dbufdExecutable(), commandLine(), childOptions(false, log_));
+  if (launcher_.empty()) {
+    process_.emplace(dbufdExecutable(), commandLine(), childOptions(false, log_));
+  } else {
+    std::vector<std::string> args(launcher_.begin() + 1, launcher_.end());
+    args.push_back(dbufdExecutable());
+    const std::vector<std::string> own = commandLine();
+    args.insert(args.end(), own.begin(), own.end());
+    process_.emplace(launcher_.front(), args, childOptions(false, log_));
+  }
   // Ready when a connect succeeds: retry until a deadline (the socket does not
   // exist, or nobody listens yet), and stop early if the daemon died.
   sockaddr_un address{};

@@ -97,6 +97,11 @@ class Daemon {
     int grace_period_s = 1;
     bool tenants_by_uid = true;  ///< tenant "a" = uid 0, tenant "b" = uid 65534; else none (the default tenant)
     std::vector<std::string> extra_args;  ///< appended to dbufd's command line (e.g. --backend cuda)
+    int collective_ms = 30000;
+    std::string extra_config;  ///< TOML appended to the config (e.g. a [cluster] table)
+    /// Runs dbufd through this command (e.g. {"ip", "netns", "exec", NAME}:
+    /// in a network namespace); it must exec dbufd, keeping its pid.
+    std::vector<std::string> launcher;
   };
   Daemon(const std::filesystem::path& dir, const Settings& settings);
   explicit Daemon(const std::filesystem::path& dir) : Daemon(dir, Settings{}) {}
@@ -145,6 +150,7 @@ class Daemon {
   std::string config_;
   std::string log_;
   std::vector<std::string> extra_args_;
+  std::vector<std::string> launcher_;
   std::optional<Child> process_;
   DaemonCounts baseline_;
 };
