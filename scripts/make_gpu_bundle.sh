@@ -35,7 +35,8 @@
 #     (e.g. /usr/local/lib, a build tree);
 #   - also, from those system folders: libraries that a stock Ubuntu / Debian
 #     image does not ship (libspdlog*, libfmt*, libtomlplusplus*, libgtest*,
-#     libgmock*, libboost*), as the GPU machine is a different image;
+#     libgmock*, libboost*, libgloo*, libhiredis*, libibverbs*, libnl-*), as
+#     the GPU machine is a different image;
 #   - everything else in the system folders (glibc, libstdc++, libgcc_s, libm)
 #     is left to the GPU machine. The newest GLIBC_ / GLIBCXX_ symbol
 #     versions the binaries need are printed and written to README.txt.
@@ -155,7 +156,8 @@ for exe in "$BUNDLE_DIR"/bin/*; do
     esac
     if is_system_dir "$path"; then
       case "$soname" in
-        libspdlog* | libfmt* | libtomlplusplus* | libgtest* | libgmock* | libboost*) ;;
+        libspdlog* | libfmt* | libtomlplusplus* | libgtest* | libgmock* | libboost* | libgloo* | libhiredis* | \
+          libibverbs* | libnl-*) ;;
         *) continue ;;
       esac
     fi

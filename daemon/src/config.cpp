@@ -316,7 +316,7 @@ class Reader {
       const std::string path = "cluster." + std::string(key.str());
       if (key == "address") {
         if (auto text = string(node, path)) {
-          if (auto valid = validateHostName(*text); !valid) {
+          if (auto valid = text->empty() ? Result<void>{} : validateHostName(*text); !valid) {
             problems_.add(node.source(), path, valid.error().message);
           } else {
             config.cluster_address = std::move(*text);

@@ -23,12 +23,18 @@ std::uint32_t localWorldSize(const ipc::Hello& hello) {
   return hello.local_world_size == 0 ? hello.world_size : hello.local_world_size;
 }
 
-/// The node layout a Hello gives: its node's ranks are contiguous and
-/// inside the job; a job across nodes names its store.
+/// The first of the job's ranks on the rank's node. On one node local_rank
+/// says nothing (clients have long sent any value there).
+std::uint32_t nodeFirstRank(const ipc::Hello& hello) {
+  return localWorldSize(hello) < hello.world_size ? hello.rank - hello.local_rank : 0;
+}
+
+/// The node layout a Hello gives: across nodes, its node's ranks are
+/// contiguous and inside the job, and it names a store.
 Result<void> checkNodeLayout(const ipc::Hello& hello) {
   const std::uint32_t local = localWorldSize(hello);
-  if (hello.local_rank >= local || hello.local_rank > hello.rank ||
-      hello.rank - hello.local_rank + local > hello.world_size) {
+  if (local < hello.world_size && (hello.local_rank >= local || hello.local_rank > hello.rank ||
+                                   hello.rank - hello.local_rank + local > hello.world_size)) {
     return makeError(ErrorCode::kInvalidArgument,
                      "local rank " + std::to_string(hello.local_rank) + " of " + std::to_string(local) +
                          " ranks on this node does not fit rank " + std::to_string(hello.rank) + " of world size " +
@@ -215,7 +221,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.tenant = tenant;
     job.placement = *placement;
     job.world_size = hello.world_size;
-    job.first_rank = hello.rank - hello.local_rank;
+    job.first_rank = nodeFirstRank(hello);
     job.store = hello.store;
     job.persistent = hello.persistent;
     job.ranks.resize(local_count);
@@ -243,11 +249,11 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     return makeError(ErrorCode::kConflict, "job '" + job.id + "' has world size " + std::to_string(job.world_size) +
                                                ", not " + std::to_string(hello.world_size));
   }
-  if (job.first_rank != hello.rank - hello.local_rank || job.localCount() != localWorldSize(hello) ||
+  if (job.first_rank != nodeFirstRank(hello) || job.localCount() != localWorldSize(hello) ||
       job.store != hello.store) {
     return makeError(ErrorCode::kConflict,
                      "rank " + std::to_string(hello.rank) + " places job '" + job.id + "''s ranks " +
-                         rankSpan(hello.rank - hello.local_rank, localWorldSize(hello)) + " on this node with store '" +
+                         rankSpan(nodeFirstRank(hello), localWorldSize(hello)) + " on this node with store '" +
                          hello.store + "', but its other ranks here said ranks " +
                          rankSpan(job.first_rank, job.localCount()) + " with store '" + job.store + "'");
   }

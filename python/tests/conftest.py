@@ -57,13 +57,20 @@ def run_threads(world: int, body: Callable[[int], Any], timeout: float = 60.0) -
     return results
 
 
-def run_ranks(script: str, world: int, socket: str, *args: str, job: str = "job", timeout: float = 240.0,
+def run_ranks(script: str, world: int, socket: str | list[str], *args: str, job: str = "job", timeout: float = 240.0,
               env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
-    """tests/ranks/<script> as `world` rank processes with torchrun's environment; all must succeed."""
+    """tests/ranks/<script> as `world` rank processes with torchrun's environment; all must succeed.
+
+    socket: the node's dbufd, or one per node (a job across nodes: world /
+    len(socket) ranks on each, in rank order; `env` then names the store).
+    """
+    sockets = [socket] if isinstance(socket, str) else socket
+    per_node = world // len(sockets)
     procs = []
     for rank in range(world):
-        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                        DBUF_JOB=job, DBUF_SOCKET=socket, OMP_NUM_THREADS="1", **(env or {}))
+        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                        LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job, DBUF_SOCKET=sockets[rank // per_node],
+                        OMP_NUM_THREADS="1", **(env or {}))
         procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []

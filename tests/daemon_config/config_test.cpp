@@ -33,7 +33,8 @@ TEST(Config, ShippedFileSpellsOutEveryKey) {
   const toml::table root = toml::parse_file(kConfigDir + "/dbufd.toml");
   for (const char* key : {"daemon.socket", "daemon.backend", "daemon.log_level", "daemon.memory_limit",
                           "daemon.virtual_ranks", "rings.entries", "rings.busy_poll_us", "timeouts.handshake_ms",
-                          "timeouts.register_ms", "timeouts.collective_ms", "persistence.grace_period_s"}) {
+                          "timeouts.register_ms", "timeouts.collective_ms", "persistence.grace_period_s", "cluster.address",
+                          "cluster.store_hosts"}) {
     EXPECT_TRUE(root.at_path(key)) << key;
   }
   // Tenants are commented out (the default is none); their keys are described.
@@ -81,6 +82,10 @@ collective_ms = 7
 [persistence]
 grace_period_s = 0
 
+[cluster]
+address = "10.0.0.11"
+store_hosts = ["10.0.0.1:6379", "redis.example:7000"]
+
 [[tenant]]
 name = "a"
 uids = [1000, 1001]
@@ -105,6 +110,8 @@ gids = [0]
   expected.register_timeout = std::chrono::milliseconds{3600000};
   expected.collective_timeout = std::chrono::milliseconds{7};
   expected.persistence_grace = std::chrono::seconds{0};
+  expected.cluster_address = "10.0.0.11";
+  expected.cluster_store_hosts = {"10.0.0.1:6379", "redis.example:7000"};
   expected.tenants = {Tenant{"a", {1000, 1001}, {}, 1 << 20, 3},
                       Tenant{"b.c-d_e", {}, {0}, Tenant{}.memory_quota_bytes, 16}};
   EXPECT_EQ(*config, expected);
@@ -157,7 +164,7 @@ TEST_P(ConfigErrors, NameFileLineAndKey) {
 // clang-format off
 const BadFile kBadFiles[] = {
   {"unknown_table", "[daemon]\nsocket = \"/tmp/s\"\n[deamon]\n", 3, "deamon", "did you mean 'daemon'"},
-  {"unknown_table_far", "[metrics]\nport = 9000\n", 1, "metrics", "unknown table (expected daemon, rings, timeouts, persistence or tenant"},
+  {"unknown_table_far", "[metrics]\nport = 9000\n", 1, "metrics", "unknown table (expected daemon, rings, timeouts, persistence, cluster or tenant"},
   {"unknown_key", "[daemon]\nsockett = \"/tmp/s\"\n", 2, "daemon.sockett", "did you mean 'socket'"},
   {"unknown_root_key", "socket = \"/tmp/s\"\n", 1, "socket", "unknown key (expected daemon"},
   {"key_missing_unit_suffix", "[timeouts]\nhandshake = 5\n", 2, "timeouts.handshake", "did you mean 'handshake_ms'"},
@@ -201,6 +208,10 @@ const BadFile kBadFiles[] = {
   {"max_jobs_zero", "[[tenant]]\nname = \"a\"\nuids = [1]\nmax_jobs = 0\n", 4, "tenant[0].max_jobs", "out of range (1..65536)"},
   {"quota_bad", "[[tenant]]\nname = \"a\"\nuids = [1]\nmemory_quota = \"lots\"\n", 4, "tenant[0].memory_quota", "does not start with a number"},
   {"tenant_unknown_key", "[[tenant]]\nname = \"a\"\nuids = [1]\nquota = \"1GiB\"\n", 4, "tenant[0].quota", "unknown key"},
+  {"cluster_bad_address", "[cluster]\naddress = \"10.0.0.1; rm\"\n", 2, "cluster.address", "is not an IP address or host name"},
+  {"cluster_hosts_not_array", "[cluster]\nstore_hosts = \"h:1\"\n", 2, "cluster.store_hosts", "expected an array"},
+  {"cluster_host_without_port", "[cluster]\nstore_hosts = [\"redis\"]\n", 2, "cluster.store_hosts[0]", "is not HOST:PORT"},
+  {"cluster_unknown_key", "[cluster]\ninterface = \"eth0\"\n", 2, "cluster.interface", "unknown key"},
   {"syntax_error", "[daemon]\nsocket = \"/tmp/s\n", 2, nullptr, "string"},
   {"syntax_duplicate_key", "[rings]\nentries = 16\nentries = 32\n", 3, nullptr, "entries"},
   {"syntax_unclosed_table", "[daemon\n", 1, nullptr, "expected ']'"},

@@ -102,7 +102,7 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micro: bool = True,
               optimizer: str = "adamw", param_dtype: torch.dtype = torch.bfloat16,
               master_dtype: torch.dtype = torch.float32, two_forwards: bool = False, clip: float | None = None,
-              skip_steps: tuple[int, ...] = (), **model_kwargs):
+              skip_steps: tuple[int, ...] = (), ranks_per_node: int | None = None, **model_kwargs):
     """Single-process data parallelism with dbuf's casts and reduction order.
 
     Each rank's forward / backward runs on a copy of the master cast to
@@ -112,7 +112,9 @@ def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micr
     its micro-batches in param_dtype and the sums are reduced once.
     two_forwards: each rank's loss is the sum over two micro-batches, one
     backward. clip: torch's clip_grad_norm_ on the reduced gradients.
-    skip_steps: steps whose gradients are dropped (no update). Returns
+    skip_steps: steps whose gradients are dropped (no update).
+    ranks_per_node: a job across nodes of that many ranks each: the sum is
+    each node's (ranks in order), then the nodes' in node order. Returns
     (losses[step][micro][rank], final master params).
     """
     master = make_model(**model_kwargs).to(master_dtype)
@@ -138,10 +140,10 @@ def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micr
                 per_rank.append(grads)
             step_losses.append(row)
             if sync_every_micro:
-                now = [g.to(master_dtype) for g in _reduce(per_rank, world)]
+                now = [g.to(master_dtype) for g in _reduce(per_rank, world, ranks_per_node)]
                 reduced = now if reduced is None else [a + b for a, b in zip(reduced, now)]
         if not sync_every_micro:
-            reduced = [g.to(master_dtype) for g in _reduce(kept, world)]
+            reduced = [g.to(master_dtype) for g in _reduce(kept, world, ranks_per_node)]
         losses.append(step_losses)
         if step in skip_steps:
             continue
@@ -154,8 +156,16 @@ def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micr
     return losses, {name: p.detach().clone() for name, p in master.named_parameters()}
 
 
-def _reduce(per_rank, world: int):
+def _sum(per_rank):
     total = [g.float() for g in per_rank[0]]
     for grads in per_rank[1:]:
         total = [a + g.float() for a, g in zip(total, grads)]
+    return total
+
+
+def _reduce(per_rank, world: int, ranks_per_node: int | None = None):
+    if ranks_per_node is None:
+        total = _sum(per_rank)
+    else:
+        total = _sum([_sum(per_rank[n:n + ranks_per_node]) for n in range(0, world, ranks_per_node)])
     return [t * (1.0 / world) for t in total]
