@@ -558,9 +558,16 @@ bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
   bool waiting_on_gpu = false;
   for (Job* job : jobs) {
     const JobCollectives& collectives = job->collectives;
-    waiting_on_gpu = waiting_on_gpu || collectives.draining || (collectives.validated && !collectives.running);
+    const bool polled = !collectives.executor || !collectives.executor->wakesTheLoop();
+    waiting_on_gpu = waiting_on_gpu || (polled && (collectives.draining || (collectives.validated && !collectives.running)));
+    // The next timeout: a matched op that has not started counts from its
+    // match; a running one has none of the data plane's (its executor's own
+    // bound it); else from the oldest submission.
+    if (collectives.validated && !collectives.running) {
+      deadline = std::min(deadline, collectives.matched + config_.collective_timeout);
+    }
     for (RankState& rank : job->ranks) {
-      if (!rank.ops.empty()) {
+      if (!rank.ops.empty() && !collectives.validated) {
         const auto since = std::max(rank.ops.front().submitted, job->collectives.finished);
         deadline = std::min(deadline, since + config_.collective_timeout);
       }

@@ -72,6 +72,9 @@ class Executor {
   /// Whether the op waits for another thread (its step() would do nothing
   /// now); the loop is woken when that changes.
   [[nodiscard]] virtual bool waiting() const noexcept { return false; }
+  /// Whether this executor wakes the loop itself when what an op waits for
+  /// has happened (else the loop polls it while it waits, as for a GPU).
+  [[nodiscard]] virtual bool wakesTheLoop() const noexcept { return false; }
   /// Whether barriers run here too (across nodes a barrier is an exchange
   /// with the other nodes), not only group ops.
   [[nodiscard]] virtual bool runsBarriers() const noexcept { return false; }

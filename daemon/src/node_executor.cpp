@@ -83,6 +83,7 @@ class NodeExecutor final : public Executor {
   Result<bool> done() override { return true; }
   void quiesce() noexcept override {}  // the link's steps never touch a rank's memory
   [[nodiscard]] bool runsBarriers() const noexcept override { return true; }
+  [[nodiscard]] bool wakesTheLoop() const noexcept override { return true; }  // the link's thread does
   void opFailed(std::uint64_t sequence, const Error& error) override;
   void abandon(std::uint64_t sequence, const Error& why) override;
   [[nodiscard]] const Error* unusable() const noexcept override {

@@ -62,7 +62,9 @@ std::vector<std::uint32_t> NodeLayout::ranksOf(std::uint32_t n) const {
 
 struct NodeLink::State {
   NodeJob job;
-  ClusterContext cluster;
+  ClusterContext cluster;  // its config pointer is not used: the thread may outlive the daemon's Config
+  std::string address;     // [cluster] address
+  std::chrono::milliseconds wait_limit{0};  // [timeouts] collective_ms
 
   mutable std::mutex mutex;
   std::condition_variable wake_thread;
@@ -83,10 +85,8 @@ struct NodeLink::State {
   std::uint32_t tag = 0;
   bool reused = false;
 
-  [[nodiscard]] std::chrono::milliseconds timeout() const { return cluster.config->collective_timeout; }
-  [[nodiscard]] std::string identity() const {
-    return cluster.config->cluster_address + "/" + std::to_string(cluster.instance_id);
-  }
+  [[nodiscard]] std::chrono::milliseconds timeout() const { return wait_limit; }
+  [[nodiscard]] std::string identity() const { return address + "/" + std::to_string(cluster.instance_id); }
 
   void run();
   Result<void> runStep(const Step& step, const std::optional<Error>& broken_now);
@@ -98,7 +98,10 @@ struct NodeLink::State {
 
 NodeLink::NodeLink(NodeJob job, ClusterContext cluster) : state_(std::make_shared<State>()) {
   state_->job = std::move(job);
+  state_->address = cluster.config->cluster_address;
+  state_->wait_limit = cluster.config->collective_timeout;
   state_->cluster = std::move(cluster);
+  state_->cluster.config = nullptr;
   thread_ = std::thread([state = state_] { state->run(); });
 }
 
@@ -212,7 +215,7 @@ Result<void> NodeLink::State::connect() {
   }
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
   spdlog::info("job {}: {} of {} across nodes, reached at {}; communicator {:016x} ({}) in {} ms", job.job_id,
-               layout.describeNode(layout.node), layout.nodes(), cluster.config->cluster_address, communicator->id,
+               layout.describeNode(layout.node), layout.nodes(), address, communicator->id,
                reused ? "reused" : "new", took.count());
   connected.store(true, std::memory_order_release);
   return {};
@@ -236,8 +239,10 @@ Result<void> NodeLink::State::findNodes(gloo::rendezvous::Store& store) {
                                                  std::to_string(first) + " is not a node this version understands");
     }
     if (first == job.first_rank && (*count != job.local_count || words[1] != identity())) {
-      return makeError(ErrorCode::kConflict, "job " + job.job_id + ": another daemon (" + words[1] +
-                                                 ") announced the node of " + rankSpan(first, job.local_count) +
+      // (What the entry holds is not repeated: the store is the user's, and
+      // a file there could be a link to one only the daemon may read.)
+      return makeError(ErrorCode::kConflict, "job " + job.job_id + ": another daemon announced the node of " +
+                                                 rankSpan(first, job.local_count) +
                                                  " in the store (two nodes claim the same ranks, or the store holds "
                                                  "an earlier run's keys: give each run its own #PREFIX)");
     }
@@ -312,13 +317,12 @@ Result<std::shared_ptr<Communicator>> NodeLink::State::makeCommunicator(gloo::re
                                                                          std::uint64_t id) const {
   auto made = std::make_shared<Communicator>();
   made->id = id;
-  gloo::transport::tcp::attr address;
-  address.hostname = cluster.config->cluster_address;
+  gloo::transport::tcp::attr listen;
+  listen.hostname = address;
   try {
-    made->device = gloo::transport::tcp::CreateDevice(address);
+    made->device = gloo::transport::tcp::CreateDevice(listen);
   } catch (const std::exception& error) {
-    return makeError(ErrorCode::kUnavailable, "cannot listen on [cluster] address " +
-                                                  cluster.config->cluster_address + ": " + error.what());
+    return makeError(ErrorCode::kUnavailable, "cannot listen on [cluster] address " + address + ": " + error.what());
   }
   auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(layout.node),
                                                              static_cast<int>(layout.nodes()));

@@ -318,10 +318,12 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   // 1 is the version before the data plane, 2 the one before the memory
   // kind, 3 the one before stream-ordered ops (a smaller session segment), 4
   // the one before the GPU's UUID (a shorter Hello), 5 the one before the
-  // ranks of an error (a shorter ErrorReply, other completion entries): they
-  // must be refused as a version, not half-decoded.
+  // ranks of an error (a shorter ErrorReply, other completion entries), 6
+  // the one before jobs across nodes (a shorter Hello): they must be refused
+  // as a version, not half-decoded.
   for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{3},
-                                      std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{7}, std::uint16_t{0xFFFF}}) {
+                                      std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{6}, std::uint16_t{8},
+                                      std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;
