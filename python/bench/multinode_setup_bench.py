@@ -73,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dbuf-setup-") as scratch:
         store_dir = Path(scratch) / "store"
         store_dir.mkdir(mode=0o700)
-        daemons = [Daemon(cluster={"address": "127.0.0.1"}) for _ in range(args.nodes)]
+        daemons = [Daemon(log_level="info", cluster={"address": "127.0.0.1"}) for _ in range(args.nodes)]
         try:
             before = [rss_and_fds(d.process.pid) for d in daemons]
             first = run_job(daemons, "job0", args.ranks_per_node, f"file:{store_dir}#job0")
