@@ -56,13 +56,107 @@ struct Staging {
   std::atomic<bool> fatal{false};
 };
 
-/// Elements [first, first + count) as Gloo counts them per node.
+/// Gloo's counts: per_rank elements for each rank of each node.
 template <typename Count>
 std::vector<Count> perNode(const NodeLayout& layout, std::int64_t per_rank) {
   std::vector<Count> counts;
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) counts.push_back(static_cast<Count>(layout.rankCount(n) * per_rank));
   return counts;
 }
+
+/// In place: every node's `counts[n]` elements of `base` (node n's at the
+/// sum of the counts before it) to every node.
+template <typename T>
+void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::size_t>& counts) {
+  std::size_t first = 0;
+  for (std::uint32_t n = 0; n < channel.layout.node; ++n) first += counts[n];
+  gloo::AllgathervOptions options(channel.context);
+  options.setInput(base + first, counts[channel.layout.node]);
+  options.setOutput(base, counts);
+  options.setTag(channel.tag);
+  options.setTimeout(channel.timeout);
+  gloo::allgatherv(options);
+}
+
+/// What one op sends between the nodes once their headers agree (run on the
+/// link thread, over the staging memory only).
+struct Transfer {
+  ipc::OpCode op = ipc::OpCode::kBarrier;
+  std::int64_t shard_elems = 0;
+  std::int64_t unsharded_bytes = 0;
+  DType grad = DType::kF32;
+  float factor = 1.0F;
+  std::vector<std::size_t> scale_counts;  ///< fp8: each node's scales
+  std::uint32_t root_node = 0;            ///< broadcast
+
+  [[nodiscard]] Result<void> run(const LinkChannel& channel, Staging& staging) const {
+    switch (op) {
+      case ipc::OpCode::kAllGather:
+        return allGather(channel, staging);
+      case ipc::OpCode::kReduceScatter:
+      case ipc::OpCode::kAllReduce:
+        return reduction(channel, staging);
+      case ipc::OpCode::kBroadcast:
+        return broadcast(channel, staging);
+      default:
+        return {};  // a barrier: the headers were the exchange
+    }
+  }
+
+ private:
+  Result<void> allGather(const LinkChannel& channel, Staging& staging) const {
+    gatherInPlace(channel, reinterpret_cast<std::uint8_t*>(staging.params.data()),
+                  perNode<std::size_t>(channel.layout, shard_elems * unsharded_bytes));
+    if (!scale_counts.empty()) gatherInPlace(channel, staging.scales.data(), scale_counts);
+    return {};
+  }
+
+  Result<void> reduction(const LinkChannel& channel, Staging& staging) const {
+    const NodeLayout& layout = channel.layout;
+    const std::int64_t mine = layout.rankCount(layout.node) * shard_elems;
+    gloo::AlltoallvOptions options(channel.context);
+    options.setInput(staging.partial.data(), perNode<std::int64_t>(layout, shard_elems));
+    options.setOutput(staging.received.data(), std::vector<std::int64_t>(layout.nodes(), mine));
+    options.setTag(channel.tag);
+    options.setTimeout(channel.timeout);
+    gloo::alltoallv(options);
+    if (op == ipc::OpCode::kReduceScatter) return {};
+    // All-reduce: this node's range of the result (the nodes' partials in
+    // node order, as a reduce-scatter sums them), then every node's.
+    std::vector<ConstBuffer> partials;
+    for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+      partials.push_back(ConstBuffer{staging.received.data() + n * mine, DType::kF32, mine});
+    }
+    const auto total = static_cast<std::int64_t>(staging.partial.size());
+    const Segment range{0, layout.firstRank(layout.node) * shard_elems, mine, 0, 0};
+    if (auto reduced = kernels::reduce(partials, MutBuffer{staging.grads.data(), grad, total},
+                                       kernels::ReduceOptions{1.0F, factor, false}, {&range, 1});
+        !reduced) {
+      return reduced;
+    }
+    gatherInPlace(channel, reinterpret_cast<std::uint8_t*>(staging.grads.data()),
+                  perNode<std::size_t>(layout, shard_elems * sizeBytes(grad)));
+    return {};
+  }
+
+  Result<void> broadcast(const LinkChannel& channel, Staging& staging) const {
+    gloo::BroadcastOptions options(channel.context);
+    options.setOutput(reinterpret_cast<std::uint8_t*>(staging.params.data()), staging.params.size());
+    options.setRoot(static_cast<int>(root_node));
+    options.setTag(channel.tag);
+    options.setTimeout(channel.timeout);
+    gloo::broadcast(options);
+    if (!scale_counts.empty()) {
+      gloo::BroadcastOptions scales(channel.context);
+      scales.setOutput(staging.scales.data(), staging.scales.size());
+      scales.setRoot(static_cast<int>(root_node));
+      scales.setTag(channel.tag);
+      scales.setTimeout(channel.timeout);
+      gloo::broadcast(scales);
+    }
+    return {};
+  }
+};
 
 class NodeExecutor final : public Executor {
  public:
@@ -420,133 +514,41 @@ Result<bool> NodeExecutor::step() {
 
 NodeLink::Step NodeExecutor::exchange(OpHeader header) const {
   // Everything the step needs is copied or shared: it may outlive the op.
-  const GroupGeometry* g = header.op == static_cast<std::uint8_t>(ipc::OpCode::kBarrier) ? nullptr : geometry_;
-  struct Plan {
-    ipc::OpCode op;
-    std::int64_t S = 0;
-    std::int64_t unsharded_bytes = 0;
-    std::int64_t grad_bytes = 0;
-    DType grad = DType::kF32;
-    bool quantized = false;
-    std::int64_t total_blocks = 0;
-    std::vector<std::size_t> scale_counts;  // per node
-    std::uint32_t root_node = 0;
-    float factor = 1.0F;
-  } plan{args_.op, 0, 0, 0, DType::kF32, false, 0, {}, 0, 1.0F};
-  if (g != nullptr) {
-    plan.S = g->shard_elems;
-    plan.unsharded_bytes = sizeBytes(g->unsharded);
-    plan.grad_bytes = sizeBytes(g->grad);
-    plan.grad = g->grad;
-    plan.quantized = g->quantized();
-    plan.total_blocks = g->total_blocks;
-    plan.factor = args_.factor(g->world);
-    plan.scale_counts = scale_counts_;
+  Transfer transfer;
+  transfer.op = args_.op;
+  if (args_.op != ipc::OpCode::kBarrier) {
+    const GroupGeometry& g = *geometry_;
     const NodeLayout& layout = link_.layout();
+    transfer.shard_elems = g.shard_elems;
+    transfer.unsharded_bytes = sizeBytes(g.unsharded);
+    transfer.grad = g.grad;
+    transfer.factor = args_.factor(g.world);
+    transfer.scale_counts = scale_counts_;
     for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-      if (args_.root >= layout.firstRank(n) && args_.root < layout.firstRank(n) + layout.rankCount(n)) plan.root_node = n;
+      if (args_.root >= layout.firstRank(n) && args_.root < layout.firstRank(n) + layout.rankCount(n)) {
+        transfer.root_node = n;
+      }
     }
   }
-  return [header, plan, staging = staging_](const LinkChannel& channel) -> Result<void> {
-    const NodeLayout& layout = channel.layout;
-    const std::shared_ptr<gloo::Context>& context = channel.context;
-    // 1. The headers: every node's verdict is the same.
-    std::vector<OpHeader> headers(layout.nodes());
-    {
-      OpHeader mine = header;
-      gloo::AllgathervOptions options(context);
-      options.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof(OpHeader));
-      options.setOutput(reinterpret_cast<std::uint8_t*>(headers.data()),
-                        std::vector<std::size_t>(layout.nodes(), sizeof(OpHeader)));
-      options.setTag(channel.tag);
-      options.setTimeout(channel.timeout * 2);  // a node's own collective timeout fires first
-      gloo::allgatherv(options);
-    }
+  return [header, transfer, staging = staging_](const LinkChannel& channel) -> Result<void> {
+    // 1. The headers: every node draws the same verdict from them.
+    std::vector<OpHeader> headers(channel.layout.nodes());
+    OpHeader mine = header;
+    gloo::AllgathervOptions options(channel.context);
+    options.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof(OpHeader));
+    options.setOutput(reinterpret_cast<std::uint8_t*>(headers.data()),
+                      std::vector<std::size_t>(channel.layout.nodes(), sizeof(OpHeader)));
+    options.setTag(channel.tag);
+    options.setTimeout(channel.timeout * 2);  // a node's own collective timeout fires first
+    gloo::allgatherv(options);
     bool fatal = false;
-    if (auto verdict = judgeHeaders(headers, layout, fatal); !verdict) {
+    if (auto verdict = judgeHeaders(headers, channel.layout, fatal); !verdict) {
       if (fatal) staging->fatal.store(true);
       return verdict;
     }
     if (header.status != 0) return {};  // this node failed the op: nothing more to send
-    // 2. The op's transfers.
-    const std::uint32_t me = layout.node;
-    const std::int64_t S = plan.S;
-    switch (plan.op) {
-      case ipc::OpCode::kAllGather: {
-        gloo::AllgathervOptions options(context);
-        options.setInput(reinterpret_cast<std::uint8_t*>(staging->params.data()) +
-                             layout.firstRank(me) * S * plan.unsharded_bytes,
-                         static_cast<std::size_t>(layout.rankCount(me) * S * plan.unsharded_bytes));
-        options.setOutput(reinterpret_cast<std::uint8_t*>(staging->params.data()),
-                          perNode<std::size_t>(layout, S * plan.unsharded_bytes));
-        options.setTag(channel.tag);
-        options.setTimeout(channel.timeout);
-        gloo::allgatherv(options);
-        if (plan.quantized) {
-          std::size_t first = 0;
-          for (std::uint32_t n = 0; n < me; ++n) first += plan.scale_counts[n];
-          gloo::AllgathervOptions scales(context);
-          scales.setInput(staging->scales.data() + first, plan.scale_counts[me]);
-          scales.setOutput(staging->scales.data(), plan.scale_counts);
-          scales.setTag(channel.tag);
-          scales.setTimeout(channel.timeout);
-          gloo::allgatherv(scales);
-        }
-        return {};
-      }
-      case ipc::OpCode::kReduceScatter:
-      case ipc::OpCode::kAllReduce: {
-        const std::int64_t mine = layout.rankCount(me) * S;
-        gloo::AlltoallvOptions options(context);
-        options.setInput(staging->partial.data(), perNode<std::int64_t>(layout, S));
-        options.setOutput(staging->received.data(), std::vector<std::int64_t>(layout.nodes(), mine));
-        options.setTag(channel.tag);
-        options.setTimeout(channel.timeout);
-        gloo::alltoallv(options);
-        if (plan.op == ipc::OpCode::kReduceScatter) return {};
-        // All-reduce: this node's range of the result, then every node's.
-        std::vector<ConstBuffer> partials;
-        for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-          partials.push_back(ConstBuffer{staging->received.data() + n * mine, DType::kF32, mine});
-        }
-        const std::int64_t total = static_cast<std::int64_t>(staging->partial.size());
-        const Segment range{0, layout.firstRank(me) * S, mine, 0, 0};
-        if (auto reduced = kernels::reduce(partials, MutBuffer{staging->grads.data(), plan.grad, total},
-                                           kernels::ReduceOptions{1.0F, plan.factor, false}, {&range, 1});
-            !reduced) {
-          return reduced;
-        }
-        gloo::AllgathervOptions gather(context);
-        gather.setInput(reinterpret_cast<std::uint8_t*>(staging->grads.data()) +
-                            layout.firstRank(me) * S * plan.grad_bytes,
-                        static_cast<std::size_t>(mine * plan.grad_bytes));
-        gather.setOutput(reinterpret_cast<std::uint8_t*>(staging->grads.data()),
-                         perNode<std::size_t>(layout, S * plan.grad_bytes));
-        gather.setTag(channel.tag);
-        gather.setTimeout(channel.timeout);
-        gloo::allgatherv(gather);
-        return {};
-      }
-      case ipc::OpCode::kBroadcast: {
-        gloo::BroadcastOptions options(context);
-        options.setOutput(reinterpret_cast<std::uint8_t*>(staging->params.data()), staging->params.size());
-        options.setRoot(static_cast<int>(plan.root_node));
-        options.setTag(channel.tag);
-        options.setTimeout(channel.timeout);
-        gloo::broadcast(options);
-        if (plan.quantized) {
-          gloo::BroadcastOptions scales(context);
-          scales.setOutput(staging->scales.data(), staging->scales.size());
-          scales.setRoot(static_cast<int>(plan.root_node));
-          scales.setTag(channel.tag);
-          scales.setTimeout(channel.timeout);
-          gloo::broadcast(scales);
-        }
-        return {};
-      }
-      default:
-        return {};  // a barrier: the headers were the exchange
-    }
+    // 2. The op's data.
+    return transfer.run(channel, *staging);
   };
 }
 

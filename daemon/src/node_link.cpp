@@ -6,7 +6,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
+
 #include <charconv>
+#include <csignal>
 #include <exception>
 #include <optional>
 #include <random>
@@ -157,6 +160,15 @@ void NodeLink::breakLink(const Error& why) {
 
 void NodeLink::State::run() {
   const AbandonedThread counted;  // counts while it outlives its job, too
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a daemon
+  // that died would raise SIGPIPE, whose default action ends dbufd. The
+  // signal goes to the writing thread, which is this one or the Gloo device
+  // thread it creates (which inherits this mask): blocked here, the write
+  // fails with EPIPE instead, and Gloo reports it.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   for (;;) {
     Posted next;
     std::optional<Error> broken_now;

@@ -456,6 +456,7 @@ TEST(MultiNode, KillingANodesDaemonFailsTheJobOnTheOtherNodes) {
   job.rank(1).exit();  // its daemon is gone: it only has to end
   job.forget(1);
   job.finish();
+  if (HasFailure()) ADD_FAILURE() << cluster.logs();
 }
 
 // ------------------------------------------------------------------ stores
