@@ -6,11 +6,13 @@
 #include <gloo/context.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "dbuf/ipc/protocol.hpp"
@@ -26,7 +28,10 @@ using kernels::ConstBuffer;
 using kernels::MutBuffer;
 using kernels::Segment;
 
-constexpr std::int64_t kChunk = LocalCollective::kStepElements;
+/// Elements one round exchanges at most, all the ranks' pieces together.
+/// Two rounds are in flight (one exchanged, the next prepared), so this
+/// bounds a job's staging memory whatever its groups' size.
+constexpr std::int64_t kRoundElements = std::int64_t{1} << 22;
 
 void setText(OpHeader& header, const std::string& text) {
   const std::size_t length = std::min(text.size(), OpHeader::kText - 1);
@@ -44,16 +49,35 @@ bool sameOp(const OpHeader& a, const OpHeader& b) {
          std::memcmp(&a.post_scale, &b.post_scale, sizeof(float)) == 0 && a.group_digest == b.group_digest;
 }
 
-/// The daemon's own memory for an op's inter-node part: what Gloo reads and
+template <typename T>
+T* as(std::vector<std::byte>& bytes) {
+  return reinterpret_cast<T*>(bytes.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+}
+
+/// One of the two buffers of a round's data: round j uses buffers[j % 2].
+/// In a round every rank's part contributes one piece of the round's
+/// length, rank r's at r * length (so a node's pieces are contiguous).
+struct RoundBuffer {
+  std::vector<std::byte> params;  ///< all-gather, broadcast: the unsharded dtype
+  std::vector<float> partial;     ///< reductions: this node's sum of its ranks, every rank's piece
+  std::vector<float> received;    ///< reductions: every node's partial of this node's pieces, node by node
+  std::vector<std::byte> grads;   ///< all-reduce: the result in the gradient dtype
+};
+
+/// The daemon's own memory for the ops' inter-node part: what Gloo reads and
 /// writes. Shared with the link's steps, which may outlive the op.
 struct Staging {
-  std::vector<std::byte> params;  ///< world * S of the unsharded dtype
-  std::vector<float> scales;      ///< fp8: total_blocks
-  std::vector<float> partial;     ///< world * S: this node's sum of its ranks' gradients
-  std::vector<float> received;    ///< nodes * (this node's ranks * S): every node's partial of this node's range
-  std::vector<std::byte> grads;   ///< all-reduce: world * S of the gradient dtype
+  std::array<RoundBuffer, 2> rounds;
+  std::vector<float> scales;  ///< fp8 all-gather and broadcast: every block's scale (with round 0)
   /// Set by an exchange whose headers said the job cannot go on.
   std::atomic<bool> fatal{false};
+};
+
+/// What the link's steps of one op share.
+struct OpLink {
+  /// The nodes' headers refused the op: its later rounds send nothing, on
+  /// every node alike.
+  std::atomic<bool> refused{false};
 };
 
 /// Gloo's counts: per_rank elements for each rank of each node.
@@ -64,8 +88,8 @@ std::vector<Count> perNode(const NodeLayout& layout, std::int64_t per_rank) {
   return counts;
 }
 
-/// In place: every node's `counts[n]` elements of `base` (node n's at the
-/// sum of the counts before it) to every node.
+/// In place: every node's `counts[n]` elements of `base` (node n's after
+/// those of the nodes before it) to every node.
 template <typename T>
 void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::size_t>& counts) {
   std::size_t first = 0;
@@ -78,83 +102,118 @@ void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::s
   gloo::allgatherv(options);
 }
 
-/// What one op sends between the nodes once their headers agree (run on the
-/// link thread, over the staging memory only).
+/// Every node's header of one op to every node (in node order).
+std::vector<OpHeader> exchangeHeaders(const LinkChannel& channel, OpHeader mine) {
+  std::vector<OpHeader> headers(channel.layout.nodes());
+  gloo::AllgathervOptions options(channel.context);
+  options.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof(OpHeader));
+  options.setOutput(reinterpret_cast<std::uint8_t*>(headers.data()),
+                    std::vector<std::size_t>(channel.layout.nodes(), sizeof(OpHeader)));
+  options.setTag(channel.tag);
+  options.setTimeout(channel.timeout * 2);  // a node's own collective timeout fires first
+  gloo::allgatherv(options);
+  return headers;
+}
+
+/// The part of one op that runs between the nodes in one round (on the link
+/// thread, over the staging memory only).
 struct Transfer {
   ipc::OpCode op = ipc::OpCode::kBarrier;
-  std::int64_t shard_elems = 0;
+  std::int64_t length = 0;   ///< each rank's piece (broadcast: the round's run of the buffer)
+  std::size_t buffer = 0;    ///< staging.rounds[buffer]
   std::int64_t unsharded_bytes = 0;
   DType grad = DType::kF32;
   float factor = 1.0F;
-  std::vector<std::size_t> scale_counts;  ///< fp8: each node's scales
+  std::vector<std::size_t> scale_counts;  ///< fp8, round 0: each node's scales (broadcast: all on the root's)
   std::uint32_t root_node = 0;            ///< broadcast
+  bool data = true;                       ///< false: the header alone (a barrier, or a failure before the data)
+  std::optional<OpHeader> header;         ///< round 0: exchanged first; the op's verdict
+  std::optional<OpHeader> verdict;        ///< the last round of several: whether every node's rounds were right
 
-  [[nodiscard]] Result<void> run(const LinkChannel& channel, Staging& staging) const {
-    switch (op) {
-      case ipc::OpCode::kAllGather:
-        return allGather(channel, staging);
-      case ipc::OpCode::kReduceScatter:
-      case ipc::OpCode::kAllReduce:
-        return reduction(channel, staging);
-      case ipc::OpCode::kBroadcast:
-        return broadcast(channel, staging);
-      default:
-        return {};  // a barrier: the headers were the exchange
+  [[nodiscard]] Result<void> run(const LinkChannel& channel, Staging& staging, OpLink& shared) const {
+    if (header) {
+      bool fatal = false;
+      if (auto judged = judgeHeaders(exchangeHeaders(channel, *header), channel.layout, fatal); !judged) {
+        if (fatal) staging.fatal.store(true);
+        shared.refused.store(true);
+        return judged;
+      }
+      if (header->status != 0) return {};  // this node failed the op before its data: nothing more to send
     }
+    if (shared.refused.load()) return {};  // its header failed the op on every node
+    if (data) {
+      RoundBuffer& round = staging.rounds[buffer];
+      switch (op) {
+        case ipc::OpCode::kAllGather:
+          allGather(channel, round, staging.scales);
+          break;
+        case ipc::OpCode::kReduceScatter:
+        case ipc::OpCode::kAllReduce:
+          if (auto reduced = reduction(channel, round); !reduced) return reduced;
+          break;
+        case ipc::OpCode::kBroadcast:
+          broadcast(channel, round, staging.scales);
+          break;
+        default:
+          break;
+      }
+    }
+    if (!verdict) return {};
+    bool fatal = false;
+    auto judged = judgeHeaders(exchangeHeaders(channel, *verdict), channel.layout, fatal);
+    if (fatal) staging.fatal.store(true);
+    return judged;
   }
 
  private:
-  Result<void> allGather(const LinkChannel& channel, Staging& staging) const {
-    gatherInPlace(channel, reinterpret_cast<std::uint8_t*>(staging.params.data()),
-                  perNode<std::size_t>(channel.layout, shard_elems * unsharded_bytes));
-    if (!scale_counts.empty()) gatherInPlace(channel, staging.scales.data(), scale_counts);
-    return {};
+  void allGather(const LinkChannel& channel, RoundBuffer& round, std::vector<float>& scales) const {
+    gatherInPlace(channel, as<std::uint8_t>(round.params),
+                  perNode<std::size_t>(channel.layout, length * unsharded_bytes));
+    if (!scale_counts.empty()) gatherInPlace(channel, scales.data(), scale_counts);
   }
 
-  Result<void> reduction(const LinkChannel& channel, Staging& staging) const {
+  Result<void> reduction(const LinkChannel& channel, RoundBuffer& round) const {
     const NodeLayout& layout = channel.layout;
-    const std::int64_t mine = layout.rankCount(layout.node) * shard_elems;
+    const std::int64_t mine = layout.rankCount(layout.node) * length;
     gloo::AlltoallvOptions options(channel.context);
-    options.setInput(staging.partial.data(), perNode<std::int64_t>(layout, shard_elems));
-    options.setOutput(staging.received.data(), std::vector<std::int64_t>(layout.nodes(), mine));
+    options.setInput(round.partial.data(), perNode<std::int64_t>(layout, length));
+    options.setOutput(round.received.data(), std::vector<std::int64_t>(layout.nodes(), mine));
     options.setTag(channel.tag);
     options.setTimeout(channel.timeout);
     gloo::alltoallv(options);
     if (op == ipc::OpCode::kReduceScatter) return {};
-    // All-reduce: this node's range of the result (the nodes' partials in
+    // All-reduce: this node's pieces of the result (the nodes' partials in
     // node order, as a reduce-scatter sums them), then every node's.
     std::vector<ConstBuffer> partials;
     for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-      partials.push_back(ConstBuffer{staging.received.data() + n * mine, DType::kF32, mine});
+      partials.push_back(ConstBuffer{round.received.data() + n * mine, DType::kF32, mine});
     }
-    const auto total = static_cast<std::int64_t>(staging.partial.size());
-    const Segment range{0, layout.firstRank(layout.node) * shard_elems, mine, 0, 0};
-    if (auto reduced = kernels::reduce(partials, MutBuffer{staging.grads.data(), grad, total},
+    const std::int64_t pieces = layout.firstRank(layout.nodes()) * length;
+    const Segment range{0, layout.firstRank(layout.node) * length, mine, 0, 0};
+    if (auto reduced = kernels::reduce(partials, MutBuffer{round.grads.data(), grad, pieces},
                                        kernels::ReduceOptions{1.0F, factor, false}, {&range, 1});
         !reduced) {
       return reduced;
     }
-    gatherInPlace(channel, reinterpret_cast<std::uint8_t*>(staging.grads.data()),
-                  perNode<std::size_t>(layout, shard_elems * sizeBytes(grad)));
+    gatherInPlace(channel, as<std::uint8_t>(round.grads), perNode<std::size_t>(layout, length * sizeBytes(grad)));
     return {};
   }
 
-  Result<void> broadcast(const LinkChannel& channel, Staging& staging) const {
+  void broadcast(const LinkChannel& channel, RoundBuffer& round, std::vector<float>& scales) const {
     gloo::BroadcastOptions options(channel.context);
-    options.setOutput(reinterpret_cast<std::uint8_t*>(staging.params.data()), staging.params.size());
+    options.setOutput(as<std::uint8_t>(round.params), static_cast<std::size_t>(length * unsharded_bytes));
     options.setRoot(static_cast<int>(root_node));
     options.setTag(channel.tag);
     options.setTimeout(channel.timeout);
     gloo::broadcast(options);
     if (!scale_counts.empty()) {
-      gloo::BroadcastOptions scales(channel.context);
-      scales.setOutput(staging.scales.data(), staging.scales.size());
-      scales.setRoot(static_cast<int>(root_node));
-      scales.setTag(channel.tag);
-      scales.setTimeout(channel.timeout);
-      gloo::broadcast(scales);
+      gloo::BroadcastOptions block_scales(channel.context);
+      block_scales.setOutput(scales.data(), scales.size());
+      block_scales.setRoot(static_cast<int>(root_node));
+      block_scales.setTag(channel.tag);
+      block_scales.setTimeout(channel.timeout);
+      gloo::broadcast(block_scales);
     }
-    return {};
   }
 };
 
@@ -169,9 +228,7 @@ class NodeExecutor final : public Executor {
   Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                      std::span<const RankBuffers> ranks) override;
   Result<bool> step() override;
-  [[nodiscard]] bool waiting() const noexcept override {
-    return phase_ == Phase::kExchange && exchange_ && !exchange_->done.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] bool waiting() const noexcept override;
   [[nodiscard]] std::uint64_t bytesWritten() const noexcept override { return written_; }
   Result<void> queued() override { return {}; }
   Result<bool> done() override { return true; }
@@ -180,47 +237,75 @@ class NodeExecutor final : public Executor {
   [[nodiscard]] bool wakesTheLoop() const noexcept override { return true; }  // the link's thread does
   void opFailed(std::uint64_t sequence, const Error& error) override;
   void abandon(std::uint64_t sequence, const Error& why) override;
-  [[nodiscard]] const Error* unusable() const noexcept override {
-    return unusable_ ? &*unusable_ : nullptr;
-  }
+  [[nodiscard]] const Error* unusable() const noexcept override { return unusable_ ? &*unusable_ : nullptr; }
 
  private:
-  enum class Phase : std::uint8_t { kIdle, kBefore, kExchange, kAfter };
   using LocalStep = std::function<Result<void>()>;
+  enum class Batch : std::uint8_t { kNone, kBefore, kAfter };
 
-  /// Queues steps over [0, count) elements in chunks: each calls
-  /// `run(offset, n)` and counts n * bytes_per_element written.
-  void chunked(std::vector<LocalStep>& steps, std::int64_t count, std::int64_t bytes_per_element,
-               std::function<Result<void>(std::int64_t, std::int64_t)> run);
-  Result<void> planAllGather();
-  Result<void> planReduction();
-  Result<void> planBroadcast();
-  /// The exchange: the header, then the op's transfers (on the link thread).
-  NodeLink::Step exchange(OpHeader header) const;
+  /// Round j's pieces: [offset, offset + length) of every rank's part
+  /// (broadcast: of the whole buffer).
+  [[nodiscard]] std::int64_t roundOffset(std::int64_t j) const noexcept { return j * round_length_; }
+  [[nodiscard]] std::int64_t roundLength(std::int64_t j) const noexcept {
+    return std::min(round_length_, span_ - roundOffset(j));
+  }
+  /// What round j does on this node before and after its exchange.
+  [[nodiscard]] std::vector<LocalStep> before(std::int64_t j);
+  [[nodiscard]] std::vector<LocalStep> after(std::int64_t j);
+  std::vector<LocalStep> allGatherBefore(std::int64_t j, RoundBuffer& round);
+  std::vector<LocalStep> allGatherAfter(std::int64_t j, RoundBuffer& round);
+  std::vector<LocalStep> reductionBefore(std::int64_t j, RoundBuffer& round);
+  std::vector<LocalStep> reductionAfter(std::int64_t j, RoundBuffer& round);
+  std::vector<LocalStep> broadcastBefore(std::int64_t j, RoundBuffer& round);
+  std::vector<LocalStep> broadcastAfter(std::int64_t j, RoundBuffer& round);
+  /// Sizes the staging memory for the op (it only grows).
+  void sizeStaging();
+  /// A step that runs `run` and counts `bytes` written.
+  LocalStep counted(std::int64_t bytes, std::function<Result<void>()> run);
+  /// Round j's exchange; `verdict` replaces the last round's (a failure).
+  [[nodiscard]] Transfer transfer(std::int64_t j, const std::optional<OpHeader>& failed_verdict) const;
+  /// Posts `transfer` for the op (its link state `shared`; a fresh one for
+  /// a failure's header alone).
+  void post(const Transfer& transfer, std::shared_ptr<OpLink> shared = nullptr);
+  /// After a failure here once the op was committed: the rounds the other
+  /// nodes still expect, with `verdict` (a failure) at the end.
+  void postRemainingRounds(const OpHeader& verdict);
   [[nodiscard]] OpHeader readyHeader() const;
-  /// This node's part of the fp8 scales: [first, first + count).
+  [[nodiscard]] bool scalesTravel() const noexcept;
+  /// Node n's fp8 scales: [first, first + count).
   [[nodiscard]] Result<std::pair<std::int64_t, std::int64_t>> nodeScales(std::uint32_t node) const;
+  [[nodiscard]] bool rootHere() const noexcept;
+  Result<bool> failed(const Error& error);
 
   NodeLink link_;
   kernels::CpuRunner runner_;
   std::shared_ptr<Staging> staging_;
 
-  Phase phase_ = Phase::kIdle;
+  // The op.
+  bool active_ = false;
   CollectiveArgs args_;
   const GroupGeometry* geometry_ = nullptr;
   std::span<const RankBuffers> ranks_;
-  std::vector<LocalStep> before_;
-  std::vector<LocalStep> after_;
-  std::size_t next_step_ = 0;
-  std::vector<kernels::ConstBuffer> sources_;
-  std::shared_ptr<NodeLink::Ticket> exchange_;
-  LocalCollective local_;       // the all-gather's local part
-  bool local_running_ = false;  // local_ has steps left
-  std::uint64_t written_ = 0;
-  /// The sequence whose ready header was posted (it then fails, if it does,
-  /// on every node alike), or none.
-  std::optional<std::uint64_t> committed_;
+  std::shared_ptr<OpLink> op_link_;
+  std::vector<kernels::ConstBuffer> sources_;  // the node's ranks' gradients
+  LocalCollective local_;                      // the all-gather's part among the node's ranks
+  bool local_running_ = false;
+  std::uint64_t local_written_ = 0;        // local_'s bytes already counted
   std::vector<std::size_t> scale_counts_;  // fp8 all-gather and broadcast: each node's scales
+  std::int64_t span_ = 0;                  // elements the rounds cover (per rank part; broadcast: the buffer)
+  std::int64_t round_length_ = 0;
+  std::int64_t rounds_ = 0;
+  std::int64_t prepared_ = 0;  // rounds whose before-steps ran (or run now)
+  std::int64_t posted_ = 0;    // rounds whose exchange is posted
+  std::int64_t finished_ = 0;  // rounds whose after-steps ran (or run now)
+  std::array<std::shared_ptr<NodeLink::Ticket>, 2> tickets_;
+  std::vector<LocalStep> steps_;
+  std::size_t next_step_ = 0;
+  Batch batch_ = Batch::kNone;
+  std::uint64_t written_ = 0;
+  /// The sequence whose round 0 (with its ready header) was posted: it then
+  /// fails, if it does, on every node alike.
+  std::optional<std::uint64_t> committed_;
   bool abandoned_ = false;
   std::optional<Error> unusable_;  // set with abandoned_ once the other nodes know
 };
@@ -228,8 +313,8 @@ class NodeExecutor final : public Executor {
 Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                  std::span<const RankBuffers> ranks) {
   if (!link_.connected() || !link_.idle()) {
-    // Still meeting the other nodes, or an earlier op's exchange still runs
-    // (it reads the staging memory): not yet. A failed meeting is tried again.
+    // Still meeting the other nodes, or an earlier op's rounds still run (in
+    // the staging memory): not yet. A failed meeting is tried again.
     if (!link_.connected() && link_.idle()) {
       static_cast<void>(link_.post([](const LinkChannel&) { return Result<void>{}; }));
     }
@@ -238,49 +323,88 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
   args_ = args;
   geometry_ = &geometry;
   ranks_ = ranks;
-  before_.clear();
-  after_.clear();
-  next_step_ = 0;
+  op_link_ = std::make_shared<OpLink>();
   written_ = 0;
+  steps_.clear();
+  next_step_ = 0;
+  batch_ = Batch::kNone;
+  prepared_ = posted_ = finished_ = 0;
   local_running_ = false;
-  exchange_.reset();
-  Result<void> planned;
-  switch (args.op) {
-    case ipc::OpCode::kAllGather:
-      planned = planAllGather();
-      break;
-    case ipc::OpCode::kReduceScatter:
-    case ipc::OpCode::kAllReduce:
-      planned = planReduction();
-      break;
-    case ipc::OpCode::kBroadcast:
-      planned = planBroadcast();
-      break;
-    default:
-      break;  // a barrier: the exchange alone
-  }
-  if (!planned) return std::move(planned).error();
+  local_written_ = 0;
   scale_counts_.clear();
-  if (args.op != ipc::OpCode::kBarrier && geometry.quantized()) {
-    for (std::uint32_t n = 0; n < link_.layout().nodes(); ++n) {
+  const NodeLayout& layout = link_.layout();
+  if (args.op == ipc::OpCode::kBarrier) {
+    span_ = round_length_ = 0;
+    rounds_ = 1;
+    active_ = true;
+    return true;
+  }
+  const std::uint32_t world = layout.firstRank(layout.nodes());
+  span_ = args.op == ipc::OpCode::kBroadcast ? world * geometry.shard_elems : geometry.shard_elems;
+  const std::int64_t per_rank = std::max<std::int64_t>(1, kRoundElements / world);
+  round_length_ = args.op == ipc::OpCode::kBroadcast ? per_rank * world : per_rank;
+  round_length_ = std::max<std::int64_t>(1, std::min(round_length_, span_));
+  rounds_ = std::max<std::int64_t>(1, (span_ + round_length_ - 1) / round_length_);
+  if (scalesTravel()) {
+    for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
       auto scales = nodeScales(n);
       if (!scales) return std::move(scales).error();
       scale_counts_.push_back(static_cast<std::size_t>(scales->second));
     }
   }
-  phase_ = Phase::kBefore;
+  sizeStaging();
+  if (args.op == ipc::OpCode::kAllGather) {
+    sources_.resize(ranks.size());
+    local_ = LocalCollective(args, geometry_, ranks, sources_, {}, runner_, layout.firstRank(layout.node));
+    local_running_ = true;
+  } else {
+    sources_.clear();
+    for (const RankBuffers& rank : ranks) {
+      sources_.push_back(ConstBuffer{rank.grads, geometry.grad, world * geometry.shard_elems});
+    }
+  }
+  active_ = true;
   return true;
 }
 
-void NodeExecutor::chunked(std::vector<LocalStep>& steps, std::int64_t count, std::int64_t bytes_per_element,
-                           std::function<Result<void>(std::int64_t, std::int64_t)> run) {
-  for (std::int64_t offset = 0; offset < count; offset += kChunk) {
-    const std::int64_t n = std::min(kChunk, count - offset);
-    steps.emplace_back([this, run, offset, n, bytes_per_element]() -> Result<void> {
-      if (auto done = run(offset, n); !done) return done;
-      written_ += static_cast<std::uint64_t>(n * bytes_per_element);
-      return {};
-    });
+bool NodeExecutor::scalesTravel() const noexcept {
+  return geometry_->quantized() && (args_.op == ipc::OpCode::kAllGather || args_.op == ipc::OpCode::kBroadcast);
+}
+
+bool NodeExecutor::rootHere() const noexcept {
+  const NodeLayout& layout = link_.layout();
+  const std::uint32_t first = layout.firstRank(layout.node);
+  return args_.root >= first && args_.root < first + layout.rankCount(layout.node);
+}
+
+void NodeExecutor::sizeStaging() {
+  const GroupGeometry& g = *geometry_;
+  const NodeLayout& layout = link_.layout();
+  const std::uint32_t world = layout.firstRank(layout.nodes());
+  // Broadcast rounds are runs of the whole buffer; the others, a piece per rank.
+  const std::int64_t elements = args_.op == ipc::OpCode::kBroadcast ? round_length_ : world * round_length_;
+  for (RoundBuffer& round : staging_->rounds) {
+    const auto grow = [](auto& buffer, std::int64_t size) {
+      if (std::cmp_less(buffer.size(), size)) buffer.resize(static_cast<std::size_t>(size));
+    };
+    switch (args_.op) {
+      case ipc::OpCode::kAllGather:
+      case ipc::OpCode::kBroadcast:
+        grow(round.params, elements * sizeBytes(g.unsharded));
+        break;
+      case ipc::OpCode::kAllReduce:
+        grow(round.grads, elements * sizeBytes(g.grad));
+        [[fallthrough]];
+      case ipc::OpCode::kReduceScatter:
+        grow(round.partial, elements);
+        grow(round.received, layout.nodes() * layout.rankCount(layout.node) * round_length_);
+        break;
+      default:
+        break;
+    }
+  }
+  if (scalesTravel() && std::cmp_less(staging_->scales.size(), g.total_blocks)) {
+    staging_->scales.resize(static_cast<std::size_t>(g.total_blocks));
   }
 }
 
@@ -298,156 +422,207 @@ Result<std::pair<std::int64_t, std::int64_t>> NodeExecutor::nodeScales(std::uint
   return std::pair{first, next - first};
 }
 
-Result<void> NodeExecutor::planAllGather() {
-  const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
-  const std::uint32_t me = layout.node;
-  const std::int64_t S = g.shard_elems;
-  const std::int64_t total = g.world * S;
-  const std::int64_t esz = sizeBytes(g.unsharded);
-  Staging& staging = *staging_;
-  staging.params.resize(static_cast<std::size_t>(total * esz));
-  if (g.quantized()) staging.scales.resize(static_cast<std::size_t>(g.total_blocks));
-  // 1. The node's ranks gather their own parts (one step of local_ per call).
-  sources_.resize(ranks_.size());
-  local_ = LocalCollective(args_, geometry_, ranks_, sources_, {}, runner_, layout.firstRank(me));
-  local_running_ = true;
-  // 2. The node's chunk (and scales), from its first rank, into staging.
-  const std::int64_t chunk_first = layout.firstRank(me) * S;
-  const std::int64_t chunk = layout.rankCount(me) * S;
-  const ConstBuffer leader{ranks_[0].params, g.unsharded, total};
-  const MutBuffer staged{staging.params.data(), g.unsharded, total};
-  chunked(before_, chunk, esz, [this, leader, staged, chunk_first](std::int64_t offset, std::int64_t n) {
-    const Segment segment{chunk_first + offset, chunk_first + offset, n, 0, 0};
-    return runner_.copy(leader, staged, {&segment, 1});
-  });
-  std::pair<std::int64_t, std::int64_t> scales{0, 0};
-  if (g.quantized()) {
-    auto mine = nodeScales(me);
-    if (!mine) return std::move(mine).error();
-    scales = *mine;
-    const ConstBuffer from{ranks_[0].scales, DType::kF32, g.total_blocks};
-    const MutBuffer to{staging.scales.data(), DType::kF32, g.total_blocks};
-    before_.emplace_back([this, from, to, scales]() {
-      const Segment segment{scales.first, scales.first, scales.second, 0, 0};
-      return scales.second == 0 ? Result<void>{} : runner_.copy(from, to, {&segment, 1});
-    });
-  }
-  // 3. After the exchange: the other nodes' chunks (and scales) to every rank.
-  const ConstBuffer gathered{staging.params.data(), g.unsharded, total};
-  for (const RankBuffers& rank : ranks_) {
-    const MutBuffer params{rank.params, g.unsharded, total};
-    const auto copy = [this, gathered, params](std::int64_t first) {
-      return [this, gathered, params, first](std::int64_t offset, std::int64_t n) {
-        const Segment segment{first + offset, first + offset, n, 0, 0};
-        return runner_.copy(gathered, params, {&segment, 1});
-      };
-    };
-    chunked(after_, chunk_first, esz, copy(0));
-    chunked(after_, total - chunk_first - chunk, esz, copy(chunk_first + chunk));
-    if (g.quantized()) {
-      const ConstBuffer from{staging.scales.data(), DType::kF32, g.total_blocks};
-      const MutBuffer to{rank.scales, DType::kF32, g.total_blocks};
-      after_.emplace_back([this, from, to, scales, blocks = g.total_blocks]() -> Result<void> {
-        const Segment below{0, 0, scales.first, 0, 0};
-        const Segment above{scales.first + scales.second, scales.first + scales.second,
-                            blocks - scales.first - scales.second, 0, 0};
-        if (below.count > 0) {
-          if (auto done = runner_.copy(from, to, {&below, 1}); !done) return done;
-        }
-        return above.count > 0 ? runner_.copy(from, to, {&above, 1}) : Result<void>{};
-      });
-    }
-  }
-  return {};
-}
-
-Result<void> NodeExecutor::planReduction() {
-  const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
-  const std::uint32_t me = layout.node;
-  const std::int64_t S = g.shard_elems;
-  const std::int64_t total = g.world * S;
-  const std::int64_t mine = layout.rankCount(me) * S;
-  Staging& staging = *staging_;
-  staging.partial.resize(static_cast<std::size_t>(total));
-  staging.received.resize(static_cast<std::size_t>(layout.nodes() * mine));
-  // 1. The node's partial: its ranks' gradients summed in rank order, pre-scaled.
-  sources_.clear();
-  for (const RankBuffers& rank : ranks_) sources_.push_back(ConstBuffer{rank.grads, g.grad, total});
-  const MutBuffer partial{staging.partial.data(), DType::kF32, total};
-  const kernels::ReduceOptions sum{args_.pre_scale, 1.0F, false};
-  chunked(before_, total, std::int64_t{sizeof(float)}, [this, partial, sum](std::int64_t offset, std::int64_t n) {
-    const Segment segment{offset, offset, n, 0, 0};
-    return runner_.reduce(sources_, partial, sum, {&segment, 1});
-  });
-  if (args_.op == ipc::OpCode::kAllReduce) {
-    // 3. After the exchange, staging.grads holds the whole result.
-    staging.grads.resize(static_cast<std::size_t>(total * sizeBytes(g.grad)));
-    const ConstBuffer result{staging.grads.data(), g.grad, total};
-    for (const RankBuffers& rank : ranks_) {
-      const MutBuffer grads{rank.grads, g.grad, total};
-      chunked(after_, total, sizeBytes(g.grad), [this, result, grads](std::int64_t offset, std::int64_t n) {
-        const Segment segment{offset, offset, n, 0, 0};
-        return runner_.copy(result, grads, {&segment, 1});
-      });
-    }
+NodeExecutor::LocalStep NodeExecutor::counted(std::int64_t bytes, std::function<Result<void>()> run) {
+  return [this, bytes, run = std::move(run)]() -> Result<void> {
+    if (auto done = run(); !done) return done;
+    written_ += static_cast<std::uint64_t>(bytes);
     return {};
-  }
-  // 3. Each rank's piece: the nodes' partials of it summed in node order.
-  const float factor = args_.factor(g.world);
-  const kernels::ReduceOptions finish{1.0F, factor, args_.accumulate};
-  for (std::size_t i = 0; i < ranks_.size(); ++i) {
-    const MutBuffer shard_grad{ranks_[i].shard_grad, g.sharded, S};
-    chunked(after_, S, sizeBytes(g.sharded), [this, shard_grad, finish, i, S, mine](std::int64_t offset, std::int64_t n) {
-      std::vector<ConstBuffer> partials;
-      for (std::uint32_t node = 0; node < link_.layout().nodes(); ++node) {
-        partials.push_back(ConstBuffer{staging_->received.data() + node * mine, DType::kF32, mine});
-      }
-      const Segment segment{static_cast<std::int64_t>(i) * S + offset, offset, n, 0, 0};
-      return runner_.reduce(partials, shard_grad, finish, {&segment, 1});
-    });
-  }
-  return {};
+  };
 }
 
-Result<void> NodeExecutor::planBroadcast() {
+std::vector<NodeExecutor::LocalStep> NodeExecutor::before(std::int64_t j) {
+  RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
+  switch (args_.op) {
+    case ipc::OpCode::kAllGather:
+      return allGatherBefore(j, round);
+    case ipc::OpCode::kReduceScatter:
+    case ipc::OpCode::kAllReduce:
+      return reductionBefore(j, round);
+    case ipc::OpCode::kBroadcast:
+      return broadcastBefore(j, round);
+    default:
+      return {};
+  }
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::after(std::int64_t j) {
+  RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
+  switch (args_.op) {
+    case ipc::OpCode::kAllGather:
+      return allGatherAfter(j, round);
+    case ipc::OpCode::kReduceScatter:
+    case ipc::OpCode::kAllReduce:
+      return reductionAfter(j, round);
+    case ipc::OpCode::kBroadcast:
+      return broadcastAfter(j, round);
+    default:
+      return {};
+  }
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t j, RoundBuffer& round) {
+  // The node's pieces, from its first rank (which has every part of the
+  // node after the local all-gather), and in round 0 its scales.
   const GroupGeometry& g = *geometry_;
   const NodeLayout& layout = link_.layout();
-  const std::int64_t total = g.world * g.shard_elems;
-  const std::int64_t esz = sizeBytes(g.unsharded);
-  Staging& staging = *staging_;
-  staging.params.resize(static_cast<std::size_t>(total * esz));
-  if (g.quantized()) staging.scales.resize(static_cast<std::size_t>(g.total_blocks));
-  const std::uint32_t first = layout.firstRank(layout.node);
-  const bool root_here = args_.root >= first && args_.root < first + layout.rankCount(layout.node);
-  const MutBuffer staged{staging.params.data(), g.unsharded, total};
-  const MutBuffer staged_scales{staging.scales.data(), DType::kF32, g.total_blocks};
-  const auto copier = [this](ConstBuffer from, MutBuffer to) {
-    return [this, from, to](std::int64_t offset, std::int64_t n) {
-      const Segment segment{offset, offset, n, 0, 0};
-      return runner_.copy(from, to, {&segment, 1});
-    };
-  };
-  if (root_here) {
-    const RankBuffers& root = ranks_[args_.root - first];
-    chunked(before_, total, esz, copier(ConstBuffer{root.params, g.unsharded, total}, staged));
-    if (g.quantized()) {
-      chunked(before_, g.total_blocks, std::int64_t{sizeof(float)},
-              copier(ConstBuffer{root.scales, DType::kF32, g.total_blocks}, staged_scales));
+  const std::int64_t S = g.shard_elems;
+  const std::int64_t total = layout.firstRank(layout.nodes()) * S;
+  const std::int64_t length = roundLength(j);
+  const std::int64_t offset = roundOffset(j);
+  std::vector<Segment> pieces;
+  for (std::uint32_t r = layout.firstRank(layout.node); r < layout.firstRank(layout.node + 1); ++r) {
+    pieces.push_back(Segment{r * S + offset, r * length, length, 0, 0});
+  }
+  const ConstBuffer leader{ranks_[0].params, g.unsharded, total};
+  const MutBuffer staged{round.params.data(), g.unsharded, layout.firstRank(layout.nodes()) * length};
+  std::vector<LocalStep> steps;
+  steps.push_back(counted(static_cast<std::int64_t>(pieces.size()) * length * sizeBytes(g.unsharded),
+                          [this, leader, staged, pieces] { return runner_.copy(leader, staged, pieces); }));
+  if (j == 0 && scalesTravel()) {
+    const auto [first, count] = *nodeScales(layout.node);
+    const Segment mine{first, first, count, 0, 0};
+    const ConstBuffer from{ranks_[0].scales, DType::kF32, g.total_blocks};
+    const MutBuffer to{staging_->scales.data(), DType::kF32, g.total_blocks};
+    steps.push_back(counted(count * 4, [this, from, to, mine] {
+      return mine.count == 0 ? Result<void>{} : runner_.copy(from, to, {&mine, 1});
+    }));
+  }
+  return steps;
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j, RoundBuffer& round) {
+  // The other nodes' pieces (and in round 0 their scales) to every rank.
+  const GroupGeometry& g = *geometry_;
+  const NodeLayout& layout = link_.layout();
+  const std::uint32_t world = layout.firstRank(layout.nodes());
+  const std::int64_t S = g.shard_elems;
+  const std::int64_t length = roundLength(j);
+  const std::int64_t offset = roundOffset(j);
+  std::vector<Segment> pieces;
+  for (std::uint32_t r = 0; r < world; ++r) {
+    if (r >= layout.firstRank(layout.node) && r < layout.firstRank(layout.node + 1)) continue;
+    pieces.push_back(Segment{r * length, r * S + offset, length, 0, 0});
+  }
+  std::vector<Segment> scales;
+  if (j == 0 && scalesTravel()) {
+    const auto [first, count] = *nodeScales(layout.node);
+    if (first > 0) scales.push_back(Segment{0, 0, first, 0, 0});
+    if (first + count < g.total_blocks) {
+      scales.push_back(Segment{first + count, first + count, g.total_blocks - first - count, 0, 0});
     }
   }
+  const ConstBuffer gathered{round.params.data(), g.unsharded, world * length};
+  const ConstBuffer staged_scales{staging_->scales.data(), DType::kF32, g.total_blocks};
+  std::vector<LocalStep> steps;
+  for (const RankBuffers& rank : ranks_) {
+    const MutBuffer params{rank.params, g.unsharded, world * S};
+    steps.push_back(counted(static_cast<std::int64_t>(pieces.size()) * length * sizeBytes(g.unsharded),
+                            [this, gathered, params, pieces] {
+                              return pieces.empty() ? Result<void>{} : runner_.copy(gathered, params, pieces);
+                            }));
+    if (!scales.empty()) {
+      const MutBuffer to{rank.scales, DType::kF32, g.total_blocks};
+      steps.push_back(counted(0, [this, staged_scales, to, scales] { return runner_.copy(staged_scales, to, scales); }));
+    }
+  }
+  return steps;
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t j, RoundBuffer& round) {
+  // The node's partial of every rank's piece: its ranks' gradients summed in
+  // rank order, pre-scaled (fp32).
+  const GroupGeometry& g = *geometry_;
+  const std::uint32_t world = link_.layout().firstRank(link_.layout().nodes());
+  const std::int64_t length = roundLength(j);
+  const std::int64_t offset = roundOffset(j);
+  std::vector<Segment> pieces;
+  for (std::uint32_t r = 0; r < world; ++r) pieces.push_back(Segment{r * g.shard_elems + offset, r * length, length, 0, 0});
+  const MutBuffer partial{round.partial.data(), DType::kF32, world * length};
+  const kernels::ReduceOptions sum{args_.pre_scale, 1.0F, false};
+  return {counted(world * length * 4,
+                  [this, partial, sum, pieces] { return runner_.reduce(sources_, partial, sum, pieces); })};
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionAfter(std::int64_t j, RoundBuffer& round) {
+  const GroupGeometry& g = *geometry_;
+  const NodeLayout& layout = link_.layout();
+  const std::uint32_t world = layout.firstRank(layout.nodes());
+  const std::int64_t length = roundLength(j);
+  const std::int64_t offset = roundOffset(j);
+  std::vector<LocalStep> steps;
+  if (args_.op == ipc::OpCode::kAllReduce) {
+    // The whole result of the round, every rank's piece, to every rank.
+    std::vector<Segment> pieces;
+    for (std::uint32_t r = 0; r < world; ++r) {
+      pieces.push_back(Segment{r * length, r * g.shard_elems + offset, length, 0, 0});
+    }
+    const ConstBuffer result{round.grads.data(), g.grad, world * length};
+    for (const RankBuffers& rank : ranks_) {
+      const MutBuffer grads{rank.grads, g.grad, world * g.shard_elems};
+      steps.push_back(counted(world * length * sizeBytes(g.grad),
+                              [this, result, grads, pieces] { return runner_.copy(result, grads, pieces); }));
+    }
+    return steps;
+  }
+  // Each rank's piece: the nodes' partials of it summed in node order.
+  const std::int64_t mine = layout.rankCount(layout.node) * length;
+  std::vector<ConstBuffer> partials;
+  for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+    partials.push_back(ConstBuffer{round.received.data() + n * mine, DType::kF32, mine});
+  }
+  const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
-    if (root_here && first + i == args_.root) continue;
-    chunked(after_, total, esz,
-            copier(ConstBuffer{staging.params.data(), g.unsharded, total}, MutBuffer{ranks_[i].params, g.unsharded, total}));
-    if (g.quantized()) {
-      chunked(after_, g.total_blocks, std::int64_t{sizeof(float)},
-              copier(ConstBuffer{staging.scales.data(), DType::kF32, g.total_blocks},
-                     MutBuffer{ranks_[i].scales, DType::kF32, g.total_blocks}));
+    const MutBuffer shard_grad{ranks_[i].shard_grad, g.sharded, g.shard_elems};
+    const Segment piece{static_cast<std::int64_t>(i) * length, offset, length, 0, 0};
+    steps.push_back(counted(length * sizeBytes(g.sharded), [this, partials, shard_grad, finish, piece] {
+      return runner_.reduce(partials, shard_grad, finish, {&piece, 1});
+    }));
+  }
+  return steps;
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastBefore(std::int64_t j, RoundBuffer& round) {
+  if (!rootHere()) return {};
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t total = g.world * g.shard_elems;
+  const std::int64_t length = roundLength(j);
+  const RankBuffers& root = ranks_[args_.root - link_.layout().firstRank(link_.layout().node)];
+  const Segment run{roundOffset(j), 0, length, 0, 0};
+  const ConstBuffer from{root.params, g.unsharded, total};
+  const MutBuffer staged{round.params.data(), g.unsharded, length};
+  std::vector<LocalStep> steps;
+  steps.push_back(counted(length * sizeBytes(g.unsharded),
+                          [this, from, staged, run] { return runner_.copy(from, staged, {&run, 1}); }));
+  if (j == 0 && scalesTravel()) {
+    const Segment all{0, 0, g.total_blocks, 0, 0};
+    const ConstBuffer scales{root.scales, DType::kF32, g.total_blocks};
+    const MutBuffer to{staging_->scales.data(), DType::kF32, g.total_blocks};
+    steps.push_back(counted(0, [this, scales, to, all] { return runner_.copy(scales, to, {&all, 1}); }));
+  }
+  return steps;
+}
+
+std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastAfter(std::int64_t j, RoundBuffer& round) {
+  const GroupGeometry& g = *geometry_;
+  const std::int64_t total = g.world * g.shard_elems;
+  const std::int64_t length = roundLength(j);
+  const std::uint32_t first = link_.layout().firstRank(link_.layout().node);
+  const Segment run{0, roundOffset(j), length, 0, 0};
+  const Segment all{0, 0, g.total_blocks, 0, 0};
+  const ConstBuffer staged{round.params.data(), g.unsharded, length};
+  const ConstBuffer staged_scales{staging_->scales.data(), DType::kF32, g.total_blocks};
+  std::vector<LocalStep> steps;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    if (first + i == args_.root) continue;
+    const MutBuffer params{ranks_[i].params, g.unsharded, total};
+    steps.push_back(counted(length * sizeBytes(g.unsharded),
+                            [this, staged, params, run] { return runner_.copy(staged, params, {&run, 1}); }));
+    if (j == 0 && scalesTravel()) {
+      const MutBuffer to{ranks_[i].scales, DType::kF32, g.total_blocks};
+      steps.push_back(counted(0, [this, staged_scales, to, all] { return runner_.copy(staged_scales, to, {&all, 1}); }));
     }
   }
-  return {};
+  return steps;
 }
 
 OpHeader NodeExecutor::readyHeader() const {
@@ -464,107 +639,129 @@ OpHeader NodeExecutor::readyHeader() const {
   return header;
 }
 
-Result<bool> NodeExecutor::step() {
-  switch (phase_) {
-    case Phase::kBefore: {
-      if (local_running_) {
-        auto stepped = local_.step();
-        if (!stepped) return std::move(stepped).error();
-        written_ = local_.bytesWritten();
-        local_running_ = !*stepped;
-        return false;
-      }
-      if (next_step_ < before_.size()) {
-        if (auto done = before_[next_step_++](); !done) return std::move(done).error();
-        return false;
-      }
-      committed_ = args_.sequence;
-      exchange_ = link_.post(exchange(readyHeader()));
-      phase_ = Phase::kExchange;
-      next_step_ = 0;
-      return false;
-    }
-    case Phase::kExchange: {
-      if (!exchange_->done.load(std::memory_order_acquire)) return false;
-      if (!exchange_->result) {
-        const Error& error = exchange_->result.error();
-        phase_ = Phase::kIdle;
-        if (staging_->fatal.load() && !abandoned_) {
-          abandoned_ = true;  // another node's rank is gone: so is this job, on every node
-          unusable_ = error;
-          link_.breakLink(error);
-        }
-        return error;
-      }
-      phase_ = Phase::kAfter;
-      [[fallthrough]];
-    }
-    case Phase::kAfter:
-      if (next_step_ < after_.size()) {
-        if (auto done = after_[next_step_++](); !done) return std::move(done).error();
-        return next_step_ == after_.size() ? Result<bool>(true) : Result<bool>(false);
-      }
-      phase_ = Phase::kIdle;
-      return true;
-    case Phase::kIdle:
-      break;
+Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& failed_verdict) const {
+  Transfer t;
+  t.op = args_.op;
+  t.buffer = static_cast<std::size_t>(j % 2);
+  t.data = args_.op != ipc::OpCode::kBarrier;
+  if (j == 0) t.header = readyHeader();
+  if (j + 1 == rounds_ && rounds_ > 1) t.verdict = failed_verdict ? *failed_verdict : readyHeader();
+  if (!t.data) return t;
+  const GroupGeometry& g = *geometry_;
+  const NodeLayout& layout = link_.layout();
+  t.length = roundLength(j);
+  t.unsharded_bytes = sizeBytes(g.unsharded);
+  t.grad = g.grad;
+  t.factor = args_.factor(g.world);
+  if (j == 0) t.scale_counts = scale_counts_;
+  for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+    if (args_.root >= layout.firstRank(n) && args_.root < layout.firstRank(n + 1)) t.root_node = n;
   }
-  return makeError(ErrorCode::kInternal, "dbufd: a step of a job across nodes with no op begun (a bug)");
+  return t;
 }
 
-NodeLink::Step NodeExecutor::exchange(OpHeader header) const {
-  // Everything the step needs is copied or shared: it may outlive the op.
-  Transfer transfer;
-  transfer.op = args_.op;
-  if (args_.op != ipc::OpCode::kBarrier) {
-    const GroupGeometry& g = *geometry_;
-    const NodeLayout& layout = link_.layout();
-    transfer.shard_elems = g.shard_elems;
-    transfer.unsharded_bytes = sizeBytes(g.unsharded);
-    transfer.grad = g.grad;
-    transfer.factor = args_.factor(g.world);
-    transfer.scale_counts = scale_counts_;
-    for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-      if (args_.root >= layout.firstRank(n) && args_.root < layout.firstRank(n) + layout.rankCount(n)) {
-        transfer.root_node = n;
-      }
+void NodeExecutor::post(const Transfer& transfer, std::shared_ptr<OpLink> shared) {
+  tickets_[transfer.buffer] = link_.post(
+      [transfer, staging = staging_, shared = shared ? std::move(shared) : op_link_](const LinkChannel& channel) {
+        return transfer.run(channel, *staging, *shared);
+      });
+}
+
+Result<bool> NodeExecutor::step() {
+  if (!active_) return makeError(ErrorCode::kInternal, "dbufd: a step of a job across nodes with no op begun (a bug)");
+  if (local_running_) {
+    auto stepped = local_.step();
+    if (!stepped) return failed(stepped.error());
+    written_ += local_.bytesWritten() - std::exchange(local_written_, local_.bytesWritten());
+    local_running_ = !*stepped;
+    return false;
+  }
+  if (batch_ != Batch::kNone) {
+    if (next_step_ < steps_.size()) {
+      if (auto done = steps_[next_step_++](); !done) return failed(done.error());
+      if (next_step_ < steps_.size()) return false;
+    }
+    const Batch done = std::exchange(batch_, Batch::kNone);
+    if (done == Batch::kBefore) {
+      if (posted_ == 0) committed_ = args_.sequence;
+      post(transfer(posted_++, std::nullopt));
+      return false;
+    }
+    if (finished_ == rounds_) {
+      active_ = false;
+      return true;
+    }
+    return false;
+  }
+  const auto start = [this](Batch batch, std::vector<LocalStep> steps) {
+    steps_ = std::move(steps);
+    next_step_ = 0;
+    batch_ = batch;
+  };
+  if (finished_ < posted_) {
+    const NodeLink::Ticket& ticket = *tickets_[static_cast<std::size_t>(finished_ % 2)];
+    if (ticket.done.load(std::memory_order_acquire)) {
+      if (!ticket.result) return failed(ticket.result.error());
+      start(Batch::kAfter, after(finished_++));
+      return false;
     }
   }
-  return [header, transfer, staging = staging_](const LinkChannel& channel) -> Result<void> {
-    // 1. The headers: every node draws the same verdict from them.
-    std::vector<OpHeader> headers(channel.layout.nodes());
-    OpHeader mine = header;
-    gloo::AllgathervOptions options(channel.context);
-    options.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof(OpHeader));
-    options.setOutput(reinterpret_cast<std::uint8_t*>(headers.data()),
-                      std::vector<std::size_t>(channel.layout.nodes(), sizeof(OpHeader)));
-    options.setTag(channel.tag);
-    options.setTimeout(channel.timeout * 2);  // a node's own collective timeout fires first
-    gloo::allgatherv(options);
-    bool fatal = false;
-    if (auto verdict = judgeHeaders(headers, channel.layout, fatal); !verdict) {
-      if (fatal) staging->fatal.store(true);
-      return verdict;
-    }
-    if (header.status != 0) return {};  // this node failed the op: nothing more to send
-    // 2. The op's data.
-    return transfer.run(channel, *staging);
-  };
+  if (prepared_ < rounds_ && prepared_ - finished_ < 2) {  // round prepared_'s buffer is free
+    start(Batch::kBefore, before(prepared_++));
+  }
+  return false;
+}
+
+bool NodeExecutor::waiting() const noexcept {
+  if (!active_ || local_running_ || batch_ != Batch::kNone) return false;
+  if (prepared_ < rounds_ && prepared_ - finished_ < 2) return false;
+  return finished_ < posted_ && !tickets_[static_cast<std::size_t>(finished_ % 2)]->done.load(std::memory_order_acquire);
+}
+
+Result<bool> NodeExecutor::failed(const Error& error) {
+  if (staging_->fatal.load() && !abandoned_) {
+    abandoned_ = true;  // another node's rank is gone: so is this job, on every node
+    unusable_ = error;
+    link_.breakLink(error);
+  }
+  return error;  // the data plane fails the op; opFailed() then tells the other nodes what they still expect
+}
+
+void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
+  while (posted_ < rounds_) post(transfer(posted_++, verdict));
+  active_ = false;
 }
 
 void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
-  if (abandoned_ || committed_ == sequence) return;  // the other nodes know already
-  committed_ = sequence;
-  static_cast<void>(link_.post(exchange(failureHeader(sequence, error, false))));
+  if (abandoned_) return;
+  if (committed_ != sequence) {
+    // The other nodes have not heard of this op from here: round 0's header
+    // tells them it failed (and this node sends no data).
+    committed_ = sequence;
+    Transfer header_only;
+    header_only.data = false;
+    header_only.header = failureHeader(sequence, error, false);
+    post(header_only, std::make_shared<OpLink>());
+    return;
+  }
+  // Failed here after its commit: the other nodes expect the rest of its
+  // rounds, and learn from the last one's verdict that it failed.
+  if (active_ && args_.sequence == sequence) postRemainingRounds(failureHeader(sequence, error, false));
 }
 
 void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
   if (abandoned_) return;
   abandoned_ = true;
-  // The op that was running committed already: the other nodes' next one
-  // is the first to learn that this job cannot go on.
-  const std::uint64_t first_failing = committed_ == sequence ? sequence + 1 : sequence;
-  static_cast<void>(link_.post(exchange(failureHeader(first_failing, why, true))));
+  if (committed_ == sequence && active_ && posted_ < rounds_) {
+    postRemainingRounds(failureHeader(sequence, why, true));
+  } else {
+    // The op that was running (if any) has told the other nodes all it had
+    // to: their next one is the first to learn that this job cannot go on.
+    Transfer header_only;
+    header_only.data = false;
+    header_only.header = failureHeader(committed_ == sequence ? sequence + 1 : sequence, why, true);
+    post(header_only, std::make_shared<OpLink>());
+  }
   link_.breakLink(why);
   unusable_ = why;
 }

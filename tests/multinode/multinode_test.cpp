@@ -282,6 +282,15 @@ TEST(MultiNode, Fp8AllGatherAcrossNodes) {
   EXPECT_TRUE(fp8.passed()) << cluster.logs();
 }
 
+TEST(MultiNode, GroupsLargerThanARoundRunInSeveralRounds) {
+  // Shards of over 4 M elements at 2 ranks: each op is several rounds of
+  // kRoundElements, two in flight (daemon/src/node_executor.cpp).
+  Cluster cluster(2, NodeNetwork::kLoopback);
+  cluster.start();
+  CollJob large(cluster, "large", 1, "large", "rows", cluster.fileStore("large"));
+  EXPECT_TRUE(large.passed()) << cluster.logs();
+}
+
 TEST(MultiNode, TwoJobsAtOnceShareTheDaemonsCommunicator) {
   Cluster cluster(2, NodeNetwork::kLoopback);
   cluster.start();
@@ -434,6 +443,34 @@ TEST(MultiNode, KillingARankFailsTheJobOnEveryNodeAndSparesOthers) {
   other.keepsWorking(7.0F);
   job.finish();
   other.finish();
+}
+
+TEST(MultiNode, KillingARankInTheMiddleOfAManyRoundOpFailsItOnTheOtherNode) {
+  Cluster cluster(2, NodeNetwork::kLoopback);
+  cluster.start();
+  CfRank r0("big-0");
+  CfRank r1("big-1");
+  r0.attach(cluster.node(0).socket(), "big", 0, 2, " 0 1 " + cluster.fileStore("big"));
+  r1.attach(cluster.node(1).socket(), "big", 1, 2, " 0 1 " + cluster.fileStore("big"));
+  r0.begin("register big 16000000");  // 8 M elements a rank: four rounds
+  r1.begin("register big 16000000");
+  EXPECT_LINE(r0.result(), "ok register");
+  EXPECT_LINE(r1.result(), "ok register");
+  for (CfRank* rank : {&r0, &r1}) {
+    EXPECT_EQ(rank->call("acquire big"), "ok acquire");
+    EXPECT_EQ(rank->call("fill big 1"), "ok fill");
+  }
+  r0.begin("run ag big");
+  EXPECT_LINE(r1.call("submit ag big"), "ok submit");
+  EXPECT_LINE(r1.call("watch big", milliseconds(20000)), "ok watch");  // the daemon started it
+  r1.kill9();
+  const std::string answer = r0.result(milliseconds(20000));
+  if (answer.rfind("ok run", 0) != 0) {  // else it was done before the kill
+    EXPECT_LINE(answer, "err run");
+    EXPECT_NE(answer.find("rank 1"), std::string::npos) << answer;
+  }
+  EXPECT_LINE(r0.call("run ag big"), "err run");  // at once: the job cannot go on
+  r0.exit();
 }
 
 TEST(MultiNode, KillingANodesDaemonFailsTheJobOnTheOtherNodes) {
