@@ -64,7 +64,12 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
                  config.backend == Backend::kCuda ? visibleGpus() : std::vector<GpuUuid>{}},
       cluster_{&config, instance_id, std::make_shared<CommunicatorCache>(),
                std::make_shared<Waker>([&io] { asio::post(io, [] {}); })},
-      data_plane_(io, config) {}
+      data_plane_(io, config) {
+  if (!config.cluster_address.empty()) {
+    spdlog::info("jobs across nodes: Gloo connections at {} ({} Redis store{} allowed)", config.cluster_address,
+                 config.cluster_store_hosts.size(), config.cluster_store_hosts.size() == 1 ? "" : "s");
+  }
+}
 
 JobTable::~JobTable() {
   cluster_.waker->close();

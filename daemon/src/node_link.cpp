@@ -203,6 +203,16 @@ Result<void> NodeLink::State::runStep(const Step& step, const std::optional<Erro
     // now (a late message could reach a later step), so no later step of
     // this job uses them, nor does a later job.
     Error failed = glooError(error, "job " + job.job_id + ": the exchange with the other nodes failed");
+    if (failed.code == ErrorCode::kTimeout) {
+      // Gloo does not say which peer was late: name every other node.
+      std::string others;
+      for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+        if (n == layout.node) continue;
+        others += (others.empty() ? "" : ", ") + layout.describeNode(n);
+        for (const std::uint32_t rank : layout.ranksOf(n)) failed.ranks.push_back(rank);
+      }
+      failed.message += " (waiting for " + others + ")";
+    }
     communicator->failed.store(true);
     const std::lock_guard lock(mutex);
     if (!broken) broken = failed;

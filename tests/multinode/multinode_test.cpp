@@ -419,6 +419,17 @@ TEST(MultiNode, ARankMissingOnAnotherNodeIsNamedInTheTimeout) {
   job.finish();
 }
 
+TEST(MultiNode, ANodeWhoseRanksAllStayAwayIsNamedWhenTheExchangeTimesOut) {
+  Cluster cluster(2, NodeNetwork::kLoopback, /*collective_ms=*/500);
+  cluster.start();
+  FailureJob job(cluster, "absent", 1);
+  const std::string answer = job.rank(0).call("run ag g", milliseconds(10000));
+  EXPECT_LINE(answer, "err run timeout");
+  EXPECT_NE(answer.find("waiting for node 1 (rank 1)"), std::string::npos) << answer;
+  EXPECT_LT(elapsedOf(answer), 5000) << answer;  // twice collective_ms, and some
+  job.finish();
+}
+
 TEST(MultiNode, KillingARankFailsTheJobOnEveryNodeAndSparesOthers) {
   Cluster cluster(2, NodeNetwork::kLoopback);
   cluster.start();
