@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "dbuf/common/stream_counter_word.hpp"
-#include "jobs.hpp"
 #include "rank_text.hpp"
 
 namespace dbuf::daemon {
@@ -46,7 +45,7 @@ bool streamOrdered(const ipc::Submission& submission) {
 /// Whether the rank's next op waits for its CUDA stream to reach it. Read
 /// on the host, never waited for on a GPU stream of the daemon's: the
 /// counter is memory a client writes, and could hold that stream forever.
-bool streamBehind(const RankState& rank) {
+bool streamBehind(const RankSchedule& rank) {
   const ipc::Submission& op = rank.ops.front().submission;
   return streamOrdered(op) && counterValue(rank.plane->rings.streamCounters().ready) < op.ticket;
 }
@@ -69,7 +68,7 @@ bool sameOp(const ipc::Submission& a, const ipc::Submission& b) {
 
 /// The ranks whose next op differs from rank 0's: those a mismatch names as
 /// disagreeing (Error::ranks).
-std::vector<std::uint32_t> ranksDifferingFromRankZero(const Job& job) {
+std::vector<std::uint32_t> ranksDifferingFromRankZero(const JobSchedule& job) {
   const ipc::Submission& first = job.ranks.front().ops.front().submission;
   std::vector<std::uint32_t> differing;
   for (std::uint32_t r = 1; r < job.localCount(); ++r) {
@@ -127,7 +126,27 @@ Result<std::unique_ptr<SessionPlane>> DataPlane::openSession(const std::string& 
 
 // ----------------------------------------------------------------- submissions
 
-Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, SteadyClock::time_point now) {
+std::size_t DataPlane::poll(std::span<JobSchedule* const> jobs, SteadyClock::time_point now,
+                            std::optional<CorruptRing>& corrupt) {
+  std::size_t work = 0;
+  for (JobSchedule* job : jobs) {
+    for (std::uint32_t rank = 0; rank < job->localCount(); ++rank) {
+      if (!job->ranks[rank].plane) continue;
+      auto taken = takeSubmissions(*job, rank, now);
+      if (!taken) {
+        corrupt = CorruptRing{job, rank, std::move(taken).error()};
+        return work;
+      }
+      work += *taken;
+    }
+  }
+  const std::size_t count = jobs.size();
+  for (std::size_t i = 0; i < count; ++i) work += progress(*jobs[(next_job_turn_ + i) % count], now);
+  if (count > 0) next_job_turn_ = (next_job_turn_ + 1) % count;
+  return work;
+}
+
+Result<std::size_t> DataPlane::takeSubmissions(JobSchedule& job, std::uint32_t rank, SteadyClock::time_point now) {
   SessionPlane& plane = *job.ranks[rank].plane;
   std::size_t taken = 0;
   // Take only what can be answered: every op taken has a completion entry
@@ -145,8 +164,8 @@ Result<std::size_t> DataPlane::takeSubmissions(Job& job, std::uint32_t rank, Ste
   return taken;
 }
 
-void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {
-  RankState& state = job.ranks[rank];
+void DataPlane::enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {
+  RankSchedule& state = job.ranks[rank];
   if (streamOrdered(submission)) {
     if (std::string why = streamOrderProblem(job, rank, submission); !why.empty()) {
       failOne(job, rank, submission, makeError(ErrorCode::kInvalidArgument, std::move(why)));
@@ -185,7 +204,7 @@ void DataPlane::enqueue(Job& job, std::uint32_t rank, const ipc::Submission& sub
   }
 }
 
-void DataPlane::failOne(Job& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error) {
+void DataPlane::failOne(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error) {
   ipc::Completion completion;
   completion.handle = submission.handle;
   completion.status = statusOf(error);
@@ -193,7 +212,7 @@ void DataPlane::failOne(Job& job, std::uint32_t rank, const ipc::Submission& sub
   completeOne(job, rank, submission, completion, error.message);
 }
 
-std::string DataPlane::streamOrderProblem(const Job& job, std::uint32_t rank, const ipc::Submission& submission) {
+std::string DataPlane::streamOrderProblem(const JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission) {
   const SessionPlane& plane = *job.ranks[rank].plane;
   ipc::OpCode op{};
   if (!ipc::opCodeFrom(submission.op, op) || !isGroupOp(op)) {
@@ -215,7 +234,7 @@ std::string DataPlane::streamOrderProblem(const Job& job, std::uint32_t rank, co
   return {};
 }
 
-void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
+void DataPlane::completeOne(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission,
                             const ipc::Completion& completion, std::string_view message) {
   SessionPlane* plane = job.ranks[rank].plane.get();
   if (plane == nullptr) return;  // the rank is gone; nobody to tell
@@ -230,7 +249,7 @@ void DataPlane::completeOne(Job& job, std::uint32_t rank, const ipc::Submission&
 
 // ----------------------------------------------------------------- matching
 
-std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
+std::size_t DataPlane::progress(JobSchedule& job, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   if (collectives.running) {
     collectives.executor->activate();  // jobs on other GPUs ran since this one's last turn
@@ -263,7 +282,7 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
   }
   if (!collectives.validated) {
     const bool all_arrived =
-        std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankState& rank) { return !rank.ops.empty(); });
+        std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& rank) { return !rank.ops.empty(); });
     if (!all_arrived) return checkTimeout(job, now) ? 1 : 0;
     if (!match(job, now)) return 1;
   }
@@ -271,7 +290,7 @@ std::size_t DataPlane::progress(Job& job, SteadyClock::time_point now) {
   return start(job) ? 1 : 0;
 }
 
-std::size_t DataPlane::failRunning(Job& job, const Error& error) {
+std::size_t DataPlane::failRunning(JobSchedule& job, const Error& error) {
   job.collectives.executor->quiesce();  // nothing of the failed op may still be running
   // The executor's code goes on (kDevice for a failed NCCL call or kernel).
   const Error failed{
@@ -281,7 +300,7 @@ std::size_t DataPlane::failRunning(Job& job, const Error& error) {
   return 1;
 }
 
-bool DataPlane::match(Job& job, SteadyClock::time_point now) {
+bool DataPlane::match(JobSchedule& job, SteadyClock::time_point now) {
   if (auto valid = validateFronts(job); !valid) {
     spdlog::warn("job {}: {}", job.id, valid.error().message);
     failFronts(job, valid.error());
@@ -299,11 +318,11 @@ bool DataPlane::match(Job& job, SteadyClock::time_point now) {
   return true;
 }
 
-bool DataPlane::streamsReady(const Job& job) {
+bool DataPlane::streamsReady(const JobSchedule& job) {
   return std::none_of(job.ranks.begin(), job.ranks.end(), streamBehind);
 }
 
-bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
+bool DataPlane::checkStreamTimeout(JobSchedule& job, SteadyClock::time_point now) {
   if (now - job.collectives.matched < config_.collective_timeout) return false;
   std::vector<std::uint32_t> late;
   for (std::uint32_t r = 0; r < job.localCount(); ++r) {
@@ -318,12 +337,12 @@ bool DataPlane::checkStreamTimeout(Job& job, SteadyClock::time_point now) {
   return true;
 }
 
-std::string DataPlane::timedOut(const Job& job, const ipc::Submission& op, const std::string& why) const {
+std::string DataPlane::timedOut(const JobSchedule& job, const ipc::Submission& op, const std::string& why) const {
   return "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, op) +
          " timed out after " + std::to_string(config_.collective_timeout.count()) + " ms: " + why;
 }
 
-bool DataPlane::executorTimeout(Job& job) {
+bool DataPlane::executorTimeout(JobSchedule& job) {
   if (SteadyClock::now() - job.collectives.matched < config_.collective_timeout) return false;
   const std::string message =
       timedOut(job, job.ranks.front().ops.front().submission,
@@ -335,11 +354,11 @@ bool DataPlane::executorTimeout(Job& job) {
   return true;
 }
 
-bool DataPlane::start(Job& job) {
+bool DataPlane::start(JobSchedule& job) {
   JobCollectives& collectives = job.collectives;
   static const GroupGeometry kNoGroup;  // a barrier's (across nodes)
-  const GroupGeometry& geometry =
-      collectives.group_id == 0 ? kNoGroup : job.groups_by_id[collectives.group_id - 1]->geometry;
+  const GroupGeometry* group = job.groupGeometry(collectives.group_id);
+  const GroupGeometry& geometry = group != nullptr ? *group : kNoGroup;
   if (!collectives.executor) {  // every rank submitted, so every rank attached: a daemon bug
     failFronts(job, makeError(ErrorCode::kInternal, "dbufd: the job has no executor (a bug); the op was not run"));
     return true;
@@ -372,7 +391,7 @@ bool DataPlane::start(Job& job) {
   return true;
 }
 
-Result<void> DataPlane::validateFronts(Job& job) {
+Result<void> DataPlane::validateFronts(JobSchedule& job) {
   const ipc::Submission& first = job.ranks.front().ops.front().submission;
   // Messages are built only on failure: the hot path allocates nothing.
   const auto refuse = [&](const std::string& why) {
@@ -380,7 +399,7 @@ Result<void> DataPlane::validateFronts(Job& job) {
                      "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) + why);
   };
   const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(),
-                                 [&](const RankState& rank) { return sameOp(rank.ops.front().submission, first); });
+                                 [&](const RankSchedule& rank) { return sameOp(rank.ops.front().submission, first); });
   if (!agree) return Error{ErrorCode::kConflict, mismatchMessage(job), ranksDifferingFromRankZero(job)};
   ipc::OpCode op{};
   if (!ipc::opCodeFrom(first.op, op)) return refuse(": not an op this daemon knows");
@@ -401,53 +420,25 @@ Result<void> DataPlane::validateFronts(Job& job) {
   if (job.acrossNodes()) args.description = describe(job, first);
   job.collectives.group_id = first.group_id;
   if (op == ipc::OpCode::kBarrier) return {};
-  if (first.group_id == 0 || first.group_id > job.groups_by_id.size()) {
-    return refuse(": job " + job.id + " has no such group");
-  }
-  const GroupState& group = *job.groups_by_id[first.group_id - 1];
+  const GroupGeometry* group = job.groupGeometry(first.group_id);
+  if (group == nullptr) return refuse(": job " + job.id + " has no such group");
   if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
     return refuse(": root is not a rank of the job");
   }
-  if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group.geometry.sharded != DType::kF32)) {
+  if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group->sharded != DType::kF32)) {
     return refuse(": accumulate needs a reduce-scatter into an fp32 sharded gradient");
   }
-  return bindBuffers(job, group);
+  if (auto bound = job.bindGroup(first.group_id); !bound) {
+    Error error = std::move(bound).error();
+    error.message = "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) +
+                    ": " + error.message;
+    return error;
+  }
+  return {};
 }
 
-Result<void> DataPlane::bindBuffers(Job& job, const GroupState& group) {
-  bool every_rank_has_a_slot = true;
-  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
-    RankState& rank = job.ranks[r];
-    const auto slot =
-        std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group.id; });
-    if (slot == rank.slots.end()) {
-      every_rank_has_a_slot = false;
-      continue;
-    }
-    const SlotLayout& layout = group.slot_layout;
-    RankBuffers& buffers = job.collectives.buffers[r];
-    buffers.shard = group.shards[r]->data() + group.reply.sharded.offset;
-    buffers.shard_grad = group.shards[r]->data() + group.reply.sharded_grad.offset;
-    buffers.params = slot->memory->data() + layout.params.offset;
-    buffers.grads = slot->memory->data() + layout.grads.offset;
-    buffers.scales = reinterpret_cast<float*>(slot->memory->data() + layout.scales.offset);
-  }
-  if (every_rank_has_a_slot) return {};
-  std::vector<std::uint32_t> without_slot;
-  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
-    const auto& slots = job.ranks[r].slots;
-    if (std::none_of(slots.begin(), slots.end(), [&](const Slot& s) { return s.group == group.id; })) {
-      without_slot.push_back(job.globalRank(r));
-    }
-  }
-  std::string message = "collective #" + std::to_string(job.collectives.next_sequence) + " " +
-                        describe(job, job.ranks.front().ops.front().submission) + ": " + ranksPhrase(without_slot) +
-                        " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
-  return Error{ErrorCode::kConflict, std::move(message), std::move(without_slot)};
-}
-
-Result<void> DataPlane::markQueued(Job& job) {
-  for (RankState& rank : job.ranks) {
+Result<void> DataPlane::markQueued(JobSchedule& job) {
+  for (RankSchedule& rank : job.ranks) {
     const ipc::Submission& op = rank.ops.front().submission;
     if (!streamOrdered(op)) continue;
     if (auto signalled = rank.plane->counters->signalDone(op.ticket); !signalled) return signalled;
@@ -455,10 +446,10 @@ Result<void> DataPlane::markQueued(Job& job) {
   return job.collectives.executor->queued();
 }
 
-void DataPlane::finish(Job& job, const Error* error, SteadyClock::time_point now) {
+void DataPlane::finish(JobSchedule& job, const Error* error, SteadyClock::time_point now) {
   JobCollectives& collectives = job.collectives;
   for (std::uint32_t r = 0; r < job.localCount(); ++r) {
-    RankState& rank = job.ranks[r];
+    RankSchedule& rank = job.ranks[r];
     if (rank.ops.empty()) continue;
     const ipc::Submission submission = rank.ops.front().submission;
     ipc::Completion completion;
@@ -487,14 +478,14 @@ void DataPlane::finish(Job& job, const Error* error, SteadyClock::time_point now
   ++collectives.next_sequence;
 }
 
-void DataPlane::failFronts(Job& job, const Error& error) {
+void DataPlane::failFronts(JobSchedule& job, const Error& error) {
   job.collectives.matched = SteadyClock::now();
   finish(job, &error, job.collectives.matched);
 }
 
-bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
+bool DataPlane::checkTimeout(JobSchedule& job, SteadyClock::time_point now) {
   SteadyClock::time_point oldest = SteadyClock::time_point::max();
-  for (const RankState& rank : job.ranks) {
+  for (const RankSchedule& rank : job.ranks) {
     if (!rank.ops.empty()) oldest = std::min(oldest, rank.ops.front().submitted);
   }
   if (oldest == SteadyClock::time_point::max()) return false;
@@ -522,8 +513,8 @@ bool DataPlane::checkTimeout(Job& job, SteadyClock::time_point now) {
   return true;
 }
 
-void DataPlane::rankGone(Job& job, std::uint32_t rank) {
-  RankState& gone = job.ranks[rank];
+void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
+  RankSchedule& gone = job.ranks[rank];
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
   // Queued GPU work may still touch the rank's memory, which goes next.
@@ -546,17 +537,17 @@ void DataPlane::rankGone(Job& job, std::uint32_t rank) {
   // Every queued op of the others needs the dead rank: fail them all now
   // (and, across nodes, every op of the job from now on, on every node).
   if (job.collectives.executor) job.collectives.executor->abandon(job.collectives.next_sequence, disconnected);
-  while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankState& r) { return !r.ops.empty(); })) {
+  while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); })) {
     failFronts(job, disconnected);
   }
 }
 
 // ----------------------------------------------------------------- sleeping
 
-bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
+bool DataPlane::prepareSleep(std::span<JobSchedule* const> jobs) {
   SteadyClock::time_point deadline = SteadyClock::time_point::max();
   bool waiting_on_gpu = false;
-  for (Job* job : jobs) {
+  for (JobSchedule* job : jobs) {
     const JobCollectives& collectives = job->collectives;
     const bool polled = !collectives.executor || !collectives.executor->wakesTheLoop();
     waiting_on_gpu = waiting_on_gpu || (polled && (collectives.draining || (collectives.validated && !collectives.running)));
@@ -566,7 +557,7 @@ bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
     if (collectives.validated && !collectives.running) {
       deadline = std::min(deadline, collectives.matched + config_.collective_timeout);
     }
-    for (RankState& rank : job->ranks) {
+    for (RankSchedule& rank : job->ranks) {
       if (!rank.ops.empty() && !collectives.validated) {
         const auto since = std::max(rank.ops.front().submitted, job->collectives.finished);
         deadline = std::min(deadline, since + config_.collective_timeout);
@@ -597,9 +588,9 @@ bool DataPlane::prepareSleep(std::vector<Job*>& jobs) {
   return true;
 }
 
-void DataPlane::endSleep(std::vector<Job*>& jobs) {
-  for (Job* job : jobs) {
-    for (RankState& rank : job->ranks) {
+void DataPlane::endSleep(std::span<JobSchedule* const> jobs) {
+  for (JobSchedule* job : jobs) {
+    for (RankSchedule& rank : job->ranks) {
       if (rank.plane) rank.plane->rings.setSleeping(false);
     }
   }
@@ -613,7 +604,7 @@ void DataPlane::stop() {
 
 // ----------------------------------------------------------------- messages
 
-std::string DataPlane::mismatchMessage(const Job& job) {
+std::string DataPlane::mismatchMessage(const JobSchedule& job) {
   // Ranks that submitted the same op are listed together ("ranks 0-6
   // allGather(...); rank 7 barrier"), so the message names every op even for
   // large jobs within a completion's message slot.
@@ -635,14 +626,13 @@ std::string DataPlane::mismatchMessage(const Job& job) {
   return text;
 }
 
-std::string DataPlane::describe(const Job& job, const ipc::Submission& submission) {
+std::string DataPlane::describe(const JobSchedule& job, const ipc::Submission& submission) {
   ipc::OpCode op{};
   if (!ipc::opCodeFrom(submission.op, op)) return "an invalid op (code " + std::to_string(submission.op) + ")";
   std::string text(ipc::toString(op));
   if (op == ipc::OpCode::kBarrier) return text;
-  const bool known = submission.group_id >= 1 && submission.group_id <= job.groups_by_id.size();
-  text += "(group " + (known ? "'" + job.groups_by_id[submission.group_id - 1]->spec.name + "'"
-                             : std::to_string(submission.group_id) + " (unknown)");
+  const std::string* name = job.groupName(submission.group_id);
+  text += "(group " + (name != nullptr ? "'" + *name + "'" : std::to_string(submission.group_id) + " (unknown)");
   if (op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) {
     text += submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kSum) ? ", sum"
             : submission.reduce == static_cast<std::uint8_t>(ipc::ReduceMode::kAvg)

@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,12 +24,10 @@
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/ring.hpp"
 #include "executor.hpp"
+#include "placement.hpp"
 
 namespace dbuf::daemon {
 
-struct Job;
-struct GroupState;
-class Session;
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -119,6 +120,65 @@ struct JobCollectives {
   std::vector<RankBuffers> buffers;  ///< world entries, reused by every op
 };
 
+/// A rank's part in its job's collectives.
+struct RankSchedule {
+  std::unique_ptr<SessionPlane> plane;  ///< its session's rings; null while it is detached
+  OpQueue ops;                          ///< collectives waiting for the other ranks
+  /// Collectives this rank missed (they timed out without it): its next
+  /// submissions fail with these errors, so its k-th op stays the others' k-th.
+  std::deque<Error> owed;
+};
+
+/// A job as the data plane schedules it: its node's ranks' rings and queues,
+/// the state of its next collective and where its collectives run. The job
+/// registry's Job (jobs.hpp) is one, and answers for the job's groups; the
+/// data plane sees nothing else of it (tests make their own).
+struct JobSchedule {
+  JobSchedule() = default;
+  virtual ~JobSchedule() = default;
+  JobSchedule(const JobSchedule&) = delete;
+  JobSchedule& operator=(const JobSchedule&) = delete;
+  JobSchedule(JobSchedule&&) noexcept = default;
+  JobSchedule& operator=(JobSchedule&&) noexcept = default;
+
+  std::string id;
+  std::uint32_t world_size = 1;  ///< ranks of the job on every node
+  /// The job's ranks on this node are first_rank .. first_rank + ranks.size()
+  /// - 1 (contiguous, as torchrun numbers them); `ranks` and everything
+  /// indexed like it hold this node's ranks only, by local index. Messages
+  /// and errors name global ranks.
+  std::uint32_t first_rank = 0;
+  Placement placement = Placement::kHost;
+  std::vector<RankSchedule> ranks;
+  JobCollectives collectives;
+  /// Ranks (global) whose connection ended while others of the job stayed
+  /// attached, and that have not attached again: no collective can run
+  /// without them, so the job's submissions fail at once, naming them.
+  std::set<std::uint32_t> gone;
+
+  [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
+  [[nodiscard]] std::uint32_t globalRank(std::uint32_t local) const noexcept { return first_rank + local; }
+  /// Whether some of the job's ranks are on other nodes.
+  [[nodiscard]] bool acrossNodes() const noexcept { return localCount() < world_size; }
+
+  /// Group `id`'s geometry, or null when the job has no such group.
+  [[nodiscard]] virtual const GroupGeometry* groupGeometry(std::uint32_t id) const = 0;
+  /// Group `id`'s name, or null when the job has no such group.
+  [[nodiscard]] virtual const std::string* groupName(std::uint32_t id) const = 0;
+  /// Points collectives.buffers at group `id`'s memory on every rank, or
+  /// kConflict: "ranks 1, 3 hold no unsharded slot for the group ..." with
+  /// those ranks.
+  [[nodiscard]] virtual Result<void> bindGroup(std::uint32_t id) = 0;
+};
+
+/// What DataPlane::poll() found besides the work it did: a rank whose ring
+/// is corrupt (the registry closes its session).
+struct CorruptRing {
+  JobSchedule* job = nullptr;
+  std::uint32_t rank = 0;  ///< local index
+  Error why;
+};
+
 class DataPlane {
  public:
   /// Bytes a job may write per turn before the next job's turn.
@@ -130,75 +190,78 @@ class DataPlane {
   /// wakes the loop); `label` names the memfd.
   [[nodiscard]] Result<std::unique_ptr<SessionPlane>> openSession(const std::string& label);
 
+  /// One pass over every job: takes the ranks' submissions, then progresses
+  /// the jobs' collectives in turn, one turn (up to kTurnBytes) each,
+  /// starting one job further each pass, so that a job with a long op cannot
+  /// starve another one's. Returns the work done; a rank whose ring is
+  /// corrupt ends the pass early, in `corrupt`.
+  std::size_t poll(std::span<JobSchedule* const> jobs, SteadyClock::time_point now, std::optional<CorruptRing>& corrupt);
   /// Takes what `rank` submitted (while it has completion room). Returns the
   /// number of entries taken; kCorrupt rings come back as an error (the
   /// caller closes the session).
-  [[nodiscard]] Result<std::size_t> takeSubmissions(Job& job, std::uint32_t rank, SteadyClock::time_point now);
+  [[nodiscard]] Result<std::size_t> takeSubmissions(JobSchedule& job, std::uint32_t rank, SteadyClock::time_point now);
   /// Matches, runs one step of, or times out the job's next collective.
   /// Returns the amount of work done (0: nothing could progress).
-  std::size_t progress(Job& job, SteadyClock::time_point now);
+  std::size_t progress(JobSchedule& job, SteadyClock::time_point now);
   /// `rank` of `job` is gone: its queue is dropped, and every op of the other
   /// ranks that needs it fails now, naming it.
-  void rankGone(Job& job, std::uint32_t rank);
+  void rankGone(JobSchedule& job, std::uint32_t rank);
 
   /// Before sleeping: flags every ring so clients ring the doorbell; false if
   /// something is already waiting (do not sleep). Arms the timeout timer.
-  [[nodiscard]] bool prepareSleep(std::vector<Job*>& jobs);
-  void endSleep(std::vector<Job*>& jobs);
+  [[nodiscard]] bool prepareSleep(std::span<JobSchedule* const> jobs);
+  void endSleep(std::span<JobSchedule* const> jobs);
   /// Cancels the timeout timer (shutdown: nothing may keep the loop alive).
   void stop();
 
  private:
   static void armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell);
-  void enqueue(Job& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
+  void enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
   /// Checks the ranks' next ops (failing them, or finishing a barrier, at
   /// once); true when they can run.
-  bool match(Job& job, SteadyClock::time_point now);
+  bool match(JobSchedule& job, SteadyClock::time_point now);
   /// Whether every stream-ordered rank's stream has reached the op.
-  [[nodiscard]] static bool streamsReady(const Job& job);
+  [[nodiscard]] static bool streamsReady(const JobSchedule& job);
   /// Fails the op if a rank's stream did not reach it within the collective
   /// timeout; true if it did.
-  bool checkStreamTimeout(Job& job, SteadyClock::time_point now);
+  bool checkStreamTimeout(JobSchedule& job, SteadyClock::time_point now);
   /// Starts the matched op on the job's executor (or fails it); false when
   /// the executor is not ready for it yet (it stays matched, and waits like
   /// an op waiting for a GPU).
-  bool start(Job& job);
+  bool start(JobSchedule& job);
   /// Fails the op if the executor was not ready within the collective
   /// timeout of the match; true if it did.
-  bool executorTimeout(Job& job);
+  bool executorTimeout(JobSchedule& job);
   /// "collective #N <op> timed out after T ms: <why>".
-  [[nodiscard]] std::string timedOut(const Job& job, const ipc::Submission& op, const std::string& why) const;
+  [[nodiscard]] std::string timedOut(const JobSchedule& job, const ipc::Submission& op, const std::string& why) const;
   /// The op's last step is queued: the stream-ordered ranks' done counters
   /// after it, then the executor's completion mark.
-  [[nodiscard]] static Result<void> markQueued(Job& job);
+  [[nodiscard]] static Result<void> markQueued(JobSchedule& job);
   /// Completes the front op of every rank that has one: with `error` (its
   /// code, message and ranks), or successfully when it is null.
-  void finish(Job& job, const Error* error, SteadyClock::time_point now);
+  void finish(JobSchedule& job, const Error* error, SteadyClock::time_point now);
   /// Fails the front op of every rank that has one, with `error`.
-  void failFronts(Job& job, const Error& error);
+  void failFronts(JobSchedule& job, const Error& error);
   /// The running op failed (in a step, or on the GPU): waits out its queued
   /// work, fails it on every rank. Returns the work done (1).
-  std::size_t failRunning(Job& job, const Error& error);
+  std::size_t failRunning(JobSchedule& job, const Error& error);
   /// Fails the waiting ranks' next op if it waited too long; true if it did.
-  bool checkTimeout(Job& job, SteadyClock::time_point now);
+  bool checkTimeout(JobSchedule& job, SteadyClock::time_point now);
   /// Why the matched fronts cannot run (kConflict, naming the ranks whose op
   /// differs from rank 0's or that hold no slot), or nothing; fills
   /// job.collectives.
-  [[nodiscard]] Result<void> validateFronts(Job& job);
-  /// Points the job's RankBuffers at `group`'s memory on every rank; why not
-  /// (kConflict naming the ranks that hold no slot for it).
-  [[nodiscard]] static Result<void> bindBuffers(Job& job, const GroupState& group);
+  [[nodiscard]] Result<void> validateFronts(JobSchedule& job);
   /// Answers `submission` of `rank`. A failed stream-ordered op poisons the
   /// session's done counter (its trainer's stream must not wait forever).
-  static void completeOne(Job& job, std::uint32_t rank, const ipc::Submission& submission,
+  static void completeOne(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission,
                           const ipc::Completion& completion, std::string_view message);
   /// Fails `submission` of `rank` alone with `error` (code, message, ranks).
-  static void failOne(Job& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error);
+  static void failOne(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, const Error& error);
   /// Why `rank` cannot submit this stream-ordered op, or empty.
-  [[nodiscard]] static std::string streamOrderProblem(const Job& job, std::uint32_t rank,
+  [[nodiscard]] static std::string streamOrderProblem(const JobSchedule& job, std::uint32_t rank,
                                                       const ipc::Submission& submission);
-  [[nodiscard]] static std::string describe(const Job& job, const ipc::Submission& submission);
-  [[nodiscard]] static std::string mismatchMessage(const Job& job);
+  [[nodiscard]] static std::string describe(const JobSchedule& job, const ipc::Submission& submission);
+  [[nodiscard]] static std::string mismatchMessage(const JobSchedule& job);
 
   asio::io_context& io_;
   const Config& config_;
@@ -208,6 +271,7 @@ class DataPlane {
   // finish): nothing rings a doorbell when a GPU writes a counter.
   asio::steady_timer gpu_poll_timer_;
   bool gpu_poll_armed_ = false;
+  std::size_t next_job_turn_ = 0;  // poll(): the job that goes first
 };
 
 }  // namespace dbuf::daemon

@@ -53,6 +53,37 @@ Result<void> checkNodeLayout(const ipc::Hello& hello) {
 
 }  // namespace
 
+const GroupGeometry* Job::groupGeometry(std::uint32_t id) const {
+  return id >= 1 && id <= groups_by_id.size() ? &groups_by_id[id - 1]->geometry : nullptr;
+}
+
+const std::string* Job::groupName(std::uint32_t id) const {
+  return id >= 1 && id <= groups_by_id.size() ? &groups_by_id[id - 1]->spec.name : nullptr;
+}
+
+Result<void> Job::bindGroup(std::uint32_t id) {
+  const GroupState& group = *groups_by_id.at(id - 1);
+  std::vector<std::uint32_t> without_slot;
+  for (std::uint32_t r = 0; r < localCount(); ++r) {
+    const std::vector<Slot>& slots = members[r].slots;
+    const auto slot = std::find_if(slots.begin(), slots.end(), [&](const Slot& s) { return s.group == group.id; });
+    if (slot == slots.end()) {
+      without_slot.push_back(globalRank(r));
+      continue;
+    }
+    const SlotLayout& layout = group.slot_layout;
+    RankBuffers& buffers = collectives.buffers[r];
+    buffers.shard = group.shards[r]->data() + group.reply.sharded.offset;
+    buffers.shard_grad = group.shards[r]->data() + group.reply.sharded_grad.offset;
+    buffers.params = slot->memory->data() + layout.params.offset;
+    buffers.grads = slot->memory->data() + layout.grads.offset;
+    buffers.scales = reinterpret_cast<float*>(slot->memory->data() + layout.scales.offset);
+  }
+  if (without_slot.empty()) return {};
+  std::string message = ranksPhrase(without_slot) + " hold no unsharded slot for the group (unshard() or acquireSlot() first)";
+  return Error{ErrorCode::kConflict, std::move(message), std::move(without_slot)};
+}
+
 JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t instance_id)
     : io_(io),
       config_(config),
@@ -183,8 +214,9 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   Job& attached = **job;
   const bool reattached = !attached.groups.empty();
   const std::uint32_t local = hello.rank - attached.first_rank;
-  RankState& rank = attached.ranks[local];
-  rank.session = session;
+  RankMembership& member = attached.members[local];
+  member.session = session;
+  RankSchedule& rank = attached.ranks[local];
   rank.plane = std::move(*plane);
   // `owed` stays: ops this rank missed before attaching (its job-mates' k-th
   // op timed out without it) fail first, so its k-th op stays theirs.
@@ -202,7 +234,7 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   welcome.segment_bytes = ipc::segmentBytes(config_.ring_entries);
   welcome.busy_poll_us = static_cast<std::uint32_t>(config_.busy_poll.count());
   welcome.memory_kind = config_.backend == Backend::kCuda ? ipc::MemoryKind::kCuda : ipc::MemoryKind::kHost;
-  welcome.device = rank.device;
+  welcome.device = member.device;
   session->send(welcome, request, {rank.plane->segment_fd.get(), rank.plane->doorbell->native_handle()});
   spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
                session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
@@ -230,7 +262,8 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.store = hello.store;
     job.persistent = hello.persistent;
     job.ranks.resize(local_count);
-    for (RankState& rank : job.ranks) rank.slots.resize(hello.prefetch_depth + 1);
+    job.members.resize(local_count);
+    for (RankMembership& member : job.members) member.slots.resize(hello.prefetch_depth + 1);
     job.collectives.buffers.resize(local_count);
     if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
@@ -262,11 +295,11 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
                          hello.store + "', but its other ranks here said ranks " +
                          rankSpan(job.first_rank, job.localCount()) + " with store '" + job.store + "'");
   }
-  const RankState& rank = job.ranks[hello.rank - job.first_rank];
-  if (rank.session) {
+  const RankMembership& member = job.members[hello.rank - job.first_rank];
+  if (member.session) {
     return makeError(ErrorCode::kConflict, "rank " + std::to_string(hello.rank) + " of job '" + job.id +
                                                "' is already attached (pid " +
-                                               std::to_string(rank.session->peer().pid) + ")");
+                                               std::to_string(member.session->peer().pid) + ")");
   }
   if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
   if (job.grace_timer) {
@@ -279,14 +312,14 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
 
 Result<void> JobTable::placeRank(Job& job, const ipc::Hello& hello) {
   std::vector<std::int32_t> devices;
-  for (const RankState& rank : job.ranks) devices.push_back(rank.device);
+  for (const RankMembership& member : job.members) devices.push_back(member.device);
   if (auto fits = checkRankDevice(job.placement, devices, hello, gpu_offer_.gpuCount()); !fits) return fits;
   if (!job.collectives.executor) {
     auto executor = executorFor(job, hello);
     if (!executor) return std::move(executor).error();
     job.collectives.executor = std::move(*executor);
   }
-  job.ranks[hello.rank - job.first_rank].device = hello.device;
+  job.members[hello.rank - job.first_rank].device = hello.device;
   return {};
 }
 
@@ -301,7 +334,7 @@ Result<std::unique_ptr<Executor>> JobTable::executorFor(const Job& job, const ip
     case Placement::kGpuPerRank: {
       std::vector<int> devices;
       for (std::uint32_t r = 0; r < job.localCount(); ++r) {
-        devices.push_back(job.globalRank(r) == hello.rank ? hello.device : job.ranks[r].device);
+        devices.push_back(job.globalRank(r) == hello.rank ? hello.device : job.members[r].device);
       }
       if (std::find(devices.begin(), devices.end(), -1) != devices.end()) {
         return std::unique_ptr<Executor>();  // ranks still to come
@@ -319,7 +352,7 @@ Result<std::unique_ptr<Executor>> JobTable::executorFor(const Job& job, const ip
 DbufferAllocator& JobTable::allocatorFor(const Job& job, std::uint32_t rank) {
 #if defined(DBUF_WITH_CUDA)
   if (job.placement != Placement::kHost) {
-    const std::int32_t device = job.ranks[rank].device;
+    const std::int32_t device = job.members[rank].device;
     std::unique_ptr<DbufferAllocator>& allocator = gpu_allocators_[device];
     if (!allocator) allocator = cudaAllocator(device);
     return *allocator;
@@ -499,7 +532,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
     return;
   }
   const SlotLayout& layout = group->second.slot_layout;
-  RankState& rank = job.ranks[attachment->local];
+  RankMembership& rank = job.members[attachment->local];
   auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
     slot = std::find_if(rank.slots.begin(), rank.slots.end(), [](const Slot& s) { return !s.group.has_value(); });
@@ -553,14 +586,14 @@ Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::
 void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
   const Attachment* attachment = attachmentOf(*session);
   Job& job = jobs_.at(attachment->job);
-  RankState& rank = job.ranks[attachment->local];
+  RankMembership& rank = job.members[attachment->local];
   const auto slot =
       std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
   if (slot == rank.slots.end()) {
     session->sendError(ipc::WireError::kNotFound, "group " + std::to_string(group_id) + " holds no slot", request);
     return;
   }
-  if (rank.ops.any([&](const PendingOp& op) { return op.submission.group_id == group_id; })) {
+  if (job.ranks[attachment->local].ops.any([&](const PendingOp& op) { return op.submission.group_id == group_id; })) {
     // A queued or running collective of this group may still read or write the slot.
     session->sendError(ipc::WireError::kConflict,
                        "rank " + std::to_string(job.globalRank(attachment->local)) + " has collectives of group " +
@@ -586,13 +619,13 @@ void JobTable::onClosed(const std::shared_ptr<Session>& session) {
   if (job == jobs_.end()) return;
   spdlog::info("job {} rank {} detached", attachment.job, job->second.globalRank(attachment.local));
   releaseRank(job->second, attachment.local);
-  const bool anyone_left = std::any_of(job->second.ranks.begin(), job->second.ranks.end(),
-                                       [](const RankState& rank) { return rank.session != nullptr; });
+  const bool anyone_left = std::any_of(job->second.members.begin(), job->second.members.end(),
+                                       [](const RankMembership& member) { return member.session != nullptr; });
   if (!anyone_left) jobLostAllRanks(job->second);
 }
 
 void JobTable::releaseRank(Job& job, std::uint32_t rank) {
-  RankState& state = job.ranks[rank];
+  RankMembership& state = job.members[rank];
   data_plane_.rankGone(job, rank);  // stops any op touching its memory, fails the others' ops
   state.session.reset();
   // Unsharded slots hold nothing worth keeping: give their memory back now.
@@ -653,35 +686,14 @@ void JobTable::clear() {
 }
 
 std::size_t JobTable::pollDataPlane() {
-  const auto now = SteadyClock::now();
-  std::size_t work = 0;
-  std::shared_ptr<Session> corrupt;
-  for (Job* job : job_order_) {
-    for (std::uint32_t rank = 0; rank < job->localCount(); ++rank) {
-      if (!job->ranks[rank].plane) continue;
-      auto taken = data_plane_.takeSubmissions(*job, rank, now);
-      if (!taken) {
-        spdlog::warn("job {} rank {}: {}; closing its session", job->id, job->globalRank(rank),
-                     taken.error().message);
-        corrupt = job->ranks[rank].session;
-        break;
-      }
-      work += *taken;
-    }
-    if (corrupt) break;
-  }
-  if (corrupt) {
-    corrupt->close();  // onClosed releases the rank; the job list may change
-    return work + 1;
-  }
-  // Jobs take turns, starting one further each pass, one turn each: a job
-  // with a long op cannot starve another one's ops.
-  const std::size_t count = job_order_.size();
-  for (std::size_t i = 0; i < count; ++i) {
-    work += data_plane_.progress(*job_order_[(next_job_turn_ + i) % count], now);
-  }
-  if (count > 0) next_job_turn_ = (next_job_turn_ + 1) % count;
-  return work;
+  std::optional<CorruptRing> corrupt;
+  const std::size_t work = data_plane_.poll(job_order_, SteadyClock::now(), corrupt);
+  if (!corrupt) return work;
+  Job& job = static_cast<Job&>(*corrupt->job);  // every scheduled job is one of ours
+  spdlog::warn("job {} rank {}: {}; closing its session", job.id, job.globalRank(corrupt->rank), corrupt->why.message);
+  // onClosed releases the rank; the job list may change.
+  if (const auto session = job.members[corrupt->rank].session) session->close();
+  return work + 1;
 }
 
 bool JobTable::prepareSleep() {
@@ -699,9 +711,11 @@ ServerStats JobTable::stats() const {
   stats.bytes_in_use = budget_.total();
   for (const auto& [id, job] : jobs_) {
     for (const auto& [name, group] : job.groups) stats.memfds += group.shards.size();
-    for (const RankState& rank : job.ranks) {
-      stats.memfds += static_cast<std::size_t>(
-          std::count_if(rank.slots.begin(), rank.slots.end(), [](const Slot& slot) { return slot.memory != nullptr; }));
+    for (const RankMembership& member : job.members) {
+      stats.memfds += static_cast<std::size_t>(std::count_if(member.slots.begin(), member.slots.end(),
+                                                             [](const Slot& slot) { return slot.memory != nullptr; }));
+    }
+    for (const RankSchedule& rank : job.ranks) {
       if (rank.plane) ++stats.memfds;  // the session segment
     }
   }

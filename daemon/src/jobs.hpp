@@ -63,45 +63,30 @@ struct Slot {
   [[nodiscard]] std::uint64_t bytes() const noexcept { return memory ? memory->bytes() : 0; }
 };
 
-struct RankState {
+/// What the registry keeps of a rank (its collectives are the data plane's:
+/// JobSchedule::ranks).
+struct RankMembership {
   /// cuda backend: the GPU the rank's memory is on, from its first Hello
   /// (kept while it is detached: a re-attach must come back to it); -1 before.
   std::int32_t device = -1;
-  std::shared_ptr<Session> session;     // null while detached
-  std::unique_ptr<SessionPlane> plane;  // the session's rings
-  std::vector<Slot> slots;              // prefetch_depth + 1
-  OpQueue ops;                          // collectives waiting for the other ranks
-  /// Collectives this rank missed (they timed out without it): its next
-  /// submissions fail with these errors, so its k-th op stays the others' k-th.
-  std::deque<Error> owed;
+  std::shared_ptr<Session> session;  // null while detached
+  std::vector<Slot> slots;           // prefetch_depth + 1
 };
 
-struct Job {
-  std::string id;
+/// A job: what the data plane schedules (JobSchedule: id, world, this node's
+/// ranks, collectives) and what the registry keeps (tenant, members,
+/// groups, registrations, memory charged).
+struct Job final : JobSchedule {
   std::size_t tenant = 0;
-  std::uint32_t world_size = 1;  ///< ranks of the job on every node
-  /// The job's ranks on this node are first_rank .. first_rank + ranks.size()
-  /// - 1 (contiguous, as torchrun numbers them); `ranks` and everything
-  /// indexed like it (slots, shards, queues, buffers) hold this node's ranks
-  /// only, by local index. Messages and errors name global ranks.
-  std::uint32_t first_rank = 0;
   std::string store;  ///< where the job's daemons meet (jobs across nodes)
-  Placement placement = Placement::kHost;
   bool persistent = false;
-  std::vector<RankState> ranks;
+  std::vector<RankMembership> members;       // like JobSchedule::ranks, by local index
   std::map<std::string, GroupState> groups;  // by name
   std::vector<GroupState*> groups_by_id;     // [id - 1]; map nodes never move
-  JobCollectives collectives;
   std::map<std::string, PendingGroup> pending;
   std::uint64_t charged = 0;  // bytes charged to the tenant for this job
   std::uint32_t next_group_id = 1;
   std::unique_ptr<asio::steady_timer> grace_timer;
-  /// Ranks (global) whose connection ended while others of the job stayed attached,
-  /// and that have not attached again. A registration (a collective) cannot
-  /// complete without them, so it fails at once, naming them, instead of
-  /// waiting for register_ms. Cleared when every rank is gone (a restart of the
-  /// whole job then attaches in any order).
-  std::set<std::uint32_t> gone;
   /// Registrations that failed on a spec mismatch, kept until every rank has
   /// heard why: a rank that arrives later gets the same error at once instead
   /// of starting a registration the others already abandoned.
@@ -111,15 +96,14 @@ struct Job {
   };
   std::map<std::string, FailedRegistration> failed;
 
-  [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
-  [[nodiscard]] std::uint32_t globalRank(std::uint32_t local) const noexcept { return first_rank + local; }
-  /// Whether some of the job's ranks are on other nodes.
-  [[nodiscard]] bool acrossNodes() const noexcept { return localCount() < world_size; }
-
   /// Every rank has prefetch_depth + 1 slots.
   [[nodiscard]] std::uint32_t prefetchDepth() const {
-    return static_cast<std::uint32_t>(ranks.front().slots.size() - 1);
+    return static_cast<std::uint32_t>(members.front().slots.size() - 1);
   }
+
+  [[nodiscard]] const GroupGeometry* groupGeometry(std::uint32_t id) const override;
+  [[nodiscard]] const std::string* groupName(std::uint32_t id) const override;
+  [[nodiscard]] Result<void> bindGroup(std::uint32_t id) override;
 };
 
 class JobTable {
@@ -132,9 +116,8 @@ class JobTable {
 
   void onMessage(const std::shared_ptr<Session>& session, const ipc::FrameHeader& header, ipc::Message message);
   void onClosed(const std::shared_ptr<Session>& session);
-  /// One pass of the data plane over every job: take submissions, progress
-  /// collectives (jobs in turn, one turn of up to DataPlane::kTurnBytes
-  /// each). Returns the work done.
+  /// One pass of the data plane over every job (DataPlane::poll). Returns
+  /// the work done.
   std::size_t pollDataPlane();
   /// See DataPlane::prepareSleep / endSleep.
   [[nodiscard]] bool prepareSleep();
@@ -204,8 +187,7 @@ class JobTable {
   GpuOffer gpu_offer_;
   ClusterContext cluster_;
   DataPlane data_plane_;
-  std::vector<Job*> job_order_;    // every job, in the order the data plane serves them
-  std::size_t next_job_turn_ = 0;  // round-robin start for fairness
+  std::vector<JobSchedule*> job_order_;  // every job, in the order the data plane serves them
   std::map<std::string, Job> jobs_;
   std::unordered_map<std::uint64_t, Attachment> attachments_;  // by session id
 };

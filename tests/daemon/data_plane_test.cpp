@@ -1,5 +1,5 @@
-// The data plane's scheduling without a socket or a daemon: a Job built by
-// hand, each rank's rings made by DataPlane::openSession and driven from the
+// The data plane's scheduling without a socket or a daemon: a job built by
+// hand (no registry), each rank's rings made by DataPlane::openSession and driven from the
 // client side (ipc::ClientRings), progress() called directly. Matching of
 // the k-th op of every rank, a mismatch naming the ranks, a timeout naming
 // the missing ranks (global rank numbers when the job's node holds only some
@@ -13,10 +13,16 @@
 
 #include "data_plane.hpp"
 #include "dbuf/ipc/ring.hpp"
-#include "jobs.hpp"
 
 namespace dbuf::daemon {
 namespace {
+
+/// A job with no groups (what the registry would answer for them).
+struct GrouplessJob final : JobSchedule {
+  const GroupGeometry* groupGeometry(std::uint32_t /*id*/) const override { return nullptr; }
+  const std::string* groupName(std::uint32_t /*id*/) const override { return nullptr; }
+  Result<void> bindGroup(std::uint32_t /*id*/) override { return makeError(ErrorCode::kInternal, "no groups"); }
+};
 
 /// A job of `ranks` local ranks (global ranks first_rank..) of a world of
 /// `world`, with client ends of their rings.
@@ -30,8 +36,7 @@ class Scheduled {
     job_.collectives.buffers.resize(ranks);
     scratch_.resize(LocalCollective::kStepElements);
     job_.collectives.executor = hostExecutor(scratch_);
-    for (RankState& rank : job_.ranks) {
-      rank.slots.resize(1);
+    for (RankSchedule& rank : job_.ranks) {
       rank.ops.reset(config_.ring_entries);
       auto opened = plane_.openSession("dbuf:unit");
       EXPECT_TRUE(opened.ok());
@@ -51,9 +56,10 @@ class Scheduled {
   }
   /// Takes every rank's submissions and progresses the job, at `now`.
   void run(SteadyClock::time_point now = SteadyClock::now()) {
-    for (std::uint32_t r = 0; r < job_.localCount(); ++r) ASSERT_TRUE(plane_.takeSubmissions(job_, r, now).ok());
-    while (plane_.progress(job_, now) > 0) {
-    }
+    JobSchedule* jobs[] = {&job_};
+    std::optional<CorruptRing> corrupt;
+    while (plane_.poll(jobs, now, corrupt) > 0) ASSERT_FALSE(corrupt);
+    ASSERT_FALSE(corrupt);
   }
   /// The next completion of a rank, with its message; nullopt if none.
   std::optional<std::pair<ipc::Completion, std::string>> reap(std::uint32_t local) {
@@ -74,7 +80,7 @@ class Scheduled {
   asio::io_context io_;
   Config config_;
   DataPlane plane_;
-  Job job_;
+  GrouplessJob job_;
   std::vector<float> scratch_;
   std::vector<ipc::ClientRings> clients_;
   std::uint64_t handles_ = 0;
