@@ -1,9 +1,9 @@
 #include "node_executor.hpp"
 
-#include <gloo/allgatherv.h>
-#include <gloo/alltoallv.h>
 #include <gloo/broadcast.h>
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <array>
@@ -88,30 +88,77 @@ std::vector<Count> perNode(const NodeLayout& layout, std::int64_t per_rank) {
   return counts;
 }
 
+/// The slot prefix of dbufd's exchanges (Gloo's own collectives use small
+/// prefixes of their own; the job's tag tells the jobs apart).
+constexpr std::uint8_t kExchangeSlotPrefix = 0xdb;
+
+/// Bytes [offset, offset + bytes) of a buffer.
+struct Range {
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+};
+
+/// One exchange with every other node at once, over Gloo's transport: from
+/// node n, from[n] of `receiving`; to node n, to[n] of `sending` (they may be
+/// one buffer when the ranges do not overlap). Every receive is posted before
+/// any send, and the sends start with the next node: Gloo's TCP pair sends a
+/// payload only once the peer's receive is posted, so a collective that
+/// sends first (as Gloo's allgatherv and alltoallv do) leaves the two
+/// directions of a link taking turns; posted this way both directions of
+/// every link carry data at once (docs/multinode.md, Benchmark).
+void exchange(const LinkChannel& channel, std::byte* sending, std::size_t sending_bytes,
+              const std::vector<Range>& to, std::byte* receiving, std::size_t receiving_bytes,
+              const std::vector<Range>& from) {
+  const std::uint32_t nodes = channel.layout.nodes();
+  const std::uint32_t me = channel.layout.node;
+  const auto slot = gloo::Slot::build(kExchangeSlotPrefix, channel.tag);
+  const std::unique_ptr<gloo::transport::UnboundBuffer> in =
+      channel.context->createUnboundBuffer(receiving, receiving_bytes);
+  const std::unique_ptr<gloo::transport::UnboundBuffer> out =
+      sending == receiving && sending_bytes == receiving_bytes
+          ? nullptr
+          : channel.context->createUnboundBuffer(sending, sending_bytes);
+  gloo::transport::UnboundBuffer& send_from = out ? *out : *in;
+  int receives = 0;
+  int sends = 0;
+  for (std::uint32_t i = 1; i < nodes; ++i) {
+    const std::uint32_t n = (me + nodes - i) % nodes;
+    if (from[n].bytes == 0) continue;
+    in->recv(static_cast<int>(n), slot, from[n].offset, from[n].bytes);
+    ++receives;
+  }
+  for (std::uint32_t i = 1; i < nodes; ++i) {
+    const std::uint32_t n = (me + i) % nodes;
+    if (to[n].bytes == 0) continue;
+    send_from.send(static_cast<int>(n), slot, to[n].offset, to[n].bytes);
+    ++sends;
+  }
+  for (int i = 0; i < receives; ++i) in->waitRecv(channel.timeout);
+  for (int i = 0; i < sends; ++i) send_from.waitSend(channel.timeout);
+}
+
 /// In place: every node's `counts[n]` elements of `base` (node n's after
 /// those of the nodes before it) to every node.
 template <typename T>
 void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::size_t>& counts) {
-  std::size_t first = 0;
-  for (std::uint32_t n = 0; n < channel.layout.node; ++n) first += counts[n];
-  gloo::AllgathervOptions options(channel.context);
-  options.setInput(base + first, counts[channel.layout.node]);
-  options.setOutput(base, counts);
-  options.setTag(channel.tag);
-  options.setTimeout(channel.timeout);
-  gloo::allgatherv(options);
+  std::vector<Range> slices;
+  std::size_t offset = 0;
+  for (const std::size_t count : counts) {
+    slices.push_back(Range{offset, count * sizeof(T)});
+    offset += count * sizeof(T);
+  }
+  const std::vector<Range> mine(counts.size(), slices[channel.layout.node]);
+  auto* bytes = reinterpret_cast<std::byte*>(base);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  exchange(channel, bytes, offset, mine, bytes, offset, slices);
 }
 
 /// Every node's header of one op to every node (in node order).
-std::vector<OpHeader> exchangeHeaders(const LinkChannel& channel, OpHeader mine) {
+std::vector<OpHeader> exchangeHeaders(const LinkChannel& channel, const OpHeader& mine, std::chrono::milliseconds timeout) {
   std::vector<OpHeader> headers(channel.layout.nodes());
-  gloo::AllgathervOptions options(channel.context);
-  options.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof(OpHeader));
-  options.setOutput(reinterpret_cast<std::uint8_t*>(headers.data()),
-                    std::vector<std::size_t>(channel.layout.nodes(), sizeof(OpHeader)));
-  options.setTag(channel.tag);
-  options.setTimeout(channel.timeout * 2);  // a node's own collective timeout fires first
-  gloo::allgatherv(options);
+  headers[channel.layout.node] = mine;
+  LinkChannel patient = channel;
+  patient.timeout = timeout;
+  gatherInPlace(patient, headers.data(), std::vector<std::size_t>(channel.layout.nodes(), 1));
   return headers;
 }
 
@@ -133,7 +180,9 @@ struct Transfer {
   [[nodiscard]] Result<void> run(const LinkChannel& channel, Staging& staging, OpLink& shared) const {
     if (header) {
       bool fatal = false;
-      if (auto judged = judgeHeaders(exchangeHeaders(channel, *header), channel.layout, fatal); !judged) {
+      // A node's own collective timeout fires first: it then sends its failure.
+      if (auto judged = judgeHeaders(exchangeHeaders(channel, *header, channel.timeout * 2), channel.layout, fatal);
+          !judged) {
         if (fatal) staging.fatal.store(true);
         shared.refused.store(true);
         return judged;
@@ -160,7 +209,7 @@ struct Transfer {
     }
     if (!verdict) return {};
     bool fatal = false;
-    auto judged = judgeHeaders(exchangeHeaders(channel, *verdict), channel.layout, fatal);
+    auto judged = judgeHeaders(exchangeHeaders(channel, *verdict, channel.timeout), channel.layout, fatal);
     if (fatal) staging.fatal.store(true);
     return judged;
   }
@@ -174,13 +223,20 @@ struct Transfer {
 
   Result<void> reduction(const LinkChannel& channel, RoundBuffer& round) const {
     const NodeLayout& layout = channel.layout;
+    // Node n gets this node's partial of its pieces; this node gets every
+    // node's partial of its own, node by node.
     const std::int64_t mine = layout.rankCount(layout.node) * length;
-    gloo::AlltoallvOptions options(channel.context);
-    options.setInput(round.partial.data(), perNode<std::int64_t>(layout, length));
-    options.setOutput(round.received.data(), std::vector<std::int64_t>(layout.nodes(), mine));
-    options.setTag(channel.tag);
-    options.setTimeout(channel.timeout);
-    gloo::alltoallv(options);
+    std::vector<Range> to;
+    std::vector<Range> from;
+    for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+      to.push_back(Range{static_cast<std::size_t>(layout.firstRank(n) * length) * sizeof(float),
+                         static_cast<std::size_t>(layout.rankCount(n) * length) * sizeof(float)});
+      from.push_back(Range{static_cast<std::size_t>(n * mine) * sizeof(float), static_cast<std::size_t>(mine) * sizeof(float)});
+    }
+    std::memcpy(round.received.data() + layout.node * mine, round.partial.data() + layout.firstRank(layout.node) * length,
+                static_cast<std::size_t>(mine) * sizeof(float));
+    exchange(channel, reinterpret_cast<std::byte*>(round.partial.data()), round.partial.size() * sizeof(float), to,
+             reinterpret_cast<std::byte*>(round.received.data()), round.received.size() * sizeof(float), from);
     if (op == ipc::OpCode::kReduceScatter) return {};
     // All-reduce: this node's pieces of the result (the nodes' partials in
     // node order, as a reduce-scatter sums them), then every node's.
