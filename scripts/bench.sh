@@ -19,4 +19,5 @@ if [[ -x "$python" ]]; then
   daemon=$(realpath "$build_dir/bin/dbufd")
   python=$(realpath -s "$python")
   (cd python/examples && DBUF_DAEMON="$daemon" "$python" compare.py --steps 30 --backends fsdp2 dbuf)
+  if [[ $EUID -eq 0 ]]; then echo "== python: a job across 2 nodes (network namespaces, 1 Gbit/s links): dbuf vs gloo all-gather / reduce-scatter, time and bytes on the wire =="; DBUF_DAEMON="$daemon" "$python" python/bench/multinode_bench.py --quick; fi
 fi

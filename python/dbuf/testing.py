@@ -59,16 +59,22 @@ class Daemon:
 
     ``socket`` is its path; ``log`` the path of its log (stderr). ``stop()``
     sends SIGTERM and waits; ``kill()`` sends SIGKILL (a daemon's death).
+    ``launcher``: a prefix to dbufd's command line, a program that runs its
+    arguments in place of itself, e.g. ``["ip", "netns", "exec", "ns0"]`` to
+    run the daemon in a network namespace (the process stopped and killed is
+    then the launcher's, which must be dbufd's after it execs).
     """
 
-    def __init__(self, *, log_level: str = "warn", start_timeout: float = 10.0, **sections: dict[str, Any]) -> None:
+    def __init__(self, *, log_level: str = "warn", start_timeout: float = 10.0, launcher: list[str] | None = None,
+                 **sections: dict[str, Any]) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="dbufd-")
         root = Path(self._dir.name)
         self.socket = str(root / "dbufd.sock")
         self.log = str(root / "dbufd.log")
         config = root / "dbufd.toml"
         config.write_text(_toml(sections))
-        command = [find_daemon(), "--config", str(config), "--socket", self.socket, "--log-level", log_level]
+        command = [*(launcher or []), find_daemon(), "--config", str(config), "--socket", self.socket,
+                   "--log-level", log_level]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + start_timeout
