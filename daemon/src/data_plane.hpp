@@ -152,8 +152,10 @@ struct JobSchedule {
   std::vector<RankSchedule> ranks;
   JobCollectives collectives;
   /// Ranks (global) whose connection ended while others of the job stayed
-  /// attached, and that have not attached again: no collective can run
-  /// without them, so the job's submissions fail at once, naming them.
+  /// attached, and that have not attached again: no collective (nor a group
+  /// registration, the registry's) can complete without them, so they fail
+  /// at once, naming them. Cleared when every rank is gone (a restart of the
+  /// whole job then attaches in any order).
   std::set<std::uint32_t> gone;
 
   [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
@@ -161,14 +163,14 @@ struct JobSchedule {
   /// Whether some of the job's ranks are on other nodes.
   [[nodiscard]] bool acrossNodes() const noexcept { return localCount() < world_size; }
 
-  /// Group `id`'s geometry, or null when the job has no such group.
-  [[nodiscard]] virtual const GroupGeometry* groupGeometry(std::uint32_t id) const = 0;
-  /// Group `id`'s name, or null when the job has no such group.
-  [[nodiscard]] virtual const std::string* groupName(std::uint32_t id) const = 0;
-  /// Points collectives.buffers at group `id`'s memory on every rank, or
+  /// The geometry of group `group_id`, or null when the job has no such group.
+  [[nodiscard]] virtual const GroupGeometry* groupGeometry(std::uint32_t group_id) const = 0;
+  /// The name of group `group_id`, or null when the job has no such group.
+  [[nodiscard]] virtual const std::string* groupName(std::uint32_t group_id) const = 0;
+  /// Points collectives.buffers at group `group_id`'s memory on every rank, or
   /// kConflict: "ranks 1, 3 hold no unsharded slot for the group ..." with
   /// those ranks.
-  [[nodiscard]] virtual Result<void> bindGroup(std::uint32_t id) = 0;
+  [[nodiscard]] virtual Result<void> bindGroup(std::uint32_t group_id) = 0;
 };
 
 /// What DataPlane::poll() found besides the work it did: a rank whose ring

@@ -53,16 +53,16 @@ Result<void> checkNodeLayout(const ipc::Hello& hello) {
 
 }  // namespace
 
-const GroupGeometry* Job::groupGeometry(std::uint32_t id) const {
-  return id >= 1 && id <= groups_by_id.size() ? &groups_by_id[id - 1]->geometry : nullptr;
+const GroupGeometry* Job::groupGeometry(std::uint32_t group_id) const {
+  return group_id >= 1 && group_id <= groups_by_id.size() ? &groups_by_id[group_id - 1]->geometry : nullptr;
 }
 
-const std::string* Job::groupName(std::uint32_t id) const {
-  return id >= 1 && id <= groups_by_id.size() ? &groups_by_id[id - 1]->spec.name : nullptr;
+const std::string* Job::groupName(std::uint32_t group_id) const {
+  return group_id >= 1 && group_id <= groups_by_id.size() ? &groups_by_id[group_id - 1]->spec.name : nullptr;
 }
 
-Result<void> Job::bindGroup(std::uint32_t id) {
-  const GroupState& group = *groups_by_id.at(id - 1);
+Result<void> Job::bindGroup(std::uint32_t group_id) {
+  const GroupState& group = *groups_by_id.at(group_id - 1);
   std::vector<std::uint32_t> without_slot;
   for (std::uint32_t r = 0; r < localCount(); ++r) {
     const std::vector<Slot>& slots = members[r].slots;

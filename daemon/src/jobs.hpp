@@ -101,9 +101,9 @@ struct Job final : JobSchedule {
     return static_cast<std::uint32_t>(members.front().slots.size() - 1);
   }
 
-  [[nodiscard]] const GroupGeometry* groupGeometry(std::uint32_t id) const override;
-  [[nodiscard]] const std::string* groupName(std::uint32_t id) const override;
-  [[nodiscard]] Result<void> bindGroup(std::uint32_t id) override;
+  [[nodiscard]] const GroupGeometry* groupGeometry(std::uint32_t group_id) const override;
+  [[nodiscard]] const std::string* groupName(std::uint32_t group_id) const override;
+  [[nodiscard]] Result<void> bindGroup(std::uint32_t group_id) override;
 };
 
 class JobTable {

@@ -836,6 +836,16 @@ OpHeader failureHeader(std::uint64_t sequence, const Error& error, bool fatal) {
 }
 
 Result<void> judgeHeaders(std::span<const OpHeader> headers, const NodeLayout& layout, bool& fatal) {
+  for (std::uint32_t n = 0; n < headers.size(); ++n) {
+    if (headers[n].magic != OpHeader::kMagic) {
+      fatal = true;  // nothing it sends can be read: the job cannot go on across nodes
+      return Error{ErrorCode::kConflict,
+                   layout.describeNode(n) + "'s dbufd speaks another version of the exchange between nodes (" +
+                       std::to_string(headers[n].magic) + ", this one " + std::to_string(OpHeader::kMagic) +
+                       "): every node of a job needs the same dbufd",
+                   layout.ranksOf(n)};
+    }
+  }
   fatal = std::any_of(headers.begin(), headers.end(), [](const OpHeader& h) { return h.status != 0 && h.fatal != 0; });
   for (std::uint32_t n = 0; n < headers.size(); ++n) {
     const OpHeader& h = headers[n];

@@ -3,45 +3,57 @@
 // contiguous in the job, so they own one contiguous range of every group
 // buffer, and each op is hierarchical: the node's ranks through shared
 // memory (the CPU kernels, in bounded steps on the daemon's loop, as on one
-// node), one inter-node exchange of node chunks through Gloo (on the job's
-// link thread, never one per rank), then the node's ranks again.
+// node), then an exchange of node pieces with every other node over Gloo's
+// transport (on the job's link thread; never one per rank), then the node's
+// ranks again:
 //
-//   all-gather      local all-gather; node chunk -> staging; Gloo allgatherv
-//                   of node chunks (and fp8 scales); staging -> every rank
+//   all-gather      local all-gather; the node's pieces -> staging; to every
+//                   node (and fp8 scales); staging -> every rank
 //   reduce-scatter  local sum of the node's ranks (fp32, rank order, pre
-//                   scale); Gloo alltoallv of the node partials (fp32); each
-//                   rank's piece = factor * sum of the nodes' partials (node
-//                   order), cast or accumulated into its sharded gradient
-//   all-reduce      as reduce-scatter into the node's range, cast to the
-//                   gradient dtype, then Gloo allgatherv; staging -> every rank
+//                   scale); each node gets every node's partial of its own
+//                   pieces (fp32); each rank's piece = factor * sum of the
+//                   nodes' partials (node order), cast or accumulated into
+//                   its sharded gradient
+//   all-reduce      as reduce-scatter into the node's pieces, cast to the
+//                   gradient dtype, then to every node; staging -> every rank
 //   broadcast       root's buffer -> staging; Gloo broadcast from its node;
 //                   staging -> every other rank
 //
-// So a reduction of ranks r in node order sums, per element, in fp32:
+// So a reduction sums, per element, in fp32:
 //   acc = sum over nodes n (in order) of ( sum over n's ranks (in order) of
 //   (grad_r * pre) ); then acc * factor, rounded to the destination — the
 //   same on every node and in every run (docs/multinode.md).
 //
-// Before the exchange, each node's daemon sends the others a header with the
-// op it runs (or why it failed here): the k-th op of every node must match,
-// and a failure on one node fails the op on all of them with its code, text
-// and ranks. The exchange is the op's commit point: what Gloo reads and
-// writes is the daemon's own staging memory, so an op failed locally after
-// it (a rank died) cannot leave another node waiting or its memory in use.
+// An op runs in rounds of at most kRoundElements, two in flight (one
+// exchanged while the next is prepared), so the staging memory is bounded.
+// With round 0 each node's daemon sends the others a header with the op it
+// runs (or why it failed here): the k-th op of every node must match, and a
+// failure on one node fails the op on all of them with its code, text and
+// ranks. That is the op's commit point: Gloo reads and writes only the
+// daemon's own staging memory, so a node whose op fails after it (a rank
+// died) still sends the rounds the others expect, and the last round of an
+// op of several carries a verdict that fails it everywhere.
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "dbuf/common/result.hpp"
 #include "node_link.hpp"
 
 namespace dbuf::daemon {
 
-/// What each node's daemon says about collective `sequence` before it runs.
+/// What each node's daemon says about collective `sequence` before it runs
+/// (and, for an op of several rounds, after its last): sent as it is in
+/// memory between daemons of the same build and byte order, which `magic`
+/// checks.
 struct OpHeader {
   static constexpr std::size_t kRanks = 16;
   static constexpr std::size_t kText = 384;
+  /// "DBH" and the layout's version (1).
+  static constexpr std::uint32_t kMagic = 0x01484244;
+  std::uint32_t magic = kMagic;
   std::uint64_t sequence = 0;
   std::uint64_t group_digest = 0;
   std::uint8_t op = 0;
@@ -56,10 +68,12 @@ struct OpHeader {
   std::uint32_t ranks[kRanks] = {};  ///< the error's ranks (the first kRanks)
   char text[kText] = {};             ///< the op in words, or the error's message (NUL-terminated)
 };
-static_assert(sizeof(OpHeader) == 40 + 4 * OpHeader::kRanks + OpHeader::kText);
+static_assert(sizeof(OpHeader) == 48 + 4 * OpHeader::kRanks + OpHeader::kText);
+static_assert(std::is_trivially_copyable_v<OpHeader>);
 
 /// The verdict every node reaches alike from the headers of one op (one per
-/// node, in node order): the first failed node's error (its code, "on node
+/// node, in node order): kConflict if a node's daemon speaks another layout,
+/// else the first failed node's error (its code, "on node
 /// N (ranks a-b): " and its message, its ranks), else kConflict naming the
 /// nodes whose op differs from node 0's, else nothing. `fatal` is set when a
 /// failed node said so.

@@ -87,6 +87,9 @@ struct NodeLink::State {
   std::shared_ptr<Communicator> communicator;
   std::uint32_t tag = 0;
   bool reused = false;
+  /// Set when the NodeLink goes while a step still runs: counted by
+  /// abandonedThreads() until the thread ends (and with it this state).
+  std::unique_ptr<AbandonedThread> abandoned;
 
   [[nodiscard]] std::chrono::milliseconds timeout() const { return wait_limit; }
   [[nodiscard]] std::string identity() const { return address + "/" + std::to_string(cluster.instance_id); }
@@ -122,6 +125,7 @@ NodeLink::~NodeLink() {
   }
   // A step is in a Gloo call, which its timeout bounds: it must not hold the
   // daemon's loop. The thread owns what it touches (the shared state).
+  state_->abandoned = std::make_unique<AbandonedThread>();
   thread_.detach();
 }
 
@@ -159,7 +163,6 @@ void NodeLink::breakLink(const Error& why) {
 }
 
 void NodeLink::State::run() {
-  const AbandonedThread counted;  // counts while it outlives its job, too
   // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a daemon
   // that died would raise SIGPIPE, whose default action ends dbufd. The
   // signal goes to the writing thread, which is this one or the Gloo device

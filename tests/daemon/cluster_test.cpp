@@ -131,5 +131,17 @@ TEST(OpHeaders, AFatalFailureSaysSoAndLongMessagesAreCut) {
   EXPECT_EQ(verdict.error().message, "on node 0 (ranks 0-1): " + std::string(OpHeader::kText - 1, 'x'));
 }
 
+TEST(OpHeaders, ADaemonOfAnotherVersionIsNamedAndEndsTheJob) {
+  bool fatal = false;
+  std::vector<OpHeader> headers{ready(1, ipc::OpCode::kBarrier, "barrier"), ready(1, ipc::OpCode::kBarrier, "barrier")};
+  headers[1].magic = 0x02484244;
+  auto verdict = judgeHeaders(headers, twoByTwo(), fatal);
+  ASSERT_FALSE(verdict.ok());
+  EXPECT_TRUE(fatal);
+  EXPECT_NE(verdict.error().message.find("node 1 (ranks 2-3)'s dbufd speaks another version"), std::string::npos)
+      << verdict.error().message;
+  EXPECT_EQ(verdict.error().ranks, (std::vector<std::uint32_t>{2, 3}));
+}
+
 }  // namespace
 }  // namespace dbuf::daemon
