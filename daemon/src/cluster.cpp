@@ -108,6 +108,11 @@ void CommunicatorCache::insert(const std::string& key, std::shared_ptr<Communica
   made_.fetch_add(1);
 }
 
+void Communicator::keep(std::shared_ptr<void> leftover) {
+  const std::lock_guard lock(leftovers_mutex_);
+  leftovers_.push_back(std::move(leftover));
+}
+
 void Waker::wake() {
   const std::lock_guard lock(mutex_);
   if (wake_) wake_();

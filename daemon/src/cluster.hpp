@@ -28,6 +28,7 @@ class Store;
 }  // namespace rendezvous
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -69,6 +70,16 @@ struct Communicator {
   std::atomic<bool> failed{false};
   /// The tag of the next job to use it (handed out by rank 0's daemon only).
   std::atomic<std::uint32_t> next_channel{1};
+
+  /// Keeps what an exchange that timed out left posted in Gloo (its buffers
+  /// and the memory they point into) while the connections live: a late
+  /// payload from a peer must land somewhere, as a Gloo pair whose receive
+  /// buffer is gone stops reading, for every job sharing it.
+  void keep(std::shared_ptr<void> leftover);
+
+ private:
+  std::mutex leftovers_mutex_;
+  std::vector<std::shared_ptr<void>> leftovers_;
 };
 
 /// The daemon's communicators, keyed by the daemons they connect.

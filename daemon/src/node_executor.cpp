@@ -1,6 +1,5 @@
 #include "node_executor.hpp"
 
-#include <gloo/broadcast.h>
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -100,21 +100,23 @@ struct Range {
 
 /// One exchange with every other node at once, over Gloo's transport: from
 /// node n, from[n] of `receiving`; to node n, to[n] of `sending` (they may be
-/// one buffer when the ranges do not overlap). Every receive is posted before
-/// any send, and the sends start with the next node: Gloo's TCP pair sends a
-/// payload only once the peer's receive is posted, so a collective that
-/// sends first (as Gloo's allgatherv and alltoallv do) leaves the two
-/// directions of a link taking turns; posted this way both directions of
-/// every link carry data at once (docs/multinode.md, Benchmark).
-void exchange(const LinkChannel& channel, std::byte* sending, std::size_t sending_bytes,
-              const std::vector<Range>& to, std::byte* receiving, std::size_t receiving_bytes,
-              const std::vector<Range>& from) {
+/// one buffer when the ranges do not overlap); `owner` keeps that memory
+/// alive. Every receive is posted before any send, and the sends start with
+/// the next node: Gloo's TCP pair sends a payload only once the peer's
+/// receive is posted, so a collective that sends first (as Gloo's
+/// allgatherv and alltoallv do) leaves the two directions of a link taking
+/// turns; posted this way both directions of every link carry data at once
+/// (docs/multinode.md, Benchmark). The watchdog ends the waits after
+/// `timeout` (LinkTimeout); what Gloo still holds then stays with the
+/// communicator.
+void exchange(const LinkChannel& channel, const std::shared_ptr<void>& owner, std::byte* sending,
+              std::size_t sending_bytes, const std::vector<Range>& to, std::byte* receiving,
+              std::size_t receiving_bytes, const std::vector<Range>& from, std::chrono::milliseconds timeout) {
   const std::uint32_t nodes = channel.layout.nodes();
   const std::uint32_t me = channel.layout.node;
   const auto slot = gloo::Slot::build(kExchangeSlotPrefix, channel.tag);
-  const std::unique_ptr<gloo::transport::UnboundBuffer> in =
-      channel.context->createUnboundBuffer(receiving, receiving_bytes);
-  const std::unique_ptr<gloo::transport::UnboundBuffer> out =
+  std::unique_ptr<gloo::transport::UnboundBuffer> in = channel.context->createUnboundBuffer(receiving, receiving_bytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> out =
       sending == receiving && sending_bytes == receiving_bytes
           ? nullptr
           : channel.context->createUnboundBuffer(sending, sending_bytes);
@@ -133,14 +135,29 @@ void exchange(const LinkChannel& channel, std::byte* sending, std::size_t sendin
     send_from.send(static_cast<int>(n), slot, to[n].offset, to[n].bytes);
     ++sends;
   }
-  for (int i = 0; i < receives; ++i) in->waitRecv(channel.timeout);
-  for (int i = 0; i < sends; ++i) send_from.waitSend(channel.timeout);
+  channel.watchdog.arm({in.get(), &send_from}, std::chrono::steady_clock::now() + timeout);
+  // Gloo's own timeout would close every connection of the context (every
+  // job sharing it would fail): it is given one longer than any wait.
+  constexpr std::chrono::milliseconds kLongerThanTheWatchdog = std::chrono::hours(24 * 365);
+  bool done = true;
+  for (int i = 0; i < receives && done; ++i) done = in->waitRecv(kLongerThanTheWatchdog);
+  for (int i = 0; i < sends && done; ++i) done = send_from.waitSend(kLongerThanTheWatchdog);
+  if (channel.watchdog.disarm() || !done) {
+    struct Leftover {
+      std::unique_ptr<gloo::transport::UnboundBuffer> in;
+      std::unique_ptr<gloo::transport::UnboundBuffer> out;
+      std::shared_ptr<void> memory;
+    };
+    channel.communicator.keep(std::make_shared<Leftover>(Leftover{std::move(in), std::move(out), owner}));
+    throw LinkTimeout("the exchange with the other nodes timed out after " + std::to_string(timeout.count()) + " ms");
+  }
 }
 
 /// In place: every node's `counts[n]` elements of `base` (node n's after
 /// those of the nodes before it) to every node.
 template <typename T>
-void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::size_t>& counts) {
+void gatherInPlace(const LinkChannel& channel, const std::shared_ptr<void>& owner, T* base,
+                   const std::vector<std::size_t>& counts, std::chrono::milliseconds timeout) {
   std::vector<Range> slices;
   std::size_t offset = 0;
   for (const std::size_t count : counts) {
@@ -149,17 +166,26 @@ void gatherInPlace(const LinkChannel& channel, T* base, const std::vector<std::s
   }
   const std::vector<Range> mine(counts.size(), slices[channel.layout.node]);
   auto* bytes = reinterpret_cast<std::byte*>(base);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-  exchange(channel, bytes, offset, mine, bytes, offset, slices);
+  exchange(channel, owner, bytes, offset, mine, bytes, offset, slices, timeout);
+}
+
+/// `bytes` of `base` from node `root` to every other node.
+void broadcastFrom(const LinkChannel& channel, const std::shared_ptr<void>& owner, std::byte* base,
+                   std::size_t bytes, std::uint32_t root) {
+  const bool sender = channel.layout.node == root;
+  std::vector<Range> to(channel.layout.nodes(), Range{0, sender ? bytes : 0});
+  std::vector<Range> from(channel.layout.nodes(), Range{});
+  if (!sender) from[root] = Range{0, bytes};
+  exchange(channel, owner, base, bytes, to, base, bytes, from, channel.timeout);
 }
 
 /// Every node's header of one op to every node (in node order).
-std::vector<OpHeader> exchangeHeaders(const LinkChannel& channel, const OpHeader& mine, std::chrono::milliseconds timeout) {
-  std::vector<OpHeader> headers(channel.layout.nodes());
-  headers[channel.layout.node] = mine;
-  LinkChannel patient = channel;
-  patient.timeout = timeout;
-  gatherInPlace(patient, headers.data(), std::vector<std::size_t>(channel.layout.nodes(), 1));
-  return headers;
+std::vector<OpHeader> exchangeHeaders(const LinkChannel& channel, const OpHeader& mine,
+                                      std::chrono::milliseconds timeout) {
+  auto headers = std::make_shared<std::vector<OpHeader>>(channel.layout.nodes());
+  (*headers)[channel.layout.node] = mine;
+  gatherInPlace(channel, headers, headers->data(), std::vector<std::size_t>(channel.layout.nodes(), 1), timeout);
+  return *headers;
 }
 
 /// The part of one op that runs between the nodes in one round (on the link
@@ -177,7 +203,9 @@ struct Transfer {
   std::optional<OpHeader> header;         ///< round 0: exchanged first; the op's verdict
   std::optional<OpHeader> verdict;        ///< the last round of several: whether every node's rounds were right
 
-  [[nodiscard]] Result<void> run(const LinkChannel& channel, Staging& staging, OpLink& shared) const {
+  [[nodiscard]] Result<void> run(const LinkChannel& channel, const std::shared_ptr<Staging>& owner,
+                                 OpLink& shared) const {
+    Staging& staging = *owner;
     if (header) {
       bool fatal = false;
       // A node's own collective timeout fires first: it then sends its failure.
@@ -194,14 +222,14 @@ struct Transfer {
       RoundBuffer& round = staging.rounds[buffer];
       switch (op) {
         case ipc::OpCode::kAllGather:
-          allGather(channel, round, staging.scales);
+          allGather(channel, owner, round, staging.scales);
           break;
         case ipc::OpCode::kReduceScatter:
         case ipc::OpCode::kAllReduce:
-          if (auto reduced = reduction(channel, round); !reduced) return reduced;
+          if (auto reduced = reduction(channel, owner, round); !reduced) return reduced;
           break;
         case ipc::OpCode::kBroadcast:
-          broadcast(channel, round, staging.scales);
+          broadcast(channel, owner, round, staging.scales);
           break;
         default:
           break;
@@ -215,13 +243,14 @@ struct Transfer {
   }
 
  private:
-  void allGather(const LinkChannel& channel, RoundBuffer& round, std::vector<float>& scales) const {
-    gatherInPlace(channel, as<std::uint8_t>(round.params),
-                  perNode<std::size_t>(channel.layout, length * unsharded_bytes));
-    if (!scale_counts.empty()) gatherInPlace(channel, scales.data(), scale_counts);
+  void allGather(const LinkChannel& channel, const std::shared_ptr<Staging>& owner, RoundBuffer& round,
+                 std::vector<float>& scales) const {
+    gatherInPlace(channel, owner, as<std::uint8_t>(round.params),
+                  perNode<std::size_t>(channel.layout, length * unsharded_bytes), channel.timeout);
+    if (!scale_counts.empty()) gatherInPlace(channel, owner, scales.data(), scale_counts, channel.timeout);
   }
 
-  Result<void> reduction(const LinkChannel& channel, RoundBuffer& round) const {
+  Result<void> reduction(const LinkChannel& channel, const std::shared_ptr<Staging>& owner, RoundBuffer& round) const {
     const NodeLayout& layout = channel.layout;
     // Node n gets this node's partial of its pieces; this node gets every
     // node's partial of its own, node by node.
@@ -235,8 +264,9 @@ struct Transfer {
     }
     std::memcpy(round.received.data() + layout.node * mine, round.partial.data() + layout.firstRank(layout.node) * length,
                 static_cast<std::size_t>(mine) * sizeof(float));
-    exchange(channel, reinterpret_cast<std::byte*>(round.partial.data()), round.partial.size() * sizeof(float), to,
-             reinterpret_cast<std::byte*>(round.received.data()), round.received.size() * sizeof(float), from);
+    exchange(channel, owner, reinterpret_cast<std::byte*>(round.partial.data()), round.partial.size() * sizeof(float),
+             to, reinterpret_cast<std::byte*>(round.received.data()), round.received.size() * sizeof(float), from,
+             channel.timeout);
     if (op == ipc::OpCode::kReduceScatter) return {};
     // All-reduce: this node's pieces of the result (the nodes' partials in
     // node order, as a reduce-scatter sums them), then every node's.
@@ -251,24 +281,18 @@ struct Transfer {
         !reduced) {
       return reduced;
     }
-    gatherInPlace(channel, as<std::uint8_t>(round.grads), perNode<std::size_t>(layout, length * sizeBytes(grad)));
+    gatherInPlace(channel, owner, as<std::uint8_t>(round.grads), perNode<std::size_t>(layout, length * sizeBytes(grad)),
+                  channel.timeout);
     return {};
   }
 
-  void broadcast(const LinkChannel& channel, RoundBuffer& round, std::vector<float>& scales) const {
-    gloo::BroadcastOptions options(channel.context);
-    options.setOutput(as<std::uint8_t>(round.params), static_cast<std::size_t>(length * unsharded_bytes));
-    options.setRoot(static_cast<int>(root_node));
-    options.setTag(channel.tag);
-    options.setTimeout(channel.timeout);
-    gloo::broadcast(options);
+  void broadcast(const LinkChannel& channel, const std::shared_ptr<Staging>& owner, RoundBuffer& round,
+                 std::vector<float>& scales) const {
+    broadcastFrom(channel, owner, round.params.data(), static_cast<std::size_t>(length * unsharded_bytes), root_node);
     if (!scale_counts.empty()) {
-      gloo::BroadcastOptions block_scales(channel.context);
-      block_scales.setOutput(scales.data(), scales.size());
-      block_scales.setRoot(static_cast<int>(root_node));
-      block_scales.setTag(channel.tag);
-      block_scales.setTimeout(channel.timeout);
-      gloo::broadcast(block_scales);
+      // Every block's scale (the buffer may be longer, from a larger group).
+      const std::size_t blocks = std::accumulate(scale_counts.begin(), scale_counts.end(), std::size_t{0});
+      broadcastFrom(channel, owner, reinterpret_cast<std::byte*>(scales.data()), blocks * sizeof(float), root_node);
     }
   }
 };
@@ -719,7 +743,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
 void NodeExecutor::post(const Transfer& transfer, std::shared_ptr<OpLink> shared) {
   tickets_[transfer.buffer] = link_.post(
       [transfer, staging = staging_, shared = shared ? std::move(shared) : op_link_](const LinkChannel& channel) {
-        return transfer.run(channel, *staging, *shared);
+        return transfer.run(channel, staging, *shared);
       });
 }
 

@@ -4,6 +4,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <spdlog/spdlog.h>
 
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "executor.hpp"
 #include "rank_text.hpp"
@@ -63,6 +65,55 @@ std::vector<std::uint32_t> NodeLayout::ranksOf(std::uint32_t n) const {
   return ranks;
 }
 
+Watchdog::Watchdog() : thread_([this] { run(); }) {}
+
+Watchdog::~Watchdog() {
+  {
+    const std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::arm(std::vector<gloo::transport::UnboundBuffer*> buffers,
+                   std::chrono::steady_clock::time_point deadline) {
+  {
+    const std::lock_guard lock(mutex_);
+    buffers_ = std::move(buffers);
+    deadline_ = deadline;
+    fired_ = false;
+  }
+  changed_.notify_all();
+}
+
+bool Watchdog::disarm() {
+  const std::lock_guard lock(mutex_);
+  buffers_.clear();
+  deadline_ = std::chrono::steady_clock::time_point::max();
+  return std::exchange(fired_, false);
+}
+
+void Watchdog::run() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    if (buffers_.empty()) {
+      changed_.wait(lock);
+      continue;
+    }
+    if (changed_.wait_until(lock, deadline_) == std::cv_status::timeout && !buffers_.empty() &&
+        std::chrono::steady_clock::now() >= deadline_) {
+      // Under the lock: disarm() cannot return (and the buffers go) meanwhile.
+      for (gloo::transport::UnboundBuffer* buffer : buffers_) {
+        buffer->abortWaitRecv();
+        buffer->abortWaitSend();
+      }
+      fired_ = true;
+      buffers_.clear();
+    }
+  }
+}
+
 struct NodeLink::State {
   NodeJob job;
   ClusterContext cluster;  // its config pointer is not used: the thread may outlive the daemon's Config
@@ -90,6 +141,7 @@ struct NodeLink::State {
   /// Set when the NodeLink goes while a step still runs: counted by
   /// abandonedThreads() until the thread ends (and with it this state).
   std::unique_ptr<AbandonedThread> abandoned;
+  Watchdog watchdog;
 
   [[nodiscard]] std::chrono::milliseconds timeout() const { return wait_limit; }
   [[nodiscard]] std::string identity() const { return address + "/" + std::to_string(cluster.instance_id); }
@@ -200,22 +252,25 @@ Result<void> NodeLink::State::runStep(const Step& step, const std::optional<Erro
     if (auto made = connect(); !made) return made;
   }
   try {
-    return step(LinkChannel{communicator->context, tag, timeout(), layout});
-  } catch (const std::exception& error) {
-    // A transport error or a Gloo timeout: the connections' state is unknown
-    // now (a late message could reach a later step), so no later step of
-    // this job uses them, nor does a later job.
-    Error failed = glooError(error, "job " + job.job_id + ": the exchange with the other nodes failed");
-    if (failed.code == ErrorCode::kTimeout) {
-      // Gloo does not say which peer was late: name every other node.
-      std::string others;
-      for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-        if (n == layout.node) continue;
-        others += (others.empty() ? "" : ", ") + layout.describeNode(n);
-        for (const std::uint32_t rank : layout.ranksOf(n)) failed.ranks.push_back(rank);
-      }
-      failed.message += " (waiting for " + others + ")";
+    return step(LinkChannel{communicator->context, *communicator, tag, timeout(), layout, watchdog});
+  } catch (const LinkTimeout& late) {
+    // Not the communicator's fault: its other jobs go on. This job's tag may
+    // still see a late message, so no later step of the job uses it.
+    Error failed{ErrorCode::kTimeout, "job " + job.job_id + ": " + late.what(), {}};
+    std::string others;
+    for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+      if (n == layout.node) continue;
+      others += (others.empty() ? "" : ", ") + layout.describeNode(n);
+      for (const std::uint32_t rank : layout.ranksOf(n)) failed.ranks.push_back(rank);
     }
+    failed.message += " (waiting for " + others + ")";
+    const std::lock_guard lock(mutex);
+    if (!broken) broken = failed;
+    return failed;
+  } catch (const std::exception& error) {
+    // A transport error (a peer's daemon died, a connection broke): no later
+    // step of this job uses the connections, nor does a later job.
+    Error failed = glooError(error, "job " + job.job_id + ": the exchange with the other nodes failed");
     communicator->failed.store(true);
     const std::lock_guard lock(mutex);
     if (!broken) broken = failed;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,13 +57,50 @@ struct NodeJob {
   std::uint32_t local_count = 1;  ///< this node's ranks
 };
 
-/// What a step runs with: the communicator's context, the job's tag on it,
-/// and the layout.
+/// Thrown by a step whose wait the watchdog ended: the job's exchange is
+/// over (its tag may still hold a late message), the communicator is fine.
+class LinkTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Ends a link thread's waits in Gloo at dbufd's deadline. Gloo's own
+/// timeout would close every connection of the context, failing every job
+/// that shares it; an aborted wait ends only the waiting job's exchange.
+/// Its own thread; arm() and disarm() are called by the link thread.
+class Watchdog {
+ public:
+  Watchdog();
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  /// At `deadline`, aborts the waits on `buffers` (alive until disarm()).
+  void arm(std::vector<gloo::transport::UnboundBuffer*> buffers, std::chrono::steady_clock::time_point deadline);
+  /// Stops watching; whether the deadline came first (the waits were aborted).
+  bool disarm();
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<gloo::transport::UnboundBuffer*> buffers_;
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
+  bool fired_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+/// What a step runs with: the communicator (its context, and where an
+/// exchange that timed out leaves what Gloo still holds), the job's tag on
+/// it, the layout, and the watchdog of the link's waits.
 struct LinkChannel {
   std::shared_ptr<gloo::Context> context;
+  Communicator& communicator;
   std::uint32_t tag;
-  std::chrono::milliseconds timeout;  ///< for data transfers (Gloo's end-to-end timeout)
+  std::chrono::milliseconds timeout;  ///< for data transfers
   const NodeLayout& layout;
+  Watchdog& watchdog;
 };
 
 class NodeLink {

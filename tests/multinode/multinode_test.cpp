@@ -422,12 +422,21 @@ TEST(MultiNode, ARankMissingOnAnotherNodeIsNamedInTheTimeout) {
 TEST(MultiNode, ANodeWhoseRanksAllStayAwayIsNamedWhenTheExchangeTimesOut) {
   Cluster cluster(2, NodeNetwork::kLoopback, /*collective_ms=*/500);
   cluster.start();
+  FailureJob bystander(cluster, "bystander", 1);
+  bystander.keepsWorking(1.0F);  // its link is made: the next job shares its communicator
   FailureJob job(cluster, "absent", 1);
   const std::string answer = job.rank(0).call("run ag g", milliseconds(10000));
   EXPECT_LINE(answer, "err run timeout");
   EXPECT_NE(answer.find("waiting for node 1 (rank 1)"), std::string::npos) << answer;
   EXPECT_LT(elapsedOf(answer), 5000) << answer;  // twice collective_ms, and some
+  // The late node's daemon still sends its part when its rank comes: it
+  // lands in what the timed-out exchange left, and fails there in turn.
+  EXPECT_LINE(job.rank(1).call("run ag g", milliseconds(10000)), "err run");
+  // The timeout was the job's, not the communicator's: the other job goes on.
+  bystander.keepsWorking(3.0F);
   job.finish();
+  bystander.finish();
+  for (std::uint32_t n = 0; n < 2; ++n) EXPECT_EQ(linksLogged(cluster.node(n), "new"), 1) << cluster.node(n).log();
 }
 
 TEST(MultiNode, KillingARankFailsTheJobOnEveryNodeAndSparesOthers) {
