@@ -175,8 +175,8 @@ NodeLink::~NodeLink() {
     thread_.join();
     return;
   }
-  // A step is in a Gloo call, which its timeout bounds: it must not hold the
-  // daemon's loop. The thread owns what it touches (the shared state).
+  // A step is in a Gloo call, which the watchdog bounds: it must not hold
+  // the daemon's loop. The thread owns what it touches (the shared state).
   state_->abandoned = std::make_unique<AbandonedThread>();
   thread_.detach();
 }

@@ -9,7 +9,7 @@
 // Steps touch only memory the daemon owns and shares with them (never a
 // rank's), so a step may finish after the op that posted it was failed, or
 // after the job is gone (its thread is then left to end on its own, bounded
-// by Gloo's timeouts).
+// by the link's watchdog).
 
 #include <atomic>
 #include <chrono>
