@@ -329,9 +329,8 @@ class NodeExecutor final : public Executor {
   [[nodiscard]] std::int64_t roundLength(std::int64_t j) const noexcept {
     return std::min(round_length_, span_ - roundOffset(j));
   }
-  /// What round j does on this node before and after its exchange.
-  [[nodiscard]] std::vector<LocalStep> before(std::int64_t j);
-  [[nodiscard]] std::vector<LocalStep> after(std::int64_t j);
+  /// What round j does on this node before its exchange (kBefore) or after it.
+  [[nodiscard]] std::vector<LocalStep> roundSteps(Batch batch, std::int64_t j);
   std::vector<LocalStep> allGatherBefore(std::int64_t j, RoundBuffer& round);
   std::vector<LocalStep> allGatherAfter(std::int64_t j, RoundBuffer& round);
   std::vector<LocalStep> reductionBefore(std::int64_t j, RoundBuffer& round);
@@ -350,6 +349,8 @@ class NodeExecutor final : public Executor {
   /// After a failure here once the op was committed: the rounds the other
   /// nodes still expect, with `verdict` (a failure) at the end.
   void postRemainingRounds(const OpHeader& verdict);
+  /// A failure's header alone, as round 0 of op `sequence` (no data follows).
+  void postFailureHeader(std::uint64_t sequence, const Error& error, bool fatal);
   [[nodiscard]] OpHeader readyHeader() const;
   [[nodiscard]] bool scalesTravel() const noexcept;
   /// Node n's fp8 scales: [first, first + count).
@@ -372,6 +373,7 @@ class NodeExecutor final : public Executor {
   bool local_running_ = false;
   std::uint64_t local_written_ = 0;        // local_'s bytes already counted
   std::vector<std::size_t> scale_counts_;  // fp8 all-gather and broadcast: each node's scales
+  std::pair<std::int64_t, std::int64_t> my_scales_{0, 0};  // this node's: first, count
   std::int64_t span_ = 0;                  // elements the rounds cover (per rank part; broadcast: the buffer)
   std::int64_t round_length_ = 0;
   std::int64_t rounds_ = 0;
@@ -430,6 +432,7 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
       auto scales = nodeScales(n);
       if (!scales) return std::move(scales).error();
       scale_counts_.push_back(static_cast<std::size_t>(scales->second));
+      if (n == layout.node) my_scales_ = *scales;
     }
   }
   sizeStaging();
@@ -510,33 +513,19 @@ NodeExecutor::LocalStep NodeExecutor::counted(std::int64_t bytes, std::function<
   };
 }
 
-std::vector<NodeExecutor::LocalStep> NodeExecutor::before(std::int64_t j) {
+std::vector<NodeExecutor::LocalStep> NodeExecutor::roundSteps(Batch batch, std::int64_t j) {
   RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
+  const bool before = batch == Batch::kBefore;
   switch (args_.op) {
     case ipc::OpCode::kAllGather:
-      return allGatherBefore(j, round);
+      return before ? allGatherBefore(j, round) : allGatherAfter(j, round);
     case ipc::OpCode::kReduceScatter:
     case ipc::OpCode::kAllReduce:
-      return reductionBefore(j, round);
+      return before ? reductionBefore(j, round) : reductionAfter(j, round);
     case ipc::OpCode::kBroadcast:
-      return broadcastBefore(j, round);
+      return before ? broadcastBefore(j, round) : broadcastAfter(j, round);
     default:
-      return {};
-  }
-}
-
-std::vector<NodeExecutor::LocalStep> NodeExecutor::after(std::int64_t j) {
-  RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
-  switch (args_.op) {
-    case ipc::OpCode::kAllGather:
-      return allGatherAfter(j, round);
-    case ipc::OpCode::kReduceScatter:
-    case ipc::OpCode::kAllReduce:
-      return reductionAfter(j, round);
-    case ipc::OpCode::kBroadcast:
-      return broadcastAfter(j, round);
-    default:
-      return {};
+      return {};  // a barrier: the exchange alone
   }
 }
 
@@ -559,7 +548,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
   steps.push_back(counted(static_cast<std::int64_t>(pieces.size()) * length * sizeBytes(g.unsharded),
                           [this, leader, staged, pieces] { return runner_.copy(leader, staged, pieces); }));
   if (j == 0 && scalesTravel()) {
-    const auto [first, count] = *nodeScales(layout.node);
+    const auto [first, count] = my_scales_;
     const Segment mine{first, first, count, 0, 0};
     const ConstBuffer from{ranks_[0].scales, DType::kF32, g.total_blocks};
     const MutBuffer to{staging_->scales.data(), DType::kF32, g.total_blocks};
@@ -585,7 +574,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j
   }
   std::vector<Segment> scales;
   if (j == 0 && scalesTravel()) {
-    const auto [first, count] = *nodeScales(layout.node);
+    const auto [first, count] = my_scales_;
     if (first > 0) scales.push_back(Segment{0, 0, first, 0, 0});
     if (first + count < g.total_blocks) {
       scales.push_back(Segment{first + count, first + count, g.total_blocks - first - count, 0, 0});
@@ -782,12 +771,12 @@ Result<bool> NodeExecutor::step() {
     const NodeLink::Ticket& ticket = *tickets_[static_cast<std::size_t>(finished_ % 2)];
     if (ticket.done.load(std::memory_order_acquire)) {
       if (!ticket.result) return failed(ticket.result.error());
-      start(Batch::kAfter, after(finished_++));
+      start(Batch::kAfter, roundSteps(Batch::kAfter, finished_++));
       return false;
     }
   }
   if (prepared_ < rounds_ && prepared_ - finished_ < 2) {  // round prepared_'s buffer is free
-    start(Batch::kBefore, before(prepared_++));
+    start(Batch::kBefore, roundSteps(Batch::kBefore, prepared_++));
   }
   return false;
 }
@@ -812,16 +801,20 @@ void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
   active_ = false;
 }
 
+void NodeExecutor::postFailureHeader(std::uint64_t sequence, const Error& error, bool fatal) {
+  Transfer header_only;
+  header_only.data = false;
+  header_only.header = failureHeader(sequence, error, fatal);
+  post(header_only, std::make_shared<OpLink>());
+}
+
 void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
   if (abandoned_) return;
   if (committed_ != sequence) {
     // The other nodes have not heard of this op from here: round 0's header
     // tells them it failed (and this node sends no data).
     committed_ = sequence;
-    Transfer header_only;
-    header_only.data = false;
-    header_only.header = failureHeader(sequence, error, false);
-    post(header_only, std::make_shared<OpLink>());
+    postFailureHeader(sequence, error, false);
     return;
   }
   // Failed here after its commit: the other nodes expect the rest of its
@@ -837,10 +830,7 @@ void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
   } else {
     // The op that was running (if any) has told the other nodes all it had
     // to: their next one is the first to learn that this job cannot go on.
-    Transfer header_only;
-    header_only.data = false;
-    header_only.header = failureHeader(committed_ == sequence ? sequence + 1 : sequence, why, true);
-    post(header_only, std::make_shared<OpLink>());
+    postFailureHeader(committed_ == sequence ? sequence + 1 : sequence, why, true);
   }
   link_.breakLink(why);
   unusable_ = why;
