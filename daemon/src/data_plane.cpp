@@ -186,8 +186,8 @@ void DataPlane::enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submiss
     failOne(job, rank, submission, timed_out);
     return;
   }
-  if (const Error* unusable = job.collectives.executor ? job.collectives.executor->unusable() : nullptr) {
-    failOne(job, rank, submission, *unusable);
+  if (const Error* unavailable = job.collectives.executor ? job.collectives.executor->unavailable() : nullptr) {
+    failOne(job, rank, submission, *unavailable);
     return;
   }
   if (!job.gone.empty()) {
@@ -476,6 +476,21 @@ void DataPlane::finish(JobSchedule& job, const Error* error, SteadyClock::time_p
   collectives.draining = false;
   collectives.finished = now;
   ++collectives.next_sequence;
+  if (error == nullptr || !collectives.executor) return;
+  if (const Error* unavailable = collectives.executor->unavailable()) {
+    failQueued(job, Error(*unavailable));  // (this op's failure lost the job's link to its other nodes)
+  }
+}
+
+void DataPlane::failQueued(JobSchedule& job, const Error& error) {
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
+    RankSchedule& rank = job.ranks[r];
+    while (!rank.ops.empty()) {
+      const ipc::Submission submission = rank.ops.front().submission;
+      rank.ops.pop();
+      failOne(job, r, submission, error);
+    }
+  }
 }
 
 void DataPlane::failFronts(JobSchedule& job, const Error& error) {

@@ -241,9 +241,14 @@ class DataPlane {
   [[nodiscard]] static Result<void> markQueued(JobSchedule& job);
   /// Completes the front op of every rank that has one: with `error` (its
   /// code, message and ranks), or successfully when it is null.
+  /// A failure that leaves the executor unavailable fails every queued op
+  /// too.
   void finish(JobSchedule& job, const Error* error, SteadyClock::time_point now);
   /// Fails the front op of every rank that has one, with `error`.
   void failFronts(JobSchedule& job, const Error& error);
+  /// Fails every queued op of every rank with `error` (none of them can
+  /// run); they were never matched, so they take no sequence.
+  void failQueued(JobSchedule& job, const Error& error);
   /// The running op failed (in a step, or on the GPU): waits out its queued
   /// work, fails it on every rank. Returns the work done (1).
   std::size_t failRunning(JobSchedule& job, const Error& error);

@@ -86,14 +86,19 @@ class Executor {
     static_cast<void>(error);
   }
   /// A rank of the job is gone: collective `sequence` (the next one) and
-  /// every later one fail on every node, with `why`.
+  /// every later one fail on every node, with `why`, until the rank is back
+  /// (ranksAttached()).
   virtual void abandon(std::uint64_t sequence, const Error& why) {
     static_cast<void>(sequence);
     static_cast<void>(why);
   }
-  /// Why no collective of the job can run any more (a job across nodes that
-  /// lost a rank or a node), or null: its ops then fail as they arrive.
-  [[nodiscard]] virtual const Error* unusable() const noexcept { return nullptr; }
+  /// Every rank of the job on this node is attached (again).
+  virtual void ranksAttached() {}
+  /// Why the job's collectives cannot run now (a job across nodes whose
+  /// link to its other nodes was lost, until they meet again), or null: its
+  /// ops then fail as they arrive, and so do those queued. Asking may start
+  /// what ends it (the nodes' next meeting).
+  [[nodiscard]] virtual const Error* unavailable() { return nullptr; }
   /// Rank `rank`'s session counters, for its stream-ordered ops; kUnavailable
   /// where no GPU stream runs the rank's ops (host memory).
   [[nodiscard]] virtual Result<std::unique_ptr<SessionCounters>> sessionCounters(std::uint32_t rank,

@@ -238,6 +238,9 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   session->send(welcome, request, {rank.plane->segment_fd.get(), rank.plane->doorbell->native_handle()});
   spdlog::info("job {} rank {}/{} attached (pid {}, uid {}){}", attached.id, hello.rank, attached.world_size,
                session->peer().pid, session->peer().uid, reattached ? ", reattached" : "");
+  const bool whole = std::all_of(attached.members.begin(), attached.members.end(),
+                                 [](const RankMembership& m) { return m.session != nullptr; });
+  if (whole && attached.collectives.executor) attached.collectives.executor->ranksAttached();
 }
 
 Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant) {
@@ -286,6 +289,19 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   if (job.world_size != hello.world_size) {
     return makeError(ErrorCode::kConflict, "job '" + job.id + "' has world size " + std::to_string(job.world_size) +
                                                ", not " + std::to_string(hello.world_size));
+  }
+  const bool nobody_attached = std::none_of(job.members.begin(), job.members.end(),
+                                            [](const RankMembership& m) { return m.session != nullptr; });
+  if (job.store != hello.store && nobody_attached && job.first_rank == nodeFirstRank(hello) &&
+      job.localCount() == localWorldSize(hello)) {
+    // The whole job restarted (a persistent one, kept), as a new run with
+    // keys of its own (torchrun's restart count): its nodes meet anew there.
+    if (job.acrossNodes()) {
+      if (auto allowed = acceptAcrossNodes(hello, job.placement, peer); !allowed) return std::move(allowed).error();
+    }
+    spdlog::info("job {}: restarted with store '{}' (was '{}')", job.id, hello.store, job.store);
+    job.store = hello.store;
+    job.collectives.executor.reset();  // made again by placeRank
   }
   if (job.first_rank != nodeFirstRank(hello) || job.localCount() != localWorldSize(hello) ||
       job.store != hello.store) {

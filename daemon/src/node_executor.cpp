@@ -3,6 +3,7 @@
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -300,9 +301,13 @@ struct Transfer {
 class NodeExecutor final : public Executor {
  public:
   NodeExecutor(const NodeJob& job, const ClusterContext& cluster)
-      : link_(job, cluster), runner_(kernels::Options{kernels::defaultThreads()}), staging_(std::make_shared<Staging>()) {
+      : job_(job),
+        cluster_(cluster),
+        link_(std::make_unique<NodeLink>(job, cluster)),
+        runner_(kernels::Options{kernels::defaultThreads()}),
+        staging_(std::make_shared<Staging>()) {
     // Meet the other nodes now, while the ranks register their groups.
-    static_cast<void>(link_.post([](const LinkChannel&) { return Result<void>{}; }));
+    meet();
   }
 
   Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
@@ -317,11 +322,31 @@ class NodeExecutor final : public Executor {
   [[nodiscard]] bool wakesTheLoop() const noexcept override { return true; }  // the link's thread does
   void opFailed(std::uint64_t sequence, const Error& error) override;
   void abandon(std::uint64_t sequence, const Error& why) override;
-  [[nodiscard]] const Error* unusable() const noexcept override { return unusable_ ? &*unusable_ : nullptr; }
+  void ranksAttached() override;
+  [[nodiscard]] const Error* unavailable() override;
 
  private:
   using LocalStep = std::function<Result<void>()>;
   enum class Batch : std::uint8_t { kNone, kBefore, kAfter };
+  /// The job's link to its other nodes: up (or being made the first time:
+  /// ops wait for it), lost (its ops fail until this node has all its ranks
+  /// and the lost link's steps have ended), or being made again (its ops
+  /// fail until it is).
+  enum class LinkState : std::uint8_t { kUp, kLost, kMeeting };
+
+  /// Posts the step that makes the link (it runs before any other).
+  void meet();
+  /// The link cannot be used any more, because of `why`: no later step of
+  /// it runs, and the job's ops fail until its nodes meet again.
+  void lose(const Error& why);
+  /// A new meeting of the nodes, once the lost link is done with and every
+  /// rank of this node is attached. The other nodes lose their link too
+  /// (from this node's failure header, or their own timeout) and come.
+  void meetAgainIfReady();
+  /// The number of the data plane's collective `sequence` among the ops
+  /// since the nodes last met (the k-th op of every node must match): the
+  /// first one it is asked about is 0.
+  [[nodiscard]] std::uint64_t sinceMeeting(std::uint64_t sequence);
 
   /// Round j's pieces: [offset, offset + length) of every rank's part
   /// (broadcast: of the whole buffer).
@@ -358,13 +383,16 @@ class NodeExecutor final : public Executor {
   [[nodiscard]] bool rootHere() const noexcept;
   Result<bool> failed(const Error& error);
 
-  NodeLink link_;
+  NodeJob job_;  // with the current meeting's number
+  ClusterContext cluster_;
+  std::unique_ptr<NodeLink> link_;
   kernels::CpuRunner runner_;
   std::shared_ptr<Staging> staging_;
 
   // The op.
   bool active_ = false;
   CollectiveArgs args_;
+  std::uint64_t number_ = 0;  // args_.sequence since the nodes met
   const GroupGeometry* geometry_ = nullptr;
   std::span<const RankBuffers> ranks_;
   std::shared_ptr<OpLink> op_link_;
@@ -388,21 +416,23 @@ class NodeExecutor final : public Executor {
   /// The sequence whose round 0 (with its ready header) was posted: it then
   /// fails, if it does, on every node alike.
   std::optional<std::uint64_t> committed_;
-  bool abandoned_ = false;
-  std::optional<Error> unusable_;  // set with abandoned_ once the other nodes know
+  std::optional<std::uint64_t> first_sequence_;  // of the ops since the nodes met
+  LinkState link_state_ = LinkState::kUp;
+  std::optional<Error> lost_;  // why, while the link is not up: the job's ops fail with it
+  bool whole_ = true;          // every rank of this node is attached
 };
 
 Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                  std::span<const RankBuffers> ranks) {
-  if (!link_.connected() || !link_.idle()) {
+  if (const Error* why = unavailable()) return *why;  // (ops queued before the link was lost)
+  if (!link_->connected() || !link_->idle()) {
     // Still meeting the other nodes, or an earlier op's rounds still run (in
-    // the staging memory): not yet. A failed meeting is tried again.
-    if (!link_.connected() && link_.idle()) {
-      static_cast<void>(link_.post([](const LinkChannel&) { return Result<void>{}; }));
-    }
+    // the staging memory): not yet. A failed first meeting is tried again.
+    if (!link_->connected() && link_->idle()) meet();
     return false;
   }
   args_ = args;
+  number_ = sinceMeeting(args.sequence);
   geometry_ = &geometry;
   ranks_ = ranks;
   op_link_ = std::make_shared<OpLink>();
@@ -414,7 +444,7 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
   local_running_ = false;
   local_written_ = 0;
   scale_counts_.clear();
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   if (args.op == ipc::OpCode::kBarrier) {
     span_ = round_length_ = 0;
     rounds_ = 1;
@@ -455,14 +485,14 @@ bool NodeExecutor::scalesTravel() const noexcept {
 }
 
 bool NodeExecutor::rootHere() const noexcept {
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const std::uint32_t first = layout.firstRank(layout.node);
   return args_.root >= first && args_.root < first + layout.rankCount(layout.node);
 }
 
 void NodeExecutor::sizeStaging() {
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   // Broadcast rounds are runs of the whole buffer; the others, a piece per rank.
   const std::int64_t elements = args_.op == ipc::OpCode::kBroadcast ? round_length_ : world * round_length_;
@@ -492,7 +522,7 @@ void NodeExecutor::sizeStaging() {
 }
 
 Result<std::pair<std::int64_t, std::int64_t>> NodeExecutor::nodeScales(std::uint32_t node) const {
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const GroupGeometry& g = *geometry_;
   const std::int64_t first = g.ranks[layout.firstRank(node)].first_scale;
   std::int64_t next = first;
@@ -533,7 +563,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
   // The node's pieces, from its first rank (which has every part of the
   // node after the local all-gather), and in round 0 its scales.
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const std::int64_t S = g.shard_elems;
   const std::int64_t total = layout.firstRank(layout.nodes()) * S;
   const std::int64_t length = roundLength(j);
@@ -562,7 +592,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j, RoundBuffer& round) {
   // The other nodes' pieces (and in round 0 their scales) to every rank.
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   const std::int64_t S = g.shard_elems;
   const std::int64_t length = roundLength(j);
@@ -601,7 +631,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t 
   // The node's partial of every rank's piece: its ranks' gradients summed in
   // rank order, pre-scaled (fp32).
   const GroupGeometry& g = *geometry_;
-  const std::uint32_t world = link_.layout().firstRank(link_.layout().nodes());
+  const std::uint32_t world = link_->layout().firstRank(link_->layout().nodes());
   const std::int64_t length = roundLength(j);
   const std::int64_t offset = roundOffset(j);
   std::vector<Segment> pieces;
@@ -614,7 +644,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t 
 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionAfter(std::int64_t j, RoundBuffer& round) {
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   const std::int64_t length = roundLength(j);
   const std::int64_t offset = roundOffset(j);
@@ -655,7 +685,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastBefore(std::int64_t 
   const GroupGeometry& g = *geometry_;
   const std::int64_t total = g.world * g.shard_elems;
   const std::int64_t length = roundLength(j);
-  const RankBuffers& root = ranks_[args_.root - link_.layout().firstRank(link_.layout().node)];
+  const RankBuffers& root = ranks_[args_.root - link_->layout().firstRank(link_->layout().node)];
   const Segment run{roundOffset(j), 0, length, 0, 0};
   const ConstBuffer from{root.params, g.unsharded, total};
   const MutBuffer staged{round.params.data(), g.unsharded, length};
@@ -675,7 +705,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastAfter(std::int64_t j
   const GroupGeometry& g = *geometry_;
   const std::int64_t total = g.world * g.shard_elems;
   const std::int64_t length = roundLength(j);
-  const std::uint32_t first = link_.layout().firstRank(link_.layout().node);
+  const std::uint32_t first = link_->layout().firstRank(link_->layout().node);
   const Segment run{0, roundOffset(j), length, 0, 0};
   const Segment all{0, 0, g.total_blocks, 0, 0};
   const ConstBuffer staged{round.params.data(), g.unsharded, length};
@@ -696,7 +726,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastAfter(std::int64_t j
 
 OpHeader NodeExecutor::readyHeader() const {
   OpHeader header;
-  header.sequence = args_.sequence;
+  header.sequence = number_;
   header.group_digest = args_.op == ipc::OpCode::kBarrier ? 0 : geometry_->digest;
   header.op = static_cast<std::uint8_t>(args_.op);
   header.reduce = static_cast<std::uint8_t>(args_.reduce);
@@ -717,7 +747,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
   if (j + 1 == rounds_ && rounds_ > 1) t.verdict = failed_verdict ? *failed_verdict : readyHeader();
   if (!t.data) return t;
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_.layout();
+  const NodeLayout& layout = link_->layout();
   t.length = roundLength(j);
   t.unsharded_bytes = sizeBytes(g.unsharded);
   t.grad = g.grad;
@@ -730,7 +760,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
 }
 
 void NodeExecutor::post(const Transfer& transfer, std::shared_ptr<OpLink> shared) {
-  tickets_[transfer.buffer] = link_.post(
+  tickets_[transfer.buffer] = link_->post(
       [transfer, staging = staging_, shared = shared ? std::move(shared) : op_link_](const LinkChannel& channel) {
         return transfer.run(channel, staging, *shared);
       });
@@ -788,12 +818,57 @@ bool NodeExecutor::waiting() const noexcept {
 }
 
 Result<bool> NodeExecutor::failed(const Error& error) {
-  if (staging_->fatal.load() && !abandoned_) {
-    abandoned_ = true;  // another node's rank is gone: so is this job, on every node
-    unusable_ = error;
-    link_.breakLink(error);
-  }
+  // Another node lost a rank, or this node's exchange timed out or lost its
+  // connections: the other nodes lose the link too, and meet this one again.
+  if (link_state_ == LinkState::kUp && (staging_->fatal.load() || link_->broken())) lose(error);
   return error;  // the data plane fails the op; opFailed() then tells the other nodes what they still expect
+}
+
+void NodeExecutor::meet() {
+  static_cast<void>(link_->post([](const LinkChannel&) { return Result<void>{}; }));
+}
+
+void NodeExecutor::lose(const Error& why) {
+  link_->breakLink(why);
+  link_state_ = LinkState::kLost;
+  lost_ = Error{why.code,
+                why.message + " (job " + job_.job_id +
+                    "'s nodes meet again once each has all its ranks attached; until then its collectives fail)",
+                why.ranks};
+}
+
+void NodeExecutor::meetAgainIfReady() {
+  if (link_state_ != LinkState::kLost || !whole_ || !link_->idle()) return;
+  ++job_.meeting;
+  spdlog::info("job {}: meeting its other nodes again (meeting {}), after: {}", job_.job_id, job_.meeting,
+               lost_->message);
+  link_ = std::make_unique<NodeLink>(job_, cluster_);  // the lost one is idle: its thread ends now
+  // What Gloo still holds of the lost link's exchanges may land in their
+  // staging memory yet: the new link's ops get their own.
+  staging_ = std::make_shared<Staging>();
+  committed_.reset();
+  first_sequence_.reset();
+  link_state_ = LinkState::kMeeting;
+  meet();
+}
+
+const Error* NodeExecutor::unavailable() {
+  if (link_state_ == LinkState::kMeeting && link_->connected()) {
+    link_state_ = LinkState::kUp;
+    lost_.reset();
+  }
+  meetAgainIfReady();
+  return link_state_ == LinkState::kUp ? nullptr : &*lost_;
+}
+
+void NodeExecutor::ranksAttached() {
+  whole_ = true;
+  meetAgainIfReady();
+}
+
+std::uint64_t NodeExecutor::sinceMeeting(std::uint64_t sequence) {
+  if (!first_sequence_) first_sequence_ = sequence;
+  return sequence - *first_sequence_;
 }
 
 void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
@@ -804,12 +879,12 @@ void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
 void NodeExecutor::postFailureHeader(std::uint64_t sequence, const Error& error, bool fatal) {
   Transfer header_only;
   header_only.data = false;
-  header_only.header = failureHeader(sequence, error, fatal);
+  header_only.header = failureHeader(sinceMeeting(sequence), error, fatal);
   post(header_only, std::make_shared<OpLink>());
 }
 
 void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
-  if (abandoned_) return;
+  if (link_state_ != LinkState::kUp) return;  // the other nodes lose the link too
   if (committed_ != sequence) {
     // The other nodes have not heard of this op from here: round 0's header
     // tells them it failed (and this node sends no data).
@@ -819,21 +894,22 @@ void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
   }
   // Failed here after its commit: the other nodes expect the rest of its
   // rounds, and learn from the last one's verdict that it failed.
-  if (active_ && args_.sequence == sequence) postRemainingRounds(failureHeader(sequence, error, false));
+  if (active_ && args_.sequence == sequence) postRemainingRounds(failureHeader(number_, error, false));
 }
 
 void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
-  if (abandoned_) return;
-  abandoned_ = true;
+  whole_ = false;
+  if (link_state_ == LinkState::kLost) return;  // the lost link told the other nodes all it will
+  // Up, or being made (its steps then run once it is): the other nodes
+  // learn from this node's next header that the link is lost.
   if (committed_ == sequence && active_ && posted_ < rounds_) {
-    postRemainingRounds(failureHeader(sequence, why, true));
+    postRemainingRounds(failureHeader(number_, why, true));
   } else {
     // The op that was running (if any) has told the other nodes all it had
-    // to: their next one is the first to learn that this job cannot go on.
+    // to: their next one is the first to learn that the link is lost.
     postFailureHeader(committed_ == sequence ? sequence + 1 : sequence, why, true);
   }
-  link_.breakLink(why);
-  unusable_ = why;
+  lose(why);
 }
 
 }  // namespace

@@ -138,6 +138,15 @@ struct NodeLink::State {
   std::shared_ptr<Communicator> communicator;
   std::uint32_t tag = 0;
   bool reused = false;
+  /// Node 0's proposal, made once per cached communicator: a meeting tried
+  /// again proposes the same, so a node that read the first try agrees
+  /// with one that reads the next.
+  struct Proposal {
+    std::uint64_t cached_id = 0;  ///< the communicator it was made with (0: none)
+    std::uint64_t new_id = 0;     ///< a new communicator's, if one is made
+    std::uint32_t tag = 0;        ///< on the cached one
+  };
+  std::optional<Proposal> proposal;
   /// Set when the NodeLink goes while a step still runs: counted by
   /// abandonedThreads() until the thread ends (and with it this state).
   std::unique_ptr<AbandonedThread> abandoned;
@@ -148,6 +157,8 @@ struct NodeLink::State {
 
   void run();
   Result<void> runStep(const Step& step, const std::optional<Error>& broken_now);
+  /// connect(); a later meeting tries until it succeeds or the link goes.
+  Result<void> meet();
   Result<void> connect();
   Result<void> findNodes(gloo::rendezvous::Store& store);
   Result<void> agreeOnCommunicator(gloo::rendezvous::Store& store, const std::string& key);
@@ -201,6 +212,11 @@ bool NodeLink::connected() const noexcept {
   return state_->connected.load(std::memory_order_acquire);
 }
 
+bool NodeLink::broken() const {
+  const std::lock_guard lock(state_->mutex);
+  return state_->broken.has_value();
+}
+
 const NodeLayout& NodeLink::layout() const {
   return state_->layout;
 }
@@ -249,7 +265,7 @@ void NodeLink::State::run() {
 Result<void> NodeLink::State::runStep(const Step& step, const std::optional<Error>& broken_now) {
   if (broken_now) return *broken_now;
   if (!connected.load(std::memory_order_acquire)) {
-    if (auto made = connect(); !made) return made;
+    if (auto made = meet(); !made) return made;
   }
   try {
     return step(LinkChannel{communicator->context, *communicator, tag, timeout(), layout, watchdog});
@@ -278,12 +294,28 @@ Result<void> NodeLink::State::runStep(const Step& step, const std::optional<Erro
   }
 }
 
+Result<void> NodeLink::State::meet() {
+  constexpr auto kPause = std::chrono::seconds(1);  // between tries that fail at once (a store not there yet)
+  for (bool first_try = true;; first_try = false) {
+    auto made = connect();
+    if (made || job.meeting == 0) return made;
+    if (first_try) {
+      spdlog::info("job {}: meeting {} of its nodes: {}; trying again until they come", job.job_id, job.meeting,
+                   made.error().message);
+    }
+    std::unique_lock lock(mutex);
+    if (wake_thread.wait_for(lock, kPause, [&] { return stopping; })) return made;
+  }
+}
+
 Result<void> NodeLink::State::connect() {
   const auto started = std::chrono::steady_clock::now();
   auto store = openStore(job.store);
   if (!store) return std::move(store).error().withContext("job " + job.job_id);
-  // Keys are the job's, and the run's when its ranks gave a prefix.
-  gloo::rendezvous::PrefixStore keys("dbuf/" + job.job_id + (job.store.prefix.empty() ? "" : "/" + job.store.prefix),
+  // Keys are the job's, the run's when its ranks gave a prefix, and the
+  // meeting's after the first.
+  gloo::rendezvous::PrefixStore keys("dbuf/" + job.job_id + (job.store.prefix.empty() ? "" : "/" + job.store.prefix) +
+                                         (job.meeting == 0 ? "" : "/meeting-" + std::to_string(job.meeting)),
                                      **store);
   try {
     if (auto found = findNodes(keys); !found) return found;
@@ -294,9 +326,10 @@ Result<void> NodeLink::State::connect() {
     return glooError(error, "job " + job.job_id + ": meeting the other nodes' daemons");
   }
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
-  spdlog::info("job {}: {} of {} across nodes, reached at {}; communicator {:016x} ({}) in {} ms", job.job_id,
+  spdlog::info("job {}: {} of {} across nodes, reached at {}; communicator {:016x} ({}) in {} ms{}", job.job_id,
                layout.describeNode(layout.node), layout.nodes(), address, communicator->id,
-               reused ? "reused" : "new", took.count());
+               reused ? "reused" : "new", took.count(),
+               job.meeting == 0 ? "" : " (meeting " + std::to_string(job.meeting) + ")");
   connected.store(true, std::memory_order_release);
   return {};
 }
@@ -347,16 +380,16 @@ Result<void> NodeLink::State::agreeOnCommunicator(gloo::rendezvous::Store& store
   // keeps the jobs sharing the communicator apart). Otherwise a new one is
   // made, under the id node 0 proposes.
   const std::shared_ptr<Communicator> cached = cluster.communicators->find(key);
-  const bool leader = layout.node == 0;
-  std::uint64_t proposed_id = 0;
-  std::uint32_t proposed_tag = 0;
-  if (leader) {
-    proposed_id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
-    if (cached) proposed_tag = cached->next_channel.fetch_add(1);
+  const std::uint64_t cached_id = cached ? cached->id : 0;
+  if (!proposal || proposal->cached_id != cached_id) {
+    proposal = Proposal{cached_id, 0, 0};
+    if (layout.node == 0) {
+      proposal->new_id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
+      if (cached) proposal->tag = cached->next_channel.fetch_add(1);
+    }
   }
   store.set("communicator-" + std::to_string(layout.node),
-            encodeWords({std::to_string(cached ? cached->id : 0), std::to_string(proposed_id),
-                         std::to_string(proposed_tag)}));
+            encodeWords({std::to_string(cached_id), std::to_string(proposal->new_id), std::to_string(proposal->tag)}));
   std::vector<std::uint64_t> ids;
   std::uint64_t new_id = 0;
   std::uint32_t tag_from_leader = 0;
@@ -365,15 +398,15 @@ Result<void> NodeLink::State::agreeOnCommunicator(gloo::rendezvous::Store& store
     store.wait({entry}, timeout());
     const std::vector<std::string> words = decodeWords(store.get(entry));
     const auto id = words.size() == 3 ? number(words[0]) : std::nullopt;
-    const auto proposal = words.size() == 3 ? number(words[1]) : std::nullopt;
+    const auto proposed_id = words.size() == 3 ? number(words[1]) : std::nullopt;
     const auto tag_word = words.size() == 3 ? number(words[2]) : std::nullopt;
-    if (!id || !proposal || !tag_word || *tag_word > UINT32_MAX) {
+    if (!id || !proposed_id || !tag_word || *tag_word > UINT32_MAX) {
       return makeError(ErrorCode::kConflict, "job " + job.job_id + ": the store's communicator entry of " +
                                                  layout.describeNode(n) + " is not one this version understands");
     }
     ids.push_back(*id);
     if (n == 0) {
-      new_id = *proposal;
+      new_id = *proposed_id;
       tag_from_leader = static_cast<std::uint32_t>(*tag_word);
     }
   }

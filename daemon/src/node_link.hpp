@@ -55,6 +55,11 @@ struct NodeJob {
   std::uint32_t world_size = 1;
   std::uint32_t first_rank = 0;   ///< this node's first rank
   std::uint32_t local_count = 1;  ///< this node's ranks
+  /// How many times the job's nodes met before (each lost link ends one):
+  /// every meeting has keys of its own. A first meeting that fails is tried
+  /// again by the job's next op; a later one keeps trying until the other
+  /// nodes come (the job's ops fail meanwhile, and nothing else retries).
+  std::uint32_t meeting = 0;
 };
 
 /// Thrown by a step whose wait the watchdog ended: the job's exchange is
@@ -125,6 +130,9 @@ class NodeLink {
   [[nodiscard]] bool idle() const;
   /// Whether the link is made (layout() is then valid, and stays so).
   [[nodiscard]] bool connected() const noexcept;
+  /// Whether the steps reached a breakLink() marker, or one of them ended
+  /// the job's use of the connections (a timeout, a transport error).
+  [[nodiscard]] bool broken() const;
   [[nodiscard]] const NodeLayout& layout() const;
   /// Once the steps posted so far have run, every later one fails with `why`
   /// (a fatal error, on this node or another: the job cannot run collectives

@@ -8,8 +8,9 @@
 //   begin <command>                                  printed once a blocking op is submitted
 //
 // Commands (groups hold one fp32 tensor "w", fp32 unsharded):
-//   connect SOCKET / attach JOB RANK WORLD [LOCAL_RANK LOCAL_WORLD STORE] / detach / pid
-//                                 (the optional three: a job across nodes)
+//   connect SOCKET / attach JOB RANK WORLD [LOCAL_RANK LOCAL_WORLD STORE] [persistent] / detach / pid
+//                                 (the optional three: a job across nodes); "ok attach", or
+//                                 "ok attach reattached" when the job kept the rank's shards
 //   register NAME ELEMENTS        Client::registerGroup
 //   acquire NAME                  Group::acquireSlot
 //   fill NAME BASE                shard := (rank + 1) * BASE; with a slot also the unsharded
@@ -19,6 +20,8 @@
 //   submit ag|rs|barrier NAME     submit only; "ok submit id=N"
 //   wait ID                       Client::wait; "ok wait seq=S elapsed_ms=E"
 //   run ag|rs|barrier NAME        "begin run" once submitted, then waits: "ok run seq=S elapsed_ms=E"
+//   rejoin TRIES                  what a trainer does after a failure: barriers until one succeeds
+//                                 (0.1 s apart), at most TRIES; "ok rejoin tries=N" ("begin rejoin" first)
 //   watch NAME                    spins until params[0] is no longer the sentinel (the daemon
 //                                 started the all-gather); "ok watch last_untouched=0|1"
 //                                 tells whether the last element still holds the sentinel
@@ -35,6 +38,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dbuf/client.hpp"
@@ -85,7 +89,7 @@ class Rank {
     for (std::string arg; in >> arg;) args.push_back(arg);
     if (command.empty()) return;
     if (command == "connect" && args.size() == 1) return connect(args[0]);
-    if (command == "attach" && (args.size() == 3 || args.size() == 6)) return attach(args);
+    if (command == "attach" && args.size() >= 3 && args.size() <= 7 && args.size() != 5) return attach(args);
     if (command == "register" && args.size() == 2) return registerGroup(args[0], std::stoll(args[1]));
     if (command == "acquire" && args.size() == 1) return acquire(args[0]);
     if ((command == "fill" || command == "fillshard") && args.size() == 2) {
@@ -94,6 +98,7 @@ class Rank {
     if (command == "submit" && args.size() == 2) return submit(args[0], args[1]);
     if (command == "wait" && args.size() == 1) return wait(std::stoull(args[0]));
     if (command == "run" && args.size() == 2) return runOp(args[0], args[1]);
+    if (command == "rejoin" && args.size() == 1) return rejoin(std::stoi(args[0]));
     if (command == "watch" && args.size() == 1) return watch(args[0]);
     if (command == "checkag" && args.size() == 2) return checkGathered(args[0], std::stof(args[1]));
     if (command == "checkrs" && args.size() == 2) return checkReduced(args[0], std::stof(args[1]));
@@ -118,15 +123,17 @@ class Rank {
     options.job = args[0];
     options.rank = static_cast<std::uint32_t>(std::stoul(args[1]));
     options.world_size = static_cast<std::uint32_t>(std::stoul(args[2]));
-    if (args.size() == 6) {
+    if (args.size() >= 6) {
       options.local_rank = static_cast<std::uint32_t>(std::stoul(args[3]));
       options.local_world_size = static_cast<std::uint32_t>(std::stoul(args[4]));
       options.store = args[5];
     }
+    options.persistent = args.size() % 3 == 1;
+    if (options.persistent && args.back() != "persistent") return say("err attach usage: the last word is 'persistent'");
     rank_ = options.rank;
     world_ = options.world_size;
     if (auto attached = client_->attach(options); !attached) return fail("attach", attached.error());
-    say("ok attach");
+    say(client_->reattached() ? "ok attach reattached" : "ok attach");
   }
 
   void registerGroup(const std::string& name, std::int64_t elements) {
@@ -217,6 +224,21 @@ class Rank {
     const auto start = Clock::now();
     say("begin run");
     finishWait("run", *handle, start);
+  }
+
+  void rejoin(int tries) {
+    if (!client_) return say("err rejoin usage: connect first");
+    const auto start = Clock::now();
+    say("begin rejoin");
+    dbuf::Error last{dbuf::ErrorCode::kInternal, "no try", {}};
+    for (int n = 1; n <= tries; ++n) {
+      auto handle = client_->submitBarrier();
+      auto done = handle ? client_->wait(*handle) : dbuf::Result<dbuf::OpResult>(handle.error());
+      if (done) return say("ok rejoin tries=" + std::to_string(n) + " " + elapsedSince(start));
+      last = done.error();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    say("err rejoin " + codeName(last.code) + " " + elapsedSince(start) + ": " + last.message);
   }
 
   void watch(const std::string& name) {

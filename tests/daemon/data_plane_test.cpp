@@ -3,11 +3,15 @@
 // client side (ipc::ClientRings), progress() called directly. Matching of
 // the k-th op of every rank, a mismatch naming the ranks, a timeout naming
 // the missing ranks (global rank numbers when the job's node holds only some
-// of them), and the barrier of a one-node job finishing at the match.
+// of them), the barrier of a one-node job finishing at the match, and ops
+// failing at once while the executor is unavailable (a job across nodes
+// whose link was lost).
 #include <gtest/gtest.h>
 
 #include <asio.hpp>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +74,7 @@ class Scheduled {
     return std::pair{completion, std::string(message.data(), bytes)};
   }
   const Config& configuration() const { return config_; }
+  void useExecutor(std::unique_ptr<Executor> executor) { job_.collectives.executor = std::move(executor); }
 
  private:
   const Config& config() {
@@ -141,6 +146,72 @@ TEST(DataPlane, ATimeoutNamesTheMissingRanksByTheirGlobalNumbers) {
   auto owed = job.reap(1);
   ASSERT_TRUE(owed);
   EXPECT_EQ(owed->first.status, static_cast<std::uint16_t>(ipc::WireError::kTimeout));
+}
+
+/// Runs barriers (as across nodes), each at once, except that the first op
+/// it begins fails and leaves it unavailable (as a lost link leaves a job
+/// across nodes) until back().
+class LosingExecutor final : public Executor {
+ public:
+  Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& /*geometry*/,
+                     std::span<const RankBuffers> /*ranks*/) override {
+    begun_.push_back(args.sequence);
+    if (begun_.size() > 1) return true;
+    lost_ = Error{ErrorCode::kUnavailable, "the link is lost", {7}};
+    return *lost_;
+  }
+  Result<bool> step() override { return true; }
+  std::uint64_t bytesWritten() const noexcept override { return 0; }
+  Result<void> queued() override { return {}; }
+  Result<bool> done() override { return true; }
+  void quiesce() noexcept override {}
+  bool runsBarriers() const noexcept override { return true; }
+  const Error* unavailable() override { return lost_ ? &*lost_ : nullptr; }
+  void back() { lost_.reset(); }
+  const std::vector<std::uint64_t>& begun() const { return begun_; }
+
+ private:
+  std::optional<Error> lost_;
+  std::vector<std::uint64_t> begun_;
+};
+
+TEST(DataPlane, WhileTheExecutorIsUnavailableQueuedAndNewOpsFailAtOnceAndTakeNoSequence) {
+  Scheduled job(2, 2, 0);
+  auto owned = std::make_unique<LosingExecutor>();
+  LosingExecutor& executor = *owned;
+  job.useExecutor(std::move(owned));
+  job.submit(0, ipc::OpCode::kBarrier);
+  job.submit(0, ipc::OpCode::kBarrier);  // queued behind the one that fails
+  job.submit(1, ipc::OpCode::kBarrier);
+  job.run();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto failed = job.reap(r);
+    ASSERT_TRUE(failed) << r;
+    EXPECT_EQ(failed->first.status, static_cast<std::uint16_t>(ipc::toWire(ErrorCode::kUnavailable))) << failed->second;
+    EXPECT_EQ(failed->first.sequence, 0U);
+  }
+  auto queued = job.reap(0);
+  ASSERT_TRUE(queued) << "the queued op must fail with the op that lost the executor";
+  EXPECT_EQ(queued->first.status, static_cast<std::uint16_t>(ipc::toWire(ErrorCode::kUnavailable)));
+  EXPECT_EQ(queued->second, "the link is lost");
+  EXPECT_EQ(queued->first.rank_count, 1);
+  EXPECT_EQ(queued->first.ranks[0], 7U);
+  job.submit(1, ipc::OpCode::kBarrier);  // arrives while unavailable: fails as it comes
+  job.run();
+  auto refused = job.reap(1);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->second, "the link is lost");
+  executor.back();
+  job.submit(0, ipc::OpCode::kBarrier);
+  job.submit(1, ipc::OpCode::kBarrier);
+  job.run();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto done = job.reap(r);
+    ASSERT_TRUE(done) << r;
+    EXPECT_EQ(done->first.status, 0) << done->second;
+    EXPECT_EQ(done->first.sequence, 1U);  // the refused ops took none
+  }
+  EXPECT_EQ(executor.begun(), (std::vector<std::uint64_t>{0, 1}));
 }
 
 }  // namespace

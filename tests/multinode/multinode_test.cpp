@@ -26,6 +26,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cf_rank_driver.hpp"
@@ -323,20 +324,40 @@ TEST(MultiNodeNamespaces, EveryOpAndDtypeFourNodesOfOneRank) {
 // ------------------------------------------------------------------ failures
 
 /// `per_node` cf-rank processes on each node of `cluster`, attached to `job`
-/// with a group "g" of 4096 fp32 elements registered and a slot acquired.
+/// (through the store of `run`, persistent if asked) with a group "g" of
+/// 4096 fp32 elements registered and a slot acquired.
 class FailureJob {
  public:
-  FailureJob(Cluster& cluster, const std::string& job, std::uint32_t per_node) {
+  FailureJob(Cluster& cluster, std::string job, std::uint32_t per_node, bool persistent = false,
+             const std::string& run = "")
+      : cluster_(cluster), job_(std::move(job)), per_node_(per_node), persistent_(persistent) {
     const std::uint32_t world = per_node * cluster.nodes();
+    ranks_.resize(world);
     for (std::uint32_t r = 0; r < world; ++r) {
-      ranks_.push_back(std::make_unique<CfRank>(job + "-" + std::to_string(r)));
-      ranks_.back()->attach(cluster.node(r / per_node).socket(), job, r, world,
-                            " " + std::to_string(r % per_node) + " " + std::to_string(per_node) + " " +
-                                cluster.fileStore(job));
+      ranks_[r] = std::make_unique<CfRank>(job_ + "-" + std::to_string(r));
+      EXPECT_EQ(ranks_[r]->call("connect " + cluster.node(r / per_node).socket()), "ok connect");
+      EXPECT_EQ(ranks_[r]->call(attachCommand(r, run)), "ok attach");
     }
     for (auto& rank : ranks_) rank->begin("register g 4096");
     for (auto& rank : ranks_) EXPECT_LINE(rank->result(), "ok register");
     for (auto& rank : ranks_) EXPECT_EQ(rank->call("acquire g"), "ok acquire");
+  }
+  /// A new process for rank r (its old one is gone), through the store of
+  /// `run`: its daemon kept the job, so it reattaches, to the group as it was.
+  void restart(std::uint32_t r, const std::string& run = "") {
+    ranks_.at(r) = std::make_unique<CfRank>(job_ + "-" + std::to_string(r) + "-again");
+    CfRank& rank = *ranks_[r];
+    EXPECT_EQ(rank.call("connect " + cluster_.node(r / per_node_).socket()), "ok connect");
+    // Until its daemon has seen the old process go.
+    std::string answer;
+    for (int tries = 0; tries < 100; ++tries) {
+      answer = rank.call(attachCommand(r, run));
+      if (answer.find("is already attached") == std::string::npos) break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    EXPECT_EQ(answer, "ok attach reattached");
+    EXPECT_LINE(rank.call("register g 4096"), "ok register");
+    EXPECT_EQ(rank.call("acquire g"), "ok acquire");
   }
   CfRank& rank(std::uint32_t r) { return *ranks_.at(r); }
   [[nodiscard]] std::uint32_t world() const { return static_cast<std::uint32_t>(ranks_.size()); }
@@ -368,6 +389,16 @@ class FailureJob {
   void forget(std::uint32_t r) { ranks_.at(r).reset(); }
 
  private:
+  std::string attachCommand(std::uint32_t r, const std::string& run) const {
+    return "attach " + job_ + " " + std::to_string(r) + " " + std::to_string(ranks_.size()) + " " +
+           std::to_string(r % per_node_) + " " + std::to_string(per_node_) + " " +
+           cluster_.fileStore(run.empty() ? job_ : run) + (persistent_ ? " persistent" : "");
+  }
+
+  Cluster& cluster_;
+  std::string job_;
+  std::uint32_t per_node_;
+  bool persistent_;
   std::vector<std::unique_ptr<CfRank>> ranks_;
 };
 
@@ -491,6 +522,97 @@ TEST(MultiNode, KillingARankInTheMiddleOfAManyRoundOpFailsItOnTheOtherNode) {
   }
   EXPECT_LINE(r0.call("run ag big"), "err run");  // at once: the job cannot go on
   r0.exit();
+}
+
+/// Every rank of `job` runs "rejoin" (barriers until one succeeds), as a
+/// trainer does after a failure; each must succeed.
+void rejoinAll(FailureJob& job) {
+  for (std::uint32_t r = 0; r < job.world(); ++r) job.rank(r).begin("rejoin 100");
+  for (std::uint32_t r = 0; r < job.world(); ++r) EXPECT_LINE(job.rank(r).result(milliseconds(30000)), "ok rejoin");
+}
+
+/// How many times node n's log says the job's nodes met again.
+int meetingsLogged(const Daemon& daemon, const std::string& job) {
+  const std::string log = daemon.log();
+  const std::regex again("job " + job + ": meeting its other nodes again");
+  return static_cast<int>(std::distance(std::sregex_iterator(log.begin(), log.end(), again), std::sregex_iterator()));
+}
+
+TEST(MultiNode, AKilledRankReattachesAndTheJobGoesOnOnEveryNode) {
+  Cluster cluster(2, NodeNetwork::kLoopback, /*collective_ms=*/3000);
+  cluster.start();
+  FailureJob other(cluster, "bystander", 1);
+  other.keepsWorking(0.5F);  // its link is made: the next job shares its communicator
+  FailureJob job(cluster, "phoenix", 2);
+  job.keepsWorking(1.0F);  // every rank's shard now holds (rank + 1) * 1
+  job.rank(1).kill9();
+  // Node 0 fails the op at once; node 1 learns it from node 0's header.
+  for (std::uint32_t r : {0U, 2U, 3U}) job.rank(r).begin("run ag g");
+  for (std::uint32_t r : {0U, 2U, 3U}) {
+    const std::string answer = job.rank(r).result();
+    EXPECT_LINE(answer, "err run conflict");
+    EXPECT_NE(answer.find("rank 1 of job phoenix disconnected"), std::string::npos) << answer;
+  }
+  // Until rank 1 is back, every op of the job fails at once, on both nodes,
+  // saying so; the other job goes on.
+  for (std::uint32_t r : {0U, 2U, 3U}) {
+    const std::string answer = job.rank(r).call("run barrier g");
+    EXPECT_LINE(answer, "err run conflict");
+    EXPECT_NE(answer.find("meet again once each has all its ranks attached"), std::string::npos) << answer;
+    EXPECT_LT(elapsedOf(answer), 1000) << answer;
+  }
+  other.keepsWorking(2.0F);
+  job.restart(1);
+  rejoinAll(job);
+  // Rank 1's shard is as its first process left it, and the bytes cross.
+  for (const std::string& answer : job.runAll("ag")) EXPECT_LINE(answer, "ok run");
+  for (std::uint32_t r = 0; r < job.world(); ++r) EXPECT_EQ(job.rank(r).call("checkag g 1"), "ok checkag");
+  job.keepsWorking(5.0F);
+  other.keepsWorking(3.0F);
+  job.finish();
+  other.finish();
+  for (std::uint32_t n = 0; n < 2; ++n) {
+    EXPECT_EQ(meetingsLogged(cluster.node(n), "phoenix"), 1) << cluster.node(n).log();
+    EXPECT_EQ(linksLogged(cluster.node(n), "new"), 1) << cluster.node(n).log();  // the meeting reused it
+  }
+}
+
+TEST(MultiNode, ARankKilledOnEachNodeInTurnRejoinsEachTime) {
+  Cluster cluster(2, NodeNetwork::kLoopback, /*collective_ms=*/3000);
+  cluster.start();
+  FailureJob job(cluster, "twice", 2);
+  job.keepsWorking(1.0F);
+  job.rank(3).kill9();  // node 1
+  job.rank(0).kill9();  // node 0, before node 1's loss reached it
+  job.restart(3);
+  job.restart(0);
+  rejoinAll(job);
+  job.keepsWorking(2.0F);
+  job.rank(2).kill9();
+  job.restart(2);
+  rejoinAll(job);
+  job.keepsWorking(3.0F);
+  job.finish();
+  if (HasFailure()) ADD_FAILURE() << cluster.logs();
+}
+
+TEST(MultiNode, APersistentJobRestartedAsANewRunKeepsItsShards) {
+  Cluster cluster(2, NodeNetwork::kLoopback, /*collective_ms=*/3000);
+  cluster.start();
+  FailureJob job(cluster, "kept", 2, /*persistent=*/true, "kept.run0");
+  job.keepsWorking(1.0F);
+  // Every rank dies (torchrun restarts them all), and comes back with the
+  // next restart count's keys.
+  for (std::uint32_t r = 0; r < job.world(); ++r) job.rank(r).kill9();
+  for (std::uint32_t r = 0; r < job.world(); ++r) job.restart(r, "kept.run1");
+  rejoinAll(job);
+  for (const std::string& answer : job.runAll("ag")) EXPECT_LINE(answer, "ok run");
+  for (std::uint32_t r = 0; r < job.world(); ++r) EXPECT_EQ(job.rank(r).call("checkag g 1"), "ok checkag");
+  job.keepsWorking(4.0F);
+  job.finish();
+  for (std::uint32_t n = 0; n < 2; ++n) {
+    EXPECT_NE(cluster.node(n).log().find("job kept: restarted with store"), std::string::npos) << cluster.node(n).log();
+  }
 }
 
 TEST(MultiNode, KillingANodesDaemonFailsTheJobOnTheOtherNodes) {
