@@ -10,6 +10,8 @@ of a job across nodes (each node's ranks summed in order, then the nodes').
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -48,6 +50,65 @@ def test_a_job_across_nodes_without_a_store_is_refused(two_nodes):
     with pytest.raises(dbuf.InvalidArgumentError, match="needs a store"):
         client.attach("nostore", 0, 4, local_world_size=2)
     client.close()
+
+
+def test_a_rank_that_leaves_and_comes_back_rejoins_its_job_on_both_nodes(two_nodes, tmp_path):
+    # One rank per daemon. Rank 1 leaves; rank 0's op fails naming it; rank 1
+    # comes back (its shard as it left it), both retry a barrier until the
+    # nodes have met again, and the job gathers exactly again.
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    specs = [dbuf.TensorSpec("w", (64,))]
+    full = torch.arange(64, dtype=torch.float32)
+    sockets = [node.socket for node in two_nodes]
+    gone = threading.Barrier(2)
+    back = threading.Barrier(2)
+
+    def attach(r: int):
+        client = dbuf.Client(sockets[r], 30.0)
+        client.attach("phoenix", r, 2, local_rank=0, local_world_size=1, store=f"file:{store}#phoenix",
+                      persistent=True)
+        return client, client.register_group("g", specs, granularity="element")
+
+    def gathered(group) -> torch.Tensor:
+        group.unshard()
+        out = group.unsharded_view(0).torch().clone()
+        group.reshard()
+        return out
+
+    def rejoin(client) -> None:
+        for _ in range(100):
+            try:
+                client.barrier()
+                return
+            except dbuf.Error:
+                time.sleep(0.1)
+        raise AssertionError("the nodes did not meet again")
+
+    def rank(r: int):
+        client, group = attach(r)
+        view = group.shard_view(0)
+        view.numpy()[:] = full[view.begin : view.end].numpy()
+        first = gathered(group)
+        if r == 1:
+            client.close()
+            gone.wait()
+            back.wait()
+            client, group = attach(1)
+            assert client.reattached
+        else:
+            gone.wait()
+            with pytest.raises(dbuf.ConflictError, match="rank 1 of job phoenix disconnected"):
+                group.unshard()
+            back.wait()
+        rejoin(client)
+        again = gathered(group)
+        client.close()
+        return first, again
+
+    for first, again in run_threads(2, rank):
+        assert torch.equal(first, full)
+        assert torch.equal(again, full)
 
 
 SPECS = [dbuf.TensorSpec("w", (6, 8)), dbuf.TensorSpec("b", (8,)), dbuf.TensorSpec("e", (4, 3, 8))]

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -528,7 +529,13 @@ TEST(MultiNode, KillingARankInTheMiddleOfAManyRoundOpFailsItOnTheOtherNode) {
 /// trainer does after a failure; each must succeed.
 void rejoinAll(FailureJob& job) {
   for (std::uint32_t r = 0; r < job.world(); ++r) job.rank(r).begin("rejoin 100");
-  for (std::uint32_t r = 0; r < job.world(); ++r) EXPECT_LINE(job.rank(r).result(milliseconds(30000)), "ok rejoin");
+  for (std::uint32_t r = 0; r < job.world(); ++r) {
+    const std::string answer = job.rank(r).result(milliseconds(30000));
+    EXPECT_LINE(answer, "ok rejoin");
+    // The nodes meet as soon as the last rank is back (3 s is collective_ms).
+    EXPECT_LT(elapsedOf(answer), 3000) << answer;
+    std::cout << "rank " << r << ": " << answer << "\n";
+  }
 }
 
 /// How many times node n's log says the job's nodes met again.
