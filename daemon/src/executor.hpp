@@ -144,6 +144,13 @@ struct ClusterContext;
 /// aborted them) on a thread of their own: the data plane keeps serving the
 /// other jobs meanwhile.
 [[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
+/// A job across nodes on GPUs, one rank per GPU: this node's ranks of one
+/// NCCL communicator over every node's, made at each meeting of the nodes
+/// (its unique id through the job's store); each op's headers go to the
+/// other nodes first (nodeSync()), and an op that does not end within the
+/// job's collective timeout aborts the communicator.
+[[nodiscard]] Result<std::unique_ptr<Executor>> ncclNodeExecutor(std::vector<int> devices, NodeJob job,
+                                                                 const ClusterContext& cluster);
 /// `counters` registered for `device`, done written by `stream` (a
 /// cudaStream_t of the executor's: signalDone is called only while the
 /// executor lives, and destroying what this returns does not touch it).

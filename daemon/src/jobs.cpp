@@ -18,21 +18,16 @@ constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
 
-/// The job's ranks on the rank's node, as its Hello says (0: all of them).
-std::uint32_t localWorldSize(const ipc::Hello& hello) {
-  return hello.local_world_size == 0 ? hello.world_size : hello.local_world_size;
-}
-
 /// The first of the job's ranks on the rank's node. On one node local_rank
 /// says nothing (clients have long sent any value there).
 std::uint32_t nodeFirstRank(const ipc::Hello& hello) {
-  return localWorldSize(hello) < hello.world_size ? hello.rank - hello.local_rank : 0;
+  return ranksOnThisNode(hello) < hello.world_size ? hello.rank - hello.local_rank : 0;
 }
 
 /// The node layout a Hello gives: across nodes, its node's ranks are
 /// contiguous and inside the job, and it names a store.
 Result<void> checkNodeLayout(const ipc::Hello& hello) {
-  const std::uint32_t local = localWorldSize(hello);
+  const std::uint32_t local = ranksOnThisNode(hello);
   if (local < hello.world_size && (hello.local_rank >= local || hello.local_rank > hello.rank ||
                                    hello.rank - hello.local_rank + local > hello.world_size)) {
     return makeError(ErrorCode::kInvalidArgument,
@@ -112,9 +107,10 @@ Result<void> JobTable::acceptAcrossNodes(const ipc::Hello& hello, Placement plac
   if (config_.cluster_address.empty()) {
     return makeError(ErrorCode::kUnavailable, what + ", and this dbufd takes no such jobs ([cluster] address is not set)");
   }
-  if (placement != Placement::kHost) {
+  if (placement == Placement::kSharedGpu) {
     return makeError(ErrorCode::kUnavailable,
-                     what + ": jobs across nodes run on dbufd's host backend only in this version");
+                     what + ": on GPUs, a job across nodes needs a GPU per rank (dbufd's virtual ranks share one "
+                            "GPU of one node; start dbufd with --virtual-ranks 0 and give each rank its GPU)");
   }
   auto store = parseStoreSpec(hello.store);
   if (!store) return std::move(store).error();
@@ -122,7 +118,13 @@ Result<void> JobTable::acceptAcrossNodes(const ipc::Hello& hello, Placement plac
 }
 
 NodeJob JobTable::nodeJob(const Job& job) {
-  return NodeJob{job.id, *parseStoreSpec(job.store), job.world_size, job.first_rank, job.localCount()};
+  NodeJob node;
+  node.job_id = job.id;
+  node.store = *parseStoreSpec(job.store);
+  node.world_size = job.world_size;
+  node.first_rank = job.first_rank;
+  node.local_count = job.localCount();
+  return node;
 }
 
 JobTable::Attachment* JobTable::attachmentOf(const Session& session) {
@@ -252,7 +254,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     }
     auto placement = placeJob(hello, gpu_offer_);
     if (!placement) return std::move(placement).error();
-    const std::uint32_t local_count = localWorldSize(hello);
+    const std::uint32_t local_count = ranksOnThisNode(hello);
     if (local_count < hello.world_size) {
       if (auto allowed = acceptAcrossNodes(hello, *placement, peer); !allowed) return std::move(allowed).error();
     }
@@ -293,7 +295,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
   const bool nobody_attached = std::none_of(job.members.begin(), job.members.end(),
                                             [](const RankMembership& m) { return m.session != nullptr; });
   if (job.store != hello.store && nobody_attached && job.first_rank == nodeFirstRank(hello) &&
-      job.localCount() == localWorldSize(hello)) {
+      job.localCount() == ranksOnThisNode(hello)) {
     // The whole job restarted (a persistent one, kept), as a new run with
     // keys of its own (torchrun's restart count): its nodes meet anew there.
     if (job.acrossNodes()) {
@@ -303,11 +305,11 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.store = hello.store;
     job.collectives.executor.reset();  // made again by placeRank
   }
-  if (job.first_rank != nodeFirstRank(hello) || job.localCount() != localWorldSize(hello) ||
+  if (job.first_rank != nodeFirstRank(hello) || job.localCount() != ranksOnThisNode(hello) ||
       job.store != hello.store) {
     return makeError(ErrorCode::kConflict,
                      "rank " + std::to_string(hello.rank) + " places job '" + job.id + "''s ranks " +
-                         rankSpan(nodeFirstRank(hello), localWorldSize(hello)) + " on this node with store '" +
+                         rankSpan(nodeFirstRank(hello), ranksOnThisNode(hello)) + " on this node with store '" +
                          hello.store + "', but its other ranks here said ranks " +
                          rankSpan(job.first_rank, job.localCount()) + " with store '" + job.store + "'");
   }
@@ -355,6 +357,7 @@ Result<std::unique_ptr<Executor>> JobTable::executorFor(const Job& job, const ip
       if (std::find(devices.begin(), devices.end(), -1) != devices.end()) {
         return std::unique_ptr<Executor>();  // ranks still to come
       }
+      if (job.acrossNodes()) return ncclNodeExecutor(std::move(devices), nodeJob(job), cluster_);
       return ncclExecutor(std::move(devices));
     }
 #endif

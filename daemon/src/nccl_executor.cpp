@@ -8,12 +8,26 @@
 // per-GPU scratch (see reduceScatter). NCCL's asynchronous errors are polled
 // with the op's events; the first aborts the communicators (the ranks get the
 // error, never a hang) and the next op makes new ones.
+//
+// A job across nodes (ncclNodeExecutor) runs the same ops over this node's
+// ranks of one communicator over every node's GPUs, made when the nodes meet
+// (node 0's daemon puts its unique id in the meeting's keys; every daemon
+// joins its ranks in one group). Each op first exchanges its header with
+// the other nodes (nodeSync(): the k-th op of every node matches, a failure
+// anywhere fails it everywhere), so NCCL is only called once every node
+// will call it too; an op still running after the collective timeout, or an
+// asynchronous NCCL error, aborts the communicator, and the nodes meet again
+// with a new one.
 #include <cuda_runtime_api.h>
+#include <gloo/rendezvous/store.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -22,6 +36,7 @@
 #include "dbuf/gpu/nccl.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
 #include "executor.hpp"
+#include "node_executor.hpp"
 
 namespace dbuf::daemon {
 namespace {
@@ -79,16 +94,72 @@ Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
   return gpu;
 }
 
+/// What an NcclExecutor of a job across nodes has besides its GPUs.
+struct AcrossNodes {
+  /// Where the link thread leaves each meeting's communicator for the loop.
+  struct Made {
+    std::mutex mutex;
+    std::unique_ptr<gpu::LocalComms> comms;
+  };
+  std::unique_ptr<NodeSync> sync;
+  std::shared_ptr<Made> made = std::make_shared<Made>();
+  std::chrono::milliseconds timeout{0};  ///< [timeouts] collective_ms
+};
+
+/// The job's after_meeting: node 0's daemon puts an NCCL unique id in the
+/// meeting's keys (one per meeting, so a meeting tried again joins the same
+/// communicator), every daemon joins its ranks (first_rank..) to the
+/// communicator of it, and leaves it in `made` for the loop.
+NodeJob::AfterMeeting meetingCommunicator(std::vector<int> devices, std::uint32_t world, std::uint32_t first_rank,
+                                          std::shared_ptr<AcrossNodes::Made> made, std::chrono::milliseconds timeout) {
+  struct MadeId {
+    std::uint32_t meeting = 0;
+    std::optional<ncclUniqueId> id;
+  };
+  auto node0 = std::make_shared<MadeId>();  // only node 0's daemon makes one
+  return [=](gloo::rendezvous::Store& keys, const NodeLayout& layout, std::uint32_t meeting) -> Result<void> {
+    const std::string key = "nccl-id";
+    ncclUniqueId id{};
+    if (layout.node == 0) {
+      if (!node0->id || node0->meeting != meeting) {
+        ncclUniqueId fresh{};
+        if (auto made_id = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&fresh), "ncclGetUniqueId"); !made_id) {
+          return made_id;
+        }
+        *node0 = MadeId{meeting, fresh};
+      }
+      id = *node0->id;
+      keys.set(key, std::vector<char>(id.internal, id.internal + sizeof id.internal));
+    } else {
+      keys.wait({key}, timeout);
+      const std::vector<char> value = keys.get(key);
+      if (value.size() != sizeof id.internal) {
+        return makeError(ErrorCode::kConflict, "the store's NCCL id for the job is not one this version understands");
+      }
+      std::memcpy(id.internal, value.data(), sizeof id.internal);
+    }
+    auto joined = gpu::LocalComms::join(devices, id, static_cast<int>(world), static_cast<int>(first_rank));
+    if (!joined) return std::move(joined).error();
+    const std::lock_guard lock(made->mutex);
+    if (made->comms) made->comms->fail(Error{ErrorCode::kUnavailable, "replaced by the nodes' next meeting", {}});
+    made->comms = std::make_unique<gpu::LocalComms>(std::move(*joined));
+    return {};
+  };
+}
+
 class NcclExecutor final : public Executor {
  public:
-  explicit NcclExecutor(std::vector<std::unique_ptr<RankGpu>> gpus) : gpus_(std::move(gpus)) {
+  /// first_rank: the job's rank of gpus[0] (0 but across nodes); across:
+  /// null on one node.
+  NcclExecutor(std::vector<std::unique_ptr<RankGpu>> gpus, std::uint32_t first_rank,
+               std::unique_ptr<AcrossNodes> across)
+      : gpus_(std::move(gpus)), first_rank_(first_rank), across_(std::move(across)) {
     for (const auto& gpu : gpus_) {
       devices_.push_back(gpu->device);
       streams_.push_back(gpu->stream);
     }
     buffers_.resize(gpus_.size());
     for (const auto& gpu : gpus_) scratch_buffers_.push_back(gpu->scratch);
-    scale_parts_.resize(gpus_.size());
   }
   ~NcclExecutor() override {
     if (making_.valid()) abandonSetUp();
@@ -102,7 +173,11 @@ class NcclExecutor final : public Executor {
       return makeError(ErrorCode::kInternal, "nccl executor: " + std::to_string(gpus_.size()) + " GPUs but " +
                                                  std::to_string(ranks.size()) + " ranks");
     }
-    if (!comms_ || comms_->failed()) {
+    phase_ = Phase::kIdle;
+    if (across_) {
+      auto ready = beginAcrossNodes(args, geometry, ranks);
+      if (!ready || !*ready) return ready;
+    } else if (!comms_ || comms_->failed()) {
       auto ready = communicators();
       if (!ready || !*ready) return ready;
     }
@@ -110,10 +185,16 @@ class NcclExecutor final : public Executor {
     geometry_ = &geometry;
     ranks_ = ranks;
     written_ = 0;
+    phase_ = across_ ? Phase::kHeaders : Phase::kData;
     return true;
   }
 
   Result<bool> step() override {
+    if (phase_ == Phase::kHeaders) {
+      auto agreed = across_->sync->step();  // the op's header, to and from every other node
+      if (!agreed || !*agreed) return agreed;
+      phase_ = Phase::kData;
+    }
     Result<void> queued;
     switch (args_.op) {
       case ipc::OpCode::kAllGather:
@@ -133,9 +214,27 @@ class NcclExecutor final : public Executor {
         break;  // no data
     }
     if (!queued) return std::move(queued).error();
+    queued_at_ = std::chrono::steady_clock::now();
     return true;  // the whole op is queued in one step
   }
   std::uint64_t bytesWritten() const noexcept override { return written_; }
+  [[nodiscard]] bool waiting() const noexcept override {
+    return phase_ == Phase::kHeaders && across_->sync->waiting();
+  }
+  // Across nodes the link's thread wakes the loop when the headers are in;
+  // the GPUs are polled.
+  [[nodiscard]] bool wakesTheLoop() const noexcept override { return across_ && phase_ != Phase::kData; }
+  [[nodiscard]] bool runsBarriers() const noexcept override { return across_ != nullptr; }
+  void opFailed(std::uint64_t sequence, const Error& error) override {
+    if (across_) across_->sync->opFailed(sequence, error);
+  }
+  void abandon(std::uint64_t sequence, const Error& why) override {
+    if (across_) across_->sync->abandon(sequence, why);
+  }
+  void ranksAttached() override {
+    if (across_) across_->sync->ranksAttached();
+  }
+  [[nodiscard]] const Error* unavailable() override { return across_ ? across_->sync->unavailable() : nullptr; }
 
   Result<void> queued() override {
     for (const auto& gpu : gpus_) {
@@ -150,7 +249,11 @@ class NcclExecutor final : public Executor {
     for (const auto& gpu : gpus_) {
       static_cast<void>(cudaSetDevice(gpu->device));
       const cudaError_t status = cudaEventQuery(gpu->event);
-      if (status == cudaErrorNotReady) return false;
+      if (status == cudaErrorNotReady) {
+        if (!abortIfLate(queued_at_, "the op")) return false;
+        const Result<void> aborted = comms_->poll();
+        return aborted.error();
+      }
       if (auto r = gpuFailed(status, "the job's GPU work", *gpu); !r) return r.error();
     }
     return true;
@@ -159,6 +262,7 @@ class NcclExecutor final : public Executor {
     // Never a plain stream synchronize: NCCL kernels whose peers cannot
     // progress would hold it forever. Polling aborts failed communicators,
     // and a GPU in error aborts them too, which ends their kernels.
+    const auto since = std::chrono::steady_clock::now();
     for (;;) {
       if (comms_) static_cast<void>(comms_->poll());
       bool idle = true;
@@ -169,6 +273,8 @@ class NcclExecutor final : public Executor {
         static_cast<void>(gpuFailed(status, "quiescing the job's GPU work", *gpu));
       }
       if (idle) return;
+      // Across nodes, kernels wait for the other nodes' part: bounded too.
+      static_cast<void>(abortIfLate(since, "quiescing the job's GPU work"));
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
@@ -186,6 +292,55 @@ class NcclExecutor final : public Executor {
     Result<void> failed = cudaStatus(status, what + " on GPU " + std::to_string(gpu.device));
     if (comms_) comms_->fail(failed.error());
     return failed;
+  }
+
+  /// Across nodes, aborts the communicator when `what` (begun at `since`)
+  /// has run past the collective timeout: its kernels wait for another
+  /// node's part, which is late or will never come. Whether it did.
+  bool abortIfLate(std::chrono::steady_clock::time_point since, const std::string& what) {
+    if (!across_ || !comms_ || comms_->failed()) return false;
+    if (std::chrono::steady_clock::now() - since < across_->timeout) return false;
+    comms_->fail(Error{ErrorCode::kTimeout,
+                       what + " did not end on the GPUs within " + std::to_string(across_->timeout.count()) +
+                           " ms (another node's part of it is late): the job's NCCL communicator is aborted, and "
+                           "its nodes meet again with a new one",
+                       {}});
+    return true;
+  }
+
+  /// A job across nodes: this meeting's communicator (taken when the link
+  /// is up), then the op's headers. NCCL failed here (an asynchronous error,
+  /// an op past the timeout): the nodes meet again, with a new one.
+  Result<bool> beginAcrossNodes(const CollectiveArgs& args, const GroupGeometry& geometry,
+                                std::span<const RankBuffers> ranks) {
+    takeMeetingComms();
+    if (comms_ && comms_->failed()) {
+      const Result<void> failure = comms_->poll();
+      Error why = failure.error();
+      comms_.reset();
+      across_->sync->loseLink(args.sequence, why);
+      return why;
+    }
+    auto begun = across_->sync->begin(args, geometry, ranks);
+    if (!begun || !*begun) return begun;
+    takeMeetingComms();
+    if (!comms_) {
+      return makeError(ErrorCode::kInternal, "dbufd: the nodes met but their NCCL communicator was not made (a bug)");
+    }
+    return true;
+  }
+
+  /// The communicator of the nodes' latest meeting, if one was made since
+  /// the last look (the one it replaces is aborted: its peers may be gone).
+  void takeMeetingComms() {
+    std::unique_ptr<gpu::LocalComms> fresh;
+    {
+      const std::lock_guard lock(across_->made->mutex);
+      fresh = std::move(across_->made->comms);
+    }
+    if (!fresh) return;
+    if (comms_) comms_->fail(Error{ErrorCode::kUnavailable, "replaced by the nodes' next meeting", {}});
+    comms_ = std::move(fresh);
   }
 
   /// NCCL's set-up cannot be interrupted, and one that hangs must not hold
@@ -241,22 +396,24 @@ class NcclExecutor final : public Executor {
     // its scales), then one in-place all-gather of the parts as bytes.
     const GroupGeometry& g = *geometry_;
     auto own_parts = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
+      const std::uint32_t rank = first_rank_ + r;
       const ConstBuffer shard{mine.shard, g.sharded, g.shard_elems};
       const MutBuffer params{mine.params, g.unsharded, unshardedElements()};
       if (g.quantized()) {
         return gpu.runner->quantizeE4m3(shard, params, MutBuffer{mine.scales, DType::kF32, g.total_blocks},
-                                        g.ranks[r].segments);
+                                        g.ranks[rank].segments);
       }
-      const Segment own{0, r * g.shard_elems, g.shard_elems, 0, 0};
+      const Segment own{0, rank * g.shard_elems, g.shard_elems, 0, 0};
       return gpu.runner->cast(shard, params, {&own, 1});
     });
     if (!own_parts) return own_parts;
     const auto part_bytes = static_cast<std::size_t>(g.shard_elems * sizeBytes(g.unsharded));
     if (auto r = comms_->allGather(everyRank(&RankBuffers::params), part_bytes, DType::kU8, streams_); !r) return r;
-    written_ += part_bytes * g.world * g.world;
+    written_ += part_bytes * g.world * gpus_.size();
     if (!g.quantized()) return {};
-    for (std::size_t r = 0; r < gpus_.size(); ++r) {
-      scale_parts_[r] = {static_cast<std::size_t>(g.ranks[r].first_scale), static_cast<std::size_t>(g.ranks[r].scales)};
+    scale_parts_.resize(g.world);  // every rank's, the other nodes' too
+    for (std::size_t w = 0; w < scale_parts_.size(); ++w) {
+      scale_parts_[w] = {static_cast<std::size_t>(g.ranks[w].first_scale), static_cast<std::size_t>(g.ranks[w].scales)};
     }
     return comms_->allGatherParts(everyRank(&RankBuffers::scales), scale_parts_, DType::kF32, streams_);
   }
@@ -293,13 +450,13 @@ class NcclExecutor final : public Executor {
       }
       auto reduced = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
         const ConstBuffer summed{gpu.scratch, DType::kF32, g.world * count};
-        const Segment own{r * count, 0, count, 0, 0};
+        const Segment own{(first_rank_ + r) * count, 0, count, 0, 0};
         return gpu.runner->reduce(
             {&summed, 1}, MutBuffer{elementAt(mine.shard_grad, first, g.sharded), g.sharded, g.shard_elems - first},
             finish, {&own, 1});
       });
       if (!reduced) return reduced;
-      written_ += static_cast<std::uint64_t>(count * (g.world * 4 + sizeBytes(g.sharded))) * g.world;
+      written_ += static_cast<std::uint64_t>(count * (g.world * 4 + sizeBytes(g.sharded))) * gpus_.size();
     }
     return {};
   }
@@ -327,7 +484,7 @@ class NcclExecutor final : public Executor {
                                   {&whole, 1});
       });
       if (!written) return written;
-      written_ += static_cast<std::uint64_t>(count * (4 + sizeBytes(g.grad))) * g.world;
+      written_ += static_cast<std::uint64_t>(count * (4 + sizeBytes(g.grad))) * gpus_.size();
     }
     return {};
   }
@@ -352,13 +509,19 @@ class NcclExecutor final : public Executor {
     const auto bytes = static_cast<std::size_t>(unshardedElements() * sizeBytes(g.unsharded));
     const auto root = static_cast<int>(args_.root);
     if (auto r = comms_->broadcast(everyRank(&RankBuffers::params), bytes, DType::kU8, root, streams_); !r) return r;
-    written_ += bytes * (g.world - 1);
+    written_ += bytes * gpus_.size();
     if (!g.quantized()) return {};
     return comms_->broadcast(everyRank(&RankBuffers::scales), static_cast<std::size_t>(g.total_blocks), DType::kF32,
                              root, streams_);
   }
 
+  enum class Phase : std::uint8_t { kIdle, kHeaders, kData };
+
   std::vector<std::unique_ptr<RankGpu>> gpus_;
+  std::uint32_t first_rank_;
+  std::unique_ptr<AcrossNodes> across_;
+  Phase phase_ = Phase::kIdle;                     // of the op: its headers (across nodes), then NCCL
+  std::chrono::steady_clock::time_point queued_at_;  // the op's NCCL work
   // gpus_' devices and streams side by side, as the NCCL calls take them.
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
@@ -373,12 +536,11 @@ class NcclExecutor final : public Executor {
   std::vector<void*> buffers_;
   std::vector<void*> scratch_buffers_;   // every rank's fp32 scratch
   std::vector<Segment> stage_segments_;  // a reduce-scatter chunk's staging
-  std::vector<gpu::LocalComms::Part> scale_parts_;
+  std::vector<gpu::LocalComms::Part> scale_parts_;  // every rank's scales, for fp8 all-gathers
 };
 
-}  // namespace
-
-Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices) {
+/// NCCL, and a RankGpu for each of `devices`.
+Result<std::vector<std::unique_ptr<RankGpu>>> rankGpus(const std::vector<int>& devices) {
   if (auto loaded = gpu::nccl(); !loaded) return loaded.error();  // say so at attach, not at the first op
   std::vector<std::unique_ptr<RankGpu>> gpus;
   for (const int device : devices) {
@@ -386,7 +548,28 @@ Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices) {
     if (!gpu) return std::move(gpu).error();
     gpus.push_back(std::move(*gpu));
   }
-  return std::unique_ptr<Executor>(std::make_unique<NcclExecutor>(std::move(gpus)));
+  return gpus;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices) {
+  auto gpus = rankGpus(devices);
+  if (!gpus) return std::move(gpus).error();
+  return std::unique_ptr<Executor>(std::make_unique<NcclExecutor>(std::move(*gpus), 0, nullptr));
+}
+
+Result<std::unique_ptr<Executor>> ncclNodeExecutor(std::vector<int> devices, NodeJob job,
+                                                   const ClusterContext& cluster) {
+  auto gpus = rankGpus(devices);
+  if (!gpus) return std::move(gpus).error();
+  auto across = std::make_unique<AcrossNodes>();
+  across->timeout = cluster.config->collective_timeout;
+  job.after_meeting =
+      meetingCommunicator(std::move(devices), job.world_size, job.first_rank, across->made, across->timeout);
+  const std::uint32_t first_rank = job.first_rank;
+  across->sync = nodeSync(job, cluster);
+  return std::unique_ptr<Executor>(std::make_unique<NcclExecutor>(std::move(*gpus), first_rank, std::move(across)));
 }
 
 }  // namespace dbuf::daemon

@@ -298,10 +298,12 @@ struct Transfer {
   }
 };
 
-class NodeExecutor final : public Executor {
+class NodeExecutor final : public NodeSync {
  public:
-  NodeExecutor(const NodeJob& job, const ClusterContext& cluster)
-      : job_(job),
+  /// headers_only: every op is its header exchange alone (nodeSync()).
+  NodeExecutor(const NodeJob& job, const ClusterContext& cluster, bool headers_only)
+      : headers_only_(headers_only),
+        job_(job),
         cluster_(cluster),
         link_(std::make_unique<NodeLink>(job, cluster)),
         runner_(kernels::Options{kernels::defaultThreads()}),
@@ -324,6 +326,7 @@ class NodeExecutor final : public Executor {
   void abandon(std::uint64_t sequence, const Error& why) override;
   void ranksAttached() override;
   [[nodiscard]] const Error* unavailable() override;
+  void loseLink(std::uint64_t sequence, const Error& why) override;
 
  private:
   using LocalStep = std::function<Result<void>()>;
@@ -377,12 +380,15 @@ class NodeExecutor final : public Executor {
   /// A failure's header alone, as round 0 of op `sequence` (no data follows).
   void postFailureHeader(std::uint64_t sequence, const Error& error, bool fatal);
   [[nodiscard]] OpHeader readyHeader() const;
+  /// The op moves no data here: a barrier, or every op of a nodeSync().
+  [[nodiscard]] bool headersOnly() const noexcept { return headers_only_ || args_.op == ipc::OpCode::kBarrier; }
   [[nodiscard]] bool scalesTravel() const noexcept;
   /// Node n's fp8 scales: [first, first + count).
   [[nodiscard]] Result<std::pair<std::int64_t, std::int64_t>> nodeScales(std::uint32_t node) const;
   [[nodiscard]] bool rootHere() const noexcept;
   Result<bool> failed(const Error& error);
 
+  bool headers_only_;
   NodeJob job_;  // with the current meeting's number
   ClusterContext cluster_;
   std::unique_ptr<NodeLink> link_;
@@ -445,7 +451,7 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
   local_written_ = 0;
   scale_counts_.clear();
   const NodeLayout& layout = link_->layout();
-  if (args.op == ipc::OpCode::kBarrier) {
+  if (headersOnly()) {
     span_ = round_length_ = 0;
     rounds_ = 1;
     active_ = true;
@@ -546,6 +552,7 @@ NodeExecutor::LocalStep NodeExecutor::counted(std::int64_t bytes, std::function<
 std::vector<NodeExecutor::LocalStep> NodeExecutor::roundSteps(Batch batch, std::int64_t j) {
   RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
   const bool before = batch == Batch::kBefore;
+  if (headersOnly()) return {};  // the exchange alone
   switch (args_.op) {
     case ipc::OpCode::kAllGather:
       return before ? allGatherBefore(j, round) : allGatherAfter(j, round);
@@ -555,7 +562,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::roundSteps(Batch batch, std::
     case ipc::OpCode::kBroadcast:
       return before ? broadcastBefore(j, round) : broadcastAfter(j, round);
     default:
-      return {};  // a barrier: the exchange alone
+      return {};
   }
 }
 
@@ -742,7 +749,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
   Transfer t;
   t.op = args_.op;
   t.buffer = static_cast<std::size_t>(j % 2);
-  t.data = args_.op != ipc::OpCode::kBarrier;
+  t.data = !headersOnly();
   if (j == 0) t.header = readyHeader();
   if (j + 1 == rounds_ && rounds_ > 1) t.verdict = failed_verdict ? *failed_verdict : readyHeader();
   if (!t.data) return t;
@@ -899,6 +906,10 @@ void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
 
 void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
   whole_ = false;
+  loseLink(sequence, why);
+}
+
+void NodeExecutor::loseLink(std::uint64_t sequence, const Error& why) {
   if (link_state_ == LinkState::kLost) return;  // the lost link told the other nodes all it will
   // Up, or being made (its steps then run once it is): the other nodes
   // learn from this node's next header that the link is lost.
@@ -961,7 +972,11 @@ Result<void> judgeHeaders(std::span<const OpHeader> headers, const NodeLayout& l
 }
 
 std::unique_ptr<Executor> nodeExecutor(const NodeJob& job, const ClusterContext& cluster) {
-  return std::make_unique<NodeExecutor>(job, cluster);
+  return std::make_unique<NodeExecutor>(job, cluster, false);
+}
+
+std::unique_ptr<NodeSync> nodeSync(const NodeJob& job, const ClusterContext& cluster) {
+  return std::make_unique<NodeExecutor>(job, cluster, true);
 }
 
 }  // namespace dbuf::daemon

@@ -39,7 +39,10 @@
 #include <string>
 #include <type_traits>
 
+#include <memory>
+
 #include "dbuf/common/result.hpp"
+#include "executor.hpp"
 #include "node_link.hpp"
 
 namespace dbuf::daemon {
@@ -81,5 +84,21 @@ static_assert(std::is_trivially_copyable_v<OpHeader>);
 
 /// The header of a failed op (text truncated to fit).
 [[nodiscard]] OpHeader failureHeader(std::uint64_t sequence, const Error& error, bool fatal);
+
+/// What keeps a job's nodes in step for an executor whose data moves
+/// another way (NCCL): each op is its header exchange alone, with every
+/// rule above (the k-th op of every node matches, a failure on one node
+/// fails it on all, a lost link is met again, the job's `after_meeting`
+/// at each meeting). loseLink() ends the link from outside: the data path
+/// failed on this node, so the nodes meet again (and set it up anew).
+class NodeSync : public Executor {
+ public:
+  /// Collective `sequence` (the next one) and those after it fail on every
+  /// node with `why` until the nodes have met again.
+  virtual void loseLink(std::uint64_t sequence, const Error& why) = 0;
+};
+
+/// A job's NodeSync (NodeExecutor with no data of its own).
+[[nodiscard]] std::unique_ptr<NodeSync> nodeSync(const NodeJob& job, const ClusterContext& cluster);
 
 }  // namespace dbuf::daemon

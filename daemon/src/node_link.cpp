@@ -322,6 +322,11 @@ Result<void> NodeLink::State::connect() {
     std::string key;
     for (const std::string& identity : identities) key += (key.empty() ? "" : ",") + identity;
     if (auto agreed = agreeOnCommunicator(keys, key); !agreed) return agreed;
+    if (job.after_meeting) {
+      if (auto set_up = job.after_meeting(keys, layout, job.meeting); !set_up) {
+        return std::move(set_up).error().withContext("job " + job.job_id + ", setting up its nodes");
+      }
+    }
   } catch (const std::exception& error) {
     return glooError(error, "job " + job.job_id + ": meeting the other nodes' daemons");
   }

@@ -60,6 +60,13 @@ struct NodeJob {
   /// again by the job's next op; a later one keeps trying until the other
   /// nodes come (the job's ops fail meanwhile, and nothing else retries).
   std::uint32_t meeting = 0;
+  /// Run on the link thread at every meeting, once the nodes are found and
+  /// agree on the communicator, with the meeting's keys: what else the
+  /// job's daemons must set up together (the NCCL communicator of a job on
+  /// GPUs). The link is made once it succeeds.
+  using AfterMeeting =
+      std::function<Result<void>(gloo::rendezvous::Store& keys, const NodeLayout& layout, std::uint32_t meeting)>;
+  AfterMeeting after_meeting;
 };
 
 /// Thrown by a step whose wait the watchdog ended: the job's exchange is

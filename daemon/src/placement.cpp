@@ -5,13 +5,18 @@
 
 namespace dbuf::daemon {
 
+std::uint32_t ranksOnThisNode(const ipc::Hello& hello) {
+  return hello.local_world_size == 0 ? hello.world_size : hello.local_world_size;
+}
+
 Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer) {
+  const std::uint32_t local_ranks = ranksOnThisNode(hello);
   if (!offer.gpu_memory) return Placement::kHost;
-  if (hello.world_size <= offer.virtual_ranks) return Placement::kSharedGpu;
-  if (std::cmp_greater(hello.world_size, offer.gpuCount())) {
+  if (local_ranks <= offer.virtual_ranks) return Placement::kSharedGpu;
+  if (std::cmp_greater(local_ranks, offer.gpuCount())) {
     return makeError(
         ErrorCode::kInvalidArgument,
-        "job '" + hello.job_id + "' has " + std::to_string(hello.world_size) + " ranks but this node has " +
+        "job '" + hello.job_id + "' has " + std::to_string(local_ranks) + " ranks on this node, which has " +
             std::to_string(offer.gpuCount()) + " GPUs for one rank each; ranks share a GPU only as virtual ranks (" +
             (offer.virtual_ranks == 0 ? std::string("off") : "at most " + std::to_string(offer.virtual_ranks)) +
             " per GPU on this dbufd: --virtual-ranks)");

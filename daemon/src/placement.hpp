@@ -34,9 +34,13 @@ struct GpuOffer {
 /// when dbufd has no such GPU.
 [[nodiscard]] Result<std::int32_t> daemonDevice(const ipc::Hello& hello, std::span<const GpuUuid> uuids);
 
+/// The job's ranks on the rank's node, as its Hello says (local_world_size;
+/// 0: all of them).
+[[nodiscard]] std::uint32_t ranksOnThisNode(const ipc::Hello& hello);
+
 /// Where a new job (its first Hello) goes: jobs of at most virtual_ranks
-/// ranks share a GPU, larger ones need a GPU per rank; kInvalidArgument
-/// saying so when the node has too few.
+/// ranks on this node share a GPU, larger ones need a GPU per rank;
+/// kInvalidArgument saying so when the node has too few.
 [[nodiscard]] Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer);
 
 /// Whether a rank may attach on the GPU its Hello names, given the GPU each

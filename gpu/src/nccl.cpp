@@ -117,16 +117,54 @@ Result<LocalComms> LocalComms::create(std::span<const int> devices) {
       !r) {
     return r.error();
   }
-  return LocalComms(std::move(comms));
+  const int world = static_cast<int>(devices.size());
+  return LocalComms(std::move(comms), world, 0);
+}
+
+Result<LocalComms> LocalComms::join(std::span<const int> devices, const ncclUniqueId& id, int world, int first_rank) {
+  auto n = nccl();
+  if (!n) return n.error();
+  if (devices.empty() || first_rank < 0 || first_rank + static_cast<int>(devices.size()) > world) {
+    return makeError(ErrorCode::kInvalidArgument, "nccl: ranks " + std::to_string(first_rank) + " + " +
+                                                      std::to_string(devices.size()) + " of " + std::to_string(world));
+  }
+  const std::string what = "ncclCommInitRank (ranks " + std::to_string(first_rank) + "-" +
+                           std::to_string(first_rank + static_cast<int>(devices.size()) - 1) + " of " +
+                           std::to_string(world) + ")";
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  if (auto r = ncclStatus((*n)->groupStart(), "ncclGroupStart"); !r) return r.error();
+  Result<void> joined;
+  for (std::size_t i = 0; i < devices.size() && joined; ++i) {
+    const cudaError_t current = cudaSetDevice(devices[i]);
+    if (current != cudaSuccess) {
+      joined = makeError(ErrorCode::kDevice, "cudaSetDevice(" + std::to_string(devices[i]) +
+                                                 "): " + cudaGetErrorString(current));
+      break;
+    }
+    joined = ncclStatus((*n)->commInitRank(&comms[i], world, id, first_rank + static_cast<int>(i)), what);
+  }
+  const Result<void> ended = ncclStatus((*n)->groupEnd(), what + " (ncclGroupEnd)");
+  if (!joined || !ended) {
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) static_cast<void>((*n)->commAbort(c));
+    }
+    return !joined ? joined.error() : ended.error();
+  }
+  return LocalComms(std::move(comms), world, first_rank);
 }
 
 LocalComms::LocalComms(LocalComms&& other) noexcept
-    : comms_(std::exchange(other.comms_, {})), failure_(std::exchange(other.failure_, std::nullopt)) {}
+    : comms_(std::exchange(other.comms_, {})),
+      world_(std::exchange(other.world_, 0)),
+      first_rank_(std::exchange(other.first_rank_, 0)),
+      failure_(std::exchange(other.failure_, std::nullopt)) {}
 
 LocalComms& LocalComms::operator=(LocalComms&& other) noexcept {
   if (this != &other) {
     release();
     comms_ = std::exchange(other.comms_, {});
+    world_ = std::exchange(other.world_, 0);
+    first_rank_ = std::exchange(other.first_rank_, 0);
     failure_ = std::exchange(other.failure_, std::nullopt);
   }
   return *this;
@@ -210,7 +248,7 @@ Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t c
   if (!type) return type.error();
   // In place: the send buffer is this rank's part of the receive buffer.
   return grouped(buffers, streams, "ncclAllGather", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
-    return n.allGather(elementAt(buffers[r], r * count, dtype), buffers[r], count, *type, comm, s);
+    return n.allGather(elementAt(buffers[r], (static_cast<std::size_t>(first_rank_) + r) * count, dtype), buffers[r], count, *type, comm, s);
   });
 }
 
@@ -221,7 +259,8 @@ Result<void> LocalComms::reduceScatter(std::span<void* const> buffers, std::size
   // In place: the receive buffer is this rank's part of the send buffer.
   return grouped(
       buffers, streams, "ncclReduceScatter", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
-        return n.reduceScatter(buffers[r], elementAt(buffers[r], r * count, dtype), count, *type, op, comm, s);
+        return n.reduceScatter(buffers[r], elementAt(buffers[r], (static_cast<std::size_t>(first_rank_) + r) * count, dtype), count, *type, op,
+                               comm, s);
       });
 }
 
@@ -251,8 +290,8 @@ Result<void> LocalComms::allGatherParts(std::span<void* const> buffers, std::spa
                                         std::span<const cudaStream_t> streams) {
   auto type = ncclType(dtype);
   if (!type) return type.error();
-  if (parts.size() != comms_.size()) {
-    return makeError(ErrorCode::kInvalidArgument, "nccl: " + std::to_string(comms_.size()) + " ranks but " +
+  if (parts.size() != static_cast<std::size_t>(world_)) {
+    return makeError(ErrorCode::kInvalidArgument, "nccl: " + std::to_string(world_) + " ranks but " +
                                                       std::to_string(parts.size()) + " parts");
   }
   return grouped(buffers, streams, "ncclBroadcast (parts)",

@@ -15,6 +15,11 @@
 
 namespace dbuf::mp {
 
+inline ::testing::AssertionResult lineStartsWith(const std::string& line, const std::string& prefix) {
+  if (startsWith(line, prefix)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected a line starting with '" << prefix << "', got '" << line << "'";
+}
+
 /// A dbuf-cf-rank process (see cf_rank.cpp for its commands).
 class CfRank {
  public:
@@ -49,7 +54,9 @@ class CfRank {
   void attach(const std::string& socket, const std::string& job, std::uint32_t rank, std::uint32_t world,
               const std::string& node = "") {
     EXPECT_EQ(call("connect " + socket), "ok connect") << name_;
-    EXPECT_EQ(call("attach " + job + " " + std::to_string(rank) + " " + std::to_string(world) + node), "ok attach")
+    // ("ok attach reattached" for a rank coming back to a job that kept it.)
+    EXPECT_TRUE(lineStartsWith(call("attach " + job + " " + std::to_string(rank) + " " + std::to_string(world) + node),
+                               "ok attach"))
         << name_;
   }
   void kill9() { EXPECT_TRUE(child_.killAndReap()) << name_ << " did not die of SIGKILL"; }
@@ -70,10 +77,6 @@ class CfRank {
   Child child_;
 };
 
-inline ::testing::AssertionResult lineStartsWith(const std::string& line, const std::string& prefix) {
-  if (startsWith(line, prefix)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected a line starting with '" << prefix << "', got '" << line << "'";
-}
 #define EXPECT_LINE(line, prefix) EXPECT_TRUE(lineStartsWith((line), (prefix)))
 
 /// The elapsed_ms=N of a rank's answer, or -1.

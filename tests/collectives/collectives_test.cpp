@@ -13,6 +13,7 @@
 // One process launch per (world, shape) runs every op on one group per dtype
 // pair; the fp8, training and large-shard tests have scenarios of their own.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -64,6 +65,11 @@ struct JobSpec {
   std::uint64_t seed = 1;
   bool rank_outputs = false;  ///< pass --out <dir>/<job>-<rank>.bin
   bool gpu_per_rank = false;  ///< GPU suite: rank r attaches on GPU r (else every rank on GPU 0)
+  /// A job across nodes: rank r attaches to node_sockets[r / local_world],
+  /// the nodes meeting through `store` (empty: one node, the Job's daemon).
+  std::vector<std::string> node_sockets{};
+  std::uint32_t local_world = 0;
+  std::string store{};
 };
 
 #if defined(DBUF_COLL_GPU)
@@ -98,7 +104,9 @@ class Job {
       const std::string name = spec_.job + "-" + std::to_string(rank);
       logs_.push_back(dir.path(name + ".log"));
       outputs_.push_back(dir.path(name + ".bin"));
-      std::vector<std::string> args = {"--socket",   daemon.socket(),
+      const std::string socket = spec_.node_sockets.empty() ? daemon.socket()
+                                                            : spec_.node_sockets.at(rank / spec_.local_world);
+      std::vector<std::string> args = {"--socket",   socket,
                                        "--job",      spec_.job,
                                        "--rank",     std::to_string(rank),
                                        "--world",    std::to_string(spec_.world),
@@ -106,6 +114,9 @@ class Job {
                                        "--shape",    spec_.shape,
                                        "--seed",     std::to_string(spec_.seed)};
       if (spec_.rank_outputs) args.insert(args.end(), {"--out", outputs_.back()});
+      if (!spec_.node_sockets.empty()) {
+        args.insert(args.end(), {"--local-world", std::to_string(spec_.local_world), "--store", spec_.store});
+      }
       if (kOnGpu) args.insert(args.end(), {"--device", spec_.gpu_per_rank ? std::to_string(rank) : "0"});
       Child::Options options;
       options.stderr_path = logs_.back();
@@ -242,6 +253,40 @@ TEST_P(NcclCollectiveOps, TwoRanksOnTwoGpusMatchTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoGpus, NcclCollectiveOps, ::testing::Values("rows", "block", "mixed"));
+
+// A job across two "nodes" on one GPU: two dbufd, each with one rank of the
+// job, told apart by NCCL as two hosts (NCCL_HOSTID; else it would refuse
+// two ranks of one communicator on one GPU), so one NCCL communicator over
+// both daemons' GPUs runs every op, each op's headers first going between
+// the daemons over Gloo. Bit for bit like the node-order reference: a sum of
+// two is the same in either order.
+TEST(NcclAcrossNodes, TwoDaemonsOnOneGpuAsTwoHostsMatchTheReference) {
+  DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();
+  TempDir dir{"dbuf-coll-nodes"};
+  const std::string store = dir.path("store");
+  ASSERT_EQ(::mkdir(store.c_str(), 0700), 0);
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<std::string> sockets;
+  for (int n = 0; n < 2; ++n) {
+    const std::string node_dir = dir.path("node" + std::to_string(n));
+    ASSERT_EQ(::mkdir(node_dir.c_str(), 0700), 0);
+    Daemon::Settings settings = settingsFor(1, true);
+    settings.extra_config = "[cluster]\naddress = \"127.0.0.1\"\n";
+    settings.launcher = {"/usr/bin/env", "NCCL_HOSTID=dbuf-node-" + std::to_string(n)};
+    nodes.push_back(std::make_unique<Daemon>(node_dir, settings));
+    ASSERT_NO_FATAL_FAILURE(nodes.back()->start());
+    sockets.push_back(nodes.back()->socket());
+  }
+  for (const std::string shape : {"rows", "block", "mixed"}) {
+    JobSpec spec{"nodes-" + shape, "ops", shape, 2, 3000 + std::hash<std::string>{}(shape) % 10, false};
+    spec.node_sockets = sockets;
+    spec.local_world = 1;
+    spec.store = "file:" + store + "#nodes-" + shape;
+    Job job(dir, *nodes[0], spec);
+    job.expectAllPassed(*nodes[0]);
+  }
+  if (HasFailure()) ADD_FAILURE() << "--- node 1's dbufd log\n" << nodes[1]->log();
+}
 
 TEST(Fp8AllGather, OneRankThroughNcclEqualsFullTensorQuantizationBitwise) {
   DBUF_SKIP_WITHOUT_A_GPU_IF_NEEDED();

@@ -48,12 +48,25 @@ TEST(Placement, MoreRanksThanGpusWithoutVirtualRanksIsRefusedSayingHowToRunIt) {
   const auto refused = placeJob(hello(0, 2, 0), offer(true, 0, 1));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
-  EXPECT_NE(refused.error().message.find("has 2 ranks but this node has 1 GPUs"), std::string::npos)
+  EXPECT_NE(refused.error().message.find("has 2 ranks on this node, which has 1 GPUs"), std::string::npos)
       << refused.error().message;
   EXPECT_NE(refused.error().message.find("off"), std::string::npos) << refused.error().message;
   const auto too_many = placeJob(hello(0, 9, 0), offer(true, 4, 8));
   ASSERT_FALSE(too_many);
   EXPECT_NE(too_many.error().message.find("at most 4 per GPU"), std::string::npos) << too_many.error().message;
+}
+
+TEST(Placement, AJobAcrossNodesIsPlacedByItsRanksOnThisNode) {
+  ipc::Hello across = hello(2, 4, 0);  // ranks 2-3 of 4 on this node
+  across.local_rank = 0;
+  across.local_world_size = 2;
+  EXPECT_EQ(*placeJob(across, offer(true, 0, 2)), Placement::kGpuPerRank);
+  EXPECT_EQ(*placeJob(across, offer(true, 2, 1)), Placement::kSharedGpu);
+  across.local_world_size = 3;
+  const auto refused = placeJob(across, offer(true, 0, 2));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("has 3 ranks on this node, which has 2 GPUs"), std::string::npos)
+      << refused.error().message;
 }
 
 TEST(Placement, ARankMustNameAGpuThatExists) {

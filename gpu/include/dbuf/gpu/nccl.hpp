@@ -7,10 +7,12 @@
 /// not installed and reports NCCL's absence only when a GPU job needs it.
 ///
 /// LocalComms: one communicator per local GPU, created together in one
-/// ncclCommInitAll at job start and reused for every op; each op is issued
-/// for all local ranks inside one ncclGroupStart / ncclGroupEnd, in place
-/// (all-gather: rank r's part already at r * count of its buffer;
-/// reduce-scatter: rank r's result at r * count of its buffer). poll() asks
+/// ncclCommInitAll at job start and reused for every op (or, for a job
+/// across nodes, this node's ranks of one communicator over every node's
+/// GPUs, joined in one group of ncclCommInitRank); each op is issued for all
+/// local ranks inside one ncclGroupStart / ncclGroupEnd, in place
+/// (all-gather: communicator rank c's part already at c * count of its
+/// buffer; reduce-scatter: rank c's result at c * count of its buffer). poll() asks
 /// every communicator for an asynchronous error; on one, every communicator
 /// is aborted (ncclCommAbort returns even with work stuck on the GPU), so
 /// the ranks get an error and never a hang.
@@ -68,6 +70,12 @@ class LocalComms {
   /// One communicator per entry of `devices` (distinct GPUs: NCCL refuses
   /// two ranks on one GPU, which is what virtual ranks are for).
   [[nodiscard]] static Result<LocalComms> create(std::span<const int> devices);
+  /// Ranks first_rank .. first_rank + devices.size() - 1 of a communicator
+  /// of `world` ranks over several processes (a job across nodes), which
+  /// the others join with the same `id`: one group of ncclCommInitRank,
+  /// which returns once every rank has joined.
+  [[nodiscard]] static Result<LocalComms> join(std::span<const int> devices, const ncclUniqueId& id, int world,
+                                               int first_rank);
 
   LocalComms(LocalComms&& other) noexcept;
   LocalComms& operator=(LocalComms&& other) noexcept;
@@ -75,7 +83,9 @@ class LocalComms {
   LocalComms& operator=(const LocalComms&) = delete;
   ~LocalComms();
 
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(comms_.size()); }
+  /// Ranks of the communicator (every node's), and this node's first.
+  [[nodiscard]] int size() const noexcept { return world_; }
+  [[nodiscard]] int firstRank() const noexcept { return first_rank_; }
 
   /// In place, every rank at once: buffers[r] holds size() * count elements
   /// and rank r's own part is at r * count; afterwards every buffer holds all
@@ -93,9 +103,10 @@ class LocalComms {
   [[nodiscard]] Result<void> broadcast(std::span<void* const> buffers, std::size_t count, DType dtype, int root,
                                        std::span<const cudaStream_t> streams);
   /// An all-gather of parts of different sizes (NCCL's needs equal ones): rank
-  /// r's part is elements [parts[r].first, + parts[r].count) of its buffer,
-  /// and afterwards every buffer holds every part at the same place. One
-  /// broadcast per rank with a part, all in one group.
+  /// r's part is elements [parts[r].first, + parts[r].count) of its buffer
+  /// (a part for every rank of the communicator), and afterwards every
+  /// buffer holds every part at the same place. One broadcast per rank with
+  /// a part, all in one group.
   struct Part {
     std::size_t first = 0;
     std::size_t count = 0;
@@ -113,7 +124,8 @@ class LocalComms {
   void fail(Error why) noexcept;
 
  private:
-  explicit LocalComms(std::vector<ncclComm_t> comms) noexcept : comms_(std::move(comms)) {}
+  LocalComms(std::vector<ncclComm_t> comms, int world, int first_rank) noexcept
+      : comms_(std::move(comms)), world_(world), first_rank_(first_rank) {}
   [[nodiscard]] Result<void> checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const;
   /// The NCCL calls of one local rank (its communicator and stream).
   using RankCall = std::function<ncclResult_t(const Nccl&, std::size_t rank, ncclComm_t, cudaStream_t)>;
@@ -123,7 +135,9 @@ class LocalComms {
   void abortAll() noexcept;
   void release() noexcept;
 
-  std::vector<ncclComm_t> comms_;
+  std::vector<ncclComm_t> comms_;  // this node's ranks
+  int world_ = 0;
+  int first_rank_ = 0;
   std::optional<Error> failure_;
 };
 
