@@ -35,11 +35,10 @@
 // op of several carries a verdict that fails it everywhere.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
-
-#include <memory>
 
 #include "dbuf/common/result.hpp"
 #include "executor.hpp"

@@ -248,7 +248,7 @@ Result<void> LocalComms::allGather(std::span<void* const> buffers, std::size_t c
   if (!type) return type.error();
   // In place: the send buffer is this rank's part of the receive buffer.
   return grouped(buffers, streams, "ncclAllGather", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
-    return n.allGather(elementAt(buffers[r], (static_cast<std::size_t>(first_rank_) + r) * count, dtype), buffers[r], count, *type, comm, s);
+    return n.allGather(elementAt(buffers[r], ownPart(r, count), dtype), buffers[r], count, *type, comm, s);
   });
 }
 
@@ -259,8 +259,7 @@ Result<void> LocalComms::reduceScatter(std::span<void* const> buffers, std::size
   // In place: the receive buffer is this rank's part of the send buffer.
   return grouped(
       buffers, streams, "ncclReduceScatter", [&](const Nccl& n, std::size_t r, ncclComm_t comm, cudaStream_t s) {
-        return n.reduceScatter(buffers[r], elementAt(buffers[r], (static_cast<std::size_t>(first_rank_) + r) * count, dtype), count, *type, op,
-                               comm, s);
+        return n.reduceScatter(buffers[r], elementAt(buffers[r], ownPart(r, count), dtype), count, *type, op, comm, s);
       });
 }
 

@@ -129,7 +129,9 @@ class Rank {
       options.store = args[5];
     }
     options.persistent = args.size() % 3 == 1;
-    if (options.persistent && args.back() != "persistent") return say("err attach usage: the last word is 'persistent'");
+    if (options.persistent && args.back() != "persistent") {
+      return say("err attach usage: the last word is 'persistent'");
+    }
     rank_ = options.rank;
     world_ = options.world_size;
     if (auto attached = client_->attach(options); !attached) return fail("attach", attached.error());

@@ -126,6 +126,11 @@ class LocalComms {
  private:
   LocalComms(std::vector<ncclComm_t> comms, int world, int first_rank) noexcept
       : comms_(std::move(comms)), world_(world), first_rank_(first_rank) {}
+  /// Where local rank r's part of `count` elements starts in its buffer
+  /// (at its communicator rank).
+  [[nodiscard]] std::size_t ownPart(std::size_t r, std::size_t count) const noexcept {
+    return (static_cast<std::size_t>(first_rank_) + r) * count;
+  }
   [[nodiscard]] Result<void> checkShapes(std::span<void* const> buffers, std::span<const cudaStream_t> streams) const;
   /// The NCCL calls of one local rank (its communicator and stream).
   using RankCall = std::function<ncclResult_t(const Nccl&, std::size_t rank, ncclComm_t, cudaStream_t)>;

@@ -1,0 +1,195 @@
+// nodeSync() — what keeps a job's nodes in step when its data moves another
+// way (the cuda backend's NCCL path) — between two "daemons" in one process,
+// over real Gloo on loopback and a real FileStore: the k-th op of both nodes
+// matches, ops that differ fail on both, the job's after_meeting runs at
+// every meeting with what the store holds there, and loseLink() on one node
+// (its NCCL failed) fails the next op on both and makes them meet again.
+#include <gloo/rendezvous/store.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cluster.hpp"
+#include "dbuf/daemon/config.hpp"
+#include "group_layout.hpp"
+#include "local_collective.hpp"
+#include "node_executor.hpp"
+#include "support/temp_dir.hpp"
+
+namespace dbuf::daemon {
+namespace {
+
+using std::chrono::milliseconds;
+
+/// What each node's after_meeting saw: (meeting, the value node 0 left
+/// in the meeting's keys).
+struct Meetings {
+  std::mutex mutex;
+  std::vector<std::pair<std::uint32_t, std::string>> seen;
+};
+
+/// One node's daemon: its config, communicators and the job's NodeSync
+/// (ranks first_rank of a job of two, one rank per node).
+struct Node {
+  Node(std::uint64_t instance, const std::string& store_dir, std::uint32_t first_rank) {
+    config.cluster_address = "127.0.0.1";
+    config.collective_timeout = milliseconds(3000);
+    ClusterContext cluster;
+    cluster.config = &config;
+    cluster.instance_id = instance;
+    NodeJob job;
+    job.job_id = "sync";
+    job.store = *parseStoreSpec("file:" + store_dir + "#test");
+    job.world_size = 2;
+    job.first_rank = first_rank;
+    job.local_count = 1;
+    job.after_meeting = [meetings = meetings](gloo::rendezvous::Store& keys, const NodeLayout& layout,
+                                              std::uint32_t meeting) -> Result<void> {
+      // As the NCCL path hands out its unique id: node 0 writes, the others read.
+      const std::string key = "what";
+      if (layout.node == 0) {
+        const std::string value = "node 0's, meeting " + std::to_string(meeting);
+        keys.set(key, std::vector<char>(value.begin(), value.end()));
+      } else {
+        keys.wait({key}, milliseconds(3000));
+      }
+      const std::vector<char> value = keys.get(key);
+      const std::lock_guard lock(meetings->mutex);
+      meetings->seen.emplace_back(meeting, std::string(value.begin(), value.end()));
+      return {};
+    };
+    sync = nodeSync(job, cluster);
+  }
+  std::vector<std::pair<std::uint32_t, std::string>> seen() const {
+    const std::lock_guard lock(meetings->mutex);
+    return meetings->seen;
+  }
+
+  Config config;
+  std::shared_ptr<Meetings> meetings = std::make_shared<Meetings>();
+  std::unique_ptr<NodeSync> sync;
+};
+
+CollectiveArgs op(std::uint64_t sequence, ipc::OpCode code = ipc::OpCode::kAllGather) {
+  CollectiveArgs args;
+  args.sequence = sequence;
+  args.op = code;
+  args.description = code == ipc::OpCode::kAllGather ? "allGather(group 'g')" : "reduceScatter(group 'g')";
+  return args;
+}
+
+/// Runs `args[n]` on node n, both at once, as the data plane would (begin
+/// until it starts, step until it ends, opFailed on a failure): each node's
+/// outcome.
+std::array<Result<bool>, 2> runOnBoth(std::array<Node*, 2> nodes, const std::array<CollectiveArgs, 2>& args) {
+  const GroupGeometry geometry;
+  std::array<Result<bool>, 2> outcome{Result<bool>(false), Result<bool>(false)};
+  std::array<bool, 2> begun{false, false};
+  std::array<bool, 2> over{false, false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(over[0] && over[1]) && std::chrono::steady_clock::now() < deadline) {
+    for (std::size_t n = 0; n < 2; ++n) {
+      if (over[n]) continue;
+      NodeSync& sync = *nodes[n]->sync;
+      Result<bool> now = begun[n] ? sync.step() : sync.begin(args[n], geometry, {});
+      if (!now) {
+        sync.opFailed(args[n].sequence, now.error());
+        outcome[n] = now;
+        over[n] = true;
+      } else if (begun[n] && *now) {
+        outcome[n] = true;
+        over[n] = true;
+      } else {
+        begun[n] = begun[n] || *now;
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return outcome;
+}
+
+/// Until neither node refuses ops (they have met again), or the deadline.
+bool bothAvailable(std::array<Node*, 2> nodes) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const bool first = nodes[0]->sync->unavailable() == nullptr;
+    const bool second = nodes[1]->sync->unavailable() == nullptr;
+    if (first && second) return true;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return false;
+}
+
+class NodeSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(::mkdir(store_.c_str(), 0700), 0); }
+  testing::TempDir dir_{"dbuf-node-sync"};
+  std::string store_ = dir_.path("store");
+};
+
+TEST_F(NodeSyncTest, TheKthOpsMatchAndAfterMeetingRunsOnBothNodesWithNodeZerosValue) {
+  Node a(101, store_, 0);
+  Node b(202, store_, 1);
+  for (std::uint64_t k = 0; k < 3; ++k) {
+    for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(k), op(k)})) {
+      EXPECT_TRUE(outcome.ok()) << outcome.error().message;
+    }
+  }
+  const std::vector<std::pair<std::uint32_t, std::string>> once{{0, "node 0's, meeting 0"}};
+  EXPECT_EQ(a.seen(), once);
+  EXPECT_EQ(b.seen(), once);
+}
+
+TEST_F(NodeSyncTest, OpsThatDifferFailOnBothNodesAndTheNextOnesRun) {
+  Node a(101, store_, 0);
+  Node b(202, store_, 1);
+  const auto outcomes = runOnBoth({&a, &b}, {op(0), op(0, ipc::OpCode::kReduceScatter)});
+  for (const Result<bool>& outcome : outcomes) {
+    ASSERT_FALSE(outcome.ok());
+    EXPECT_EQ(outcome.error().code, ErrorCode::kConflict);
+    EXPECT_NE(outcome.error().message.find("does not match across nodes"), std::string::npos)
+        << outcome.error().message;
+    EXPECT_NE(outcome.error().message.find("node 1 (rank 1) reduceScatter(group 'g')"), std::string::npos)
+        << outcome.error().message;
+  }
+  for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(1), op(1)})) EXPECT_TRUE(outcome.ok());
+}
+
+TEST_F(NodeSyncTest, ALinkLostOnOneNodeFailsTheNextOpOnBothAndTheyMeetAgain) {
+  Node a(101, store_, 0);
+  Node b(202, store_, 1);
+  for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(0), op(0)})) EXPECT_TRUE(outcome.ok());
+  // Node 1's NCCL failed: its next op (1) fails there and, through its
+  // header, on node 0.
+  b.sync->loseLink(1, Error{ErrorCode::kDevice, "NCCL failed on node 1", {1}});
+  const Error* refused = b.sync->unavailable();
+  ASSERT_NE(refused, nullptr);
+  EXPECT_NE(refused->message.find("NCCL failed on node 1"), std::string::npos) << refused->message;
+  const std::array<Result<bool>, 2> lost = runOnBoth({&a, &b}, {op(1), op(1)});
+  for (const Result<bool>& outcome : lost) {
+    ASSERT_FALSE(outcome.ok());
+    EXPECT_NE(outcome.error().message.find("NCCL failed on node 1"), std::string::npos) << outcome.error().message;
+  }
+  EXPECT_EQ(lost[0].error().code, ErrorCode::kDevice);  // the code crosses the nodes
+  EXPECT_NE(lost[0].error().message.find("on node 1 (rank 1)"), std::string::npos) << lost[0].error().message;
+  ASSERT_TRUE(bothAvailable({&a, &b}));
+  // Sequence 2 is the first op since the nodes met again, on both.
+  for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(2), op(2)})) {
+    EXPECT_TRUE(outcome.ok()) << outcome.error().message;
+  }
+  const std::vector<std::pair<std::uint32_t, std::string>> twice{{0, "node 0's, meeting 0"},
+                                                                 {1, "node 0's, meeting 1"}};
+  EXPECT_EQ(a.seen(), twice);
+  EXPECT_EQ(b.seen(), twice);
+}
+
+}  // namespace
+}  // namespace dbuf::daemon
