@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <exception>
+#include <utility>
 
 namespace dbuf::daemon {
 namespace {
@@ -106,6 +107,21 @@ void CommunicatorCache::insert(const std::string& key, std::shared_ptr<Communica
   const std::lock_guard lock(mutex_);
   communicators_[key] = std::move(communicator);
   made_.fetch_add(1);
+}
+
+std::optional<IdleCommunicators::Entry> IdleCommunicators::take(const std::string& key) {
+  const std::lock_guard lock(mutex_);
+  const auto found = idle_.find(key);
+  if (found == idle_.end()) return std::nullopt;
+  Entry entry = std::move(found->second);
+  idle_.erase(found);
+  return entry;
+}
+
+void IdleCommunicators::put(const std::string& key, Entry entry) {
+  Entry replaced;  // ended outside the lock (its deleter may take a while)
+  const std::lock_guard lock(mutex_);
+  replaced = std::exchange(idle_[key], std::move(entry));
 }
 
 void Communicator::keep(std::shared_ptr<void> leftover) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,28 @@ class CommunicatorCache {
   std::atomic<std::uint64_t> reused_{0};
 };
 
+/// Communicators of another kind than Gloo's (the cuda backend's NCCL ones)
+/// while no job uses them. Each serves one job at a time (two jobs' NCCL
+/// calls could reach it in another order on another node), so a job takes
+/// its one out when its nodes meet and puts it back when it ends; a later
+/// job over the same set then makes none. Type-erased: the code that makes
+/// them owns their type, and ends them through their deleter.
+class IdleCommunicators {
+ public:
+  struct Entry {
+    std::uint64_t id = 0;  ///< agreed by every daemon when it was made
+    std::shared_ptr<void> communicator;
+  };
+  /// The idle communicator for `key` (now the caller's), if any.
+  [[nodiscard]] std::optional<Entry> take(const std::string& key);
+  /// Keeps `entry` for `key`; one kept before for it ends.
+  void put(const std::string& key, Entry entry);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, Entry> idle_;
+};
+
 /// Wakes the daemon's loop from another thread, until the loop goes
 /// (a link thread may outlive the job that started it).
 class Waker {
@@ -120,6 +143,7 @@ struct ClusterContext {
   const Config* config = nullptr;
   std::uint64_t instance_id = 0;  ///< this daemon's, part of its identity in communicator keys
   std::shared_ptr<CommunicatorCache> communicators = std::make_shared<CommunicatorCache>();
+  std::shared_ptr<IdleCommunicators> idle_gpu_communicators = std::make_shared<IdleCommunicators>();
   std::shared_ptr<Waker> waker;
 };
 

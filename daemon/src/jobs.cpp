@@ -88,7 +88,7 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
       host_scratch_(new float[LocalCollective::kStepElements]),  // NOLINT(cppcoreguidelines-owning-memory)
       gpu_offer_{config.backend == Backend::kCuda, config.virtual_ranks,
                  config.backend == Backend::kCuda ? visibleGpus() : std::vector<GpuUuid>{}},
-      cluster_{&config, instance_id, std::make_shared<CommunicatorCache>(),
+      cluster_{&config, instance_id, std::make_shared<CommunicatorCache>(), std::make_shared<IdleCommunicators>(),
                std::make_shared<Waker>([&io] { asio::post(io, [] {}); })},
       data_plane_(io, config) {
   if (!config.cluster_address.empty()) {

@@ -21,6 +21,8 @@
 #include <cuda_runtime_api.h>
 #include <gloo/rendezvous/store.h>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -28,9 +30,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "dbuf/common/cuda_status.hpp"
 #include "dbuf/gpu/nccl.hpp"
@@ -94,55 +98,97 @@ Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
   return gpu;
 }
 
+/// A job across nodes' NCCL communicator, and what it is kept under
+/// between jobs (IdleCommunicators).
+struct MeetingComms {
+  std::shared_ptr<gpu::LocalComms> comms;  ///< ends by ncclCommAbort (abortedWhenDropped)
+  std::uint64_t id = 0;                    ///< agreed by every node's daemon
+  std::string key;                         ///< the daemons, the job's layout, this node's GPUs
+};
+
 /// What an NcclExecutor of a job across nodes has besides its GPUs.
 struct AcrossNodes {
   /// Where the link thread leaves each meeting's communicator for the loop.
   struct Made {
     std::mutex mutex;
-    std::unique_ptr<gpu::LocalComms> comms;
+    std::optional<MeetingComms> latest;
   };
   std::unique_ptr<NodeSync> sync;
   std::shared_ptr<Made> made = std::make_shared<Made>();
-  std::chrono::milliseconds timeout{0};  ///< [timeouts] collective_ms
+  std::shared_ptr<IdleCommunicators> idle;  ///< the daemon's
+  std::chrono::milliseconds timeout{0};     ///< [timeouts] collective_ms
 };
 
-/// The job's after_meeting: node 0's daemon puts an NCCL unique id in the
-/// meeting's keys (one per meeting, so a meeting tried again joins the same
-/// communicator), every daemon joins its ranks (first_rank..) to the
-/// communicator of it, and leaves it in `made` for the loop.
-NodeJob::AfterMeeting meetingCommunicator(std::vector<int> devices, std::uint32_t world, std::uint32_t first_rank,
-                                          std::shared_ptr<AcrossNodes::Made> made, std::chrono::milliseconds timeout) {
-  struct MadeId {
+/// A communicator across nodes ends with ncclCommAbort, never
+/// ncclCommDestroy: it is dropped when its peers may be gone, and destroy
+/// could wait for them.
+std::shared_ptr<gpu::LocalComms> abortedWhenDropped(gpu::LocalComms comms) {
+  auto owned = std::make_unique<gpu::LocalComms>(std::move(comms));
+  return {owned.release(), [](gpu::LocalComms* dropped) {
+            dropped->fail(Error{ErrorCode::kUnavailable, "no longer used", {}});
+            delete dropped;  // NOLINT(cppcoreguidelines-owning-memory): the shared_ptr's deleter
+          }};
+}
+
+std::string numbersText(const auto& numbers) {
+  std::string text;
+  for (const auto n : numbers) text += (text.empty() ? "" : ",") + std::to_string(n);
+  return text;
+}
+
+/// The job's after_meeting: the communicator over this set (the daemons,
+/// the job's layout, this node's GPUs) that every node's daemon holds idle
+/// is used again, with no NCCL set-up (a later job, a job whose rank came
+/// back; idleOrNew). Else node 0's daemon puts an NCCL unique id in the
+/// meeting's keys (made once per meeting with the communicator's id, so a
+/// meeting tried again joins the same one), and every daemon joins its
+/// ranks (first_rank..) to it. Either is left in `made` for the loop.
+NodeJob::AfterMeeting meetingCommunicator(const NodeJob& job, std::vector<int> devices, const AcrossNodes& across) {
+  struct Proposal {
     std::uint32_t meeting = 0;
-    std::optional<ncclUniqueId> id;
+    std::uint64_t id = 0;
+    ncclUniqueId unique{};
   };
-  auto node0 = std::make_shared<MadeId>();  // only node 0's daemon makes one
-  return [=](gloo::rendezvous::Store& keys, const NodeLayout& layout, std::uint32_t meeting) -> Result<void> {
-    const std::string key = "nccl-id";
-    ncclUniqueId id{};
-    if (layout.node == 0) {
-      if (!node0->id || node0->meeting != meeting) {
-        ncclUniqueId fresh{};
-        if (auto made_id = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&fresh), "ncclGetUniqueId"); !made_id) {
-          return made_id;
-        }
-        *node0 = MadeId{meeting, fresh};
-      }
-      id = *node0->id;
-      keys.set(key, std::vector<char>(id.internal, id.internal + sizeof id.internal));
-    } else {
-      keys.wait({key}, timeout);
-      const std::vector<char> value = keys.get(key);
-      if (value.size() != sizeof id.internal) {
-        return makeError(ErrorCode::kConflict, "the store's NCCL id for the job is not one this version understands");
-      }
-      std::memcpy(id.internal, value.data(), sizeof id.internal);
+  auto node0 = std::make_shared<std::optional<Proposal>>();  // only node 0's daemon makes one
+  return [=, job_id = job.job_id, world = job.world_size, first_rank = job.first_rank, made = across.made,
+          idle = across.idle, timeout = across.timeout](const NodeJob::Meeting& meeting) -> Result<void> {
+    const NodeLayout& layout = meeting.layout;
+    if (layout.node == 0 && (!*node0 || (*node0)->meeting != meeting.number)) {
+      Proposal fresh;
+      fresh.meeting = meeting.number;
+      fresh.id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
+      if (auto r = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&fresh.unique), "ncclGetUniqueId"); !r) return r;
+      *node0 = fresh;
     }
-    auto joined = gpu::LocalComms::join(devices, id, static_cast<int>(world), static_cast<int>(first_rank));
-    if (!joined) return std::move(joined).error();
+    bool joined_new = false;
+    const auto join = [&](std::uint64_t) -> Result<std::shared_ptr<void>> {
+      ncclUniqueId unique{};
+      if (layout.node == 0) {
+        unique = (*node0)->unique;
+        meeting.keys.set("nccl-id", std::vector<char>(unique.internal, unique.internal + sizeof unique.internal));
+      } else {
+        meeting.keys.wait({"nccl-id"}, timeout);
+        const std::vector<char> value = meeting.keys.get("nccl-id");
+        if (value.size() != sizeof unique.internal) {
+          return makeError(ErrorCode::kConflict, "the store's NCCL id for the job is not one this version understands");
+        }
+        std::memcpy(unique.internal, value.data(), sizeof unique.internal);
+      }
+      auto joined = gpu::LocalComms::join(devices, unique, static_cast<int>(world), static_cast<int>(first_rank));
+      if (!joined) return std::move(joined).error();
+      joined_new = true;
+      return std::shared_ptr<void>(abortedWhenDropped(std::move(*joined)));
+    };
+    MeetingComms chosen;
+    chosen.key = meeting.daemons + "|" + numbersText(layout.first_ranks) + "|" + numbersText(devices);
+    auto entry = idleOrNew(meeting, "nccl", *idle, chosen.key, layout.node == 0 ? (*node0)->id : 0, timeout, join);
+    if (!entry) return std::move(entry).error();
+    chosen.comms = std::static_pointer_cast<gpu::LocalComms>(std::move(entry->communicator));
+    chosen.id = entry->id;
+    spdlog::info("job {}: NCCL communicator {:016x} for ranks {}-{} of {} ({})", job_id, chosen.id, first_rank,
+                 first_rank + devices.size() - 1, world, joined_new ? "new" : "reused");
     const std::lock_guard lock(made->mutex);
-    if (made->comms) made->comms->fail(Error{ErrorCode::kUnavailable, "replaced by the nodes' next meeting", {}});
-    made->comms = std::make_unique<gpu::LocalComms>(std::move(*joined));
+    made->latest = std::move(chosen);  // one the loop never took ends here
     return {};
   };
 }
@@ -154,6 +200,7 @@ class NcclExecutor final : public Executor {
   NcclExecutor(std::vector<std::unique_ptr<RankGpu>> gpus, std::uint32_t first_rank,
                std::unique_ptr<AcrossNodes> across)
       : gpus_(std::move(gpus)), first_rank_(first_rank), across_(std::move(across)) {
+    if (across_) across_->sync->whenLinkLost([this] { parkComms(); });
     for (const auto& gpu : gpus_) {
       devices_.push_back(gpu->device);
       streams_.push_back(gpu->stream);
@@ -164,7 +211,8 @@ class NcclExecutor final : public Executor {
   ~NcclExecutor() override {
     if (making_.valid()) abandonSetUp();
     quiesce();
-    comms_.reset();  // before the streams go
+    if (across_) parkComms();  // for a later job over the same set
+    comms_.reset();            // before the streams go
   }
 
   Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
@@ -310,7 +358,7 @@ class NcclExecutor final : public Executor {
 
   /// A job across nodes: this meeting's communicator (taken when the link
   /// is up), then the op's headers. NCCL failed here (an asynchronous error,
-  /// an op past the timeout): the nodes meet again, with a new one.
+  /// an op past the timeout): the nodes meet again, with another one.
   Result<bool> beginAcrossNodes(const CollectiveArgs& args, const GroupGeometry& geometry,
                                 std::span<const RankBuffers> ranks) {
     takeMeetingComms();
@@ -331,16 +379,27 @@ class NcclExecutor final : public Executor {
   }
 
   /// The communicator of the nodes' latest meeting, if one was made since
-  /// the last look (the one it replaces is aborted: its peers may be gone).
+  /// the last look (the one it replaces ends).
   void takeMeetingComms() {
-    std::unique_ptr<gpu::LocalComms> fresh;
+    std::optional<MeetingComms> latest;
     {
       const std::lock_guard lock(across_->made->mutex);
-      fresh = std::move(across_->made->comms);
+      latest = std::exchange(across_->made->latest, std::nullopt);
     }
-    if (!fresh) return;
-    if (comms_) comms_->fail(Error{ErrorCode::kUnavailable, "replaced by the nodes' next meeting", {}});
-    comms_ = std::move(fresh);
+    if (!latest) return;
+    comms_ = std::move(latest->comms);
+    comms_id_ = latest->id;
+    comms_key_ = std::move(latest->key);
+  }
+
+  /// The link to the other nodes is lost (or the job ends): a communicator
+  /// that did not fail goes to the daemon's idle ones, where the nodes'
+  /// next meeting (or a later job's) finds it on every node, and needs no
+  /// NCCL set-up. No op of it is in flight: the headers fail an op before
+  /// NCCL is called, and a rank's loss waits its work out first.
+  void parkComms() {
+    if (comms_ && !comms_->failed()) across_->idle->put(comms_key_, IdleCommunicators::Entry{comms_id_, comms_});
+    comms_.reset();
   }
 
   /// NCCL's set-up cannot be interrupted, and one that hangs must not hold
@@ -370,7 +429,7 @@ class NcclExecutor final : public Executor {
     if (making_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
     auto made = making_.get();  // making_ is empty again
     if (!made) return std::move(made).error();
-    comms_ = std::make_unique<gpu::LocalComms>(std::move(*made));
+    comms_ = std::make_shared<gpu::LocalComms>(std::move(*made));
     return true;
   }
 
@@ -525,7 +584,9 @@ class NcclExecutor final : public Executor {
   // gpus_' devices and streams side by side, as the NCCL calls take them.
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
-  std::unique_ptr<gpu::LocalComms> comms_;
+  std::shared_ptr<gpu::LocalComms> comms_;  // across nodes: abortedWhenDropped
+  std::uint64_t comms_id_ = 0;              // across nodes: its id and key (MeetingComms)
+  std::string comms_key_;
   std::future<Result<gpu::LocalComms>> making_;  // the communicators being made
   // The op.
   CollectiveArgs args_;
@@ -565,11 +626,11 @@ Result<std::unique_ptr<Executor>> ncclNodeExecutor(std::vector<int> devices, Nod
   if (!gpus) return std::move(gpus).error();
   auto across = std::make_unique<AcrossNodes>();
   across->timeout = cluster.config->collective_timeout;
-  job.after_meeting =
-      meetingCommunicator(std::move(devices), job.world_size, job.first_rank, across->made, across->timeout);
-  const std::uint32_t first_rank = job.first_rank;
+  across->idle = cluster.idle_gpu_communicators;
+  job.after_meeting = meetingCommunicator(job, std::move(devices), *across);
   across->sync = nodeSync(job, cluster);
-  return std::unique_ptr<Executor>(std::make_unique<NcclExecutor>(std::move(*gpus), first_rank, std::move(across)));
+  return std::unique_ptr<Executor>(
+      std::make_unique<NcclExecutor>(std::move(*gpus), job.first_rank, std::move(across)));
 }
 
 }  // namespace dbuf::daemon

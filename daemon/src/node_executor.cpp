@@ -327,6 +327,7 @@ class NodeExecutor final : public NodeSync {
   void ranksAttached() override;
   [[nodiscard]] const Error* unavailable() override;
   void loseLink(std::uint64_t sequence, const Error& why) override;
+  void whenLinkLost(std::function<void()> lost) override { when_lost_ = std::move(lost); }
 
  private:
   using LocalStep = std::function<Result<void>()>;
@@ -426,6 +427,7 @@ class NodeExecutor final : public NodeSync {
   LinkState link_state_ = LinkState::kUp;
   std::optional<Error> lost_;  // why, while the link is not up: the job's ops fail with it
   bool whole_ = true;          // every rank of this node is attached
+  std::function<void()> when_lost_;
 };
 
 Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
@@ -842,6 +844,7 @@ void NodeExecutor::lose(const Error& why) {
                 why.message + " (job " + job_.job_id +
                     "'s nodes meet again once each has all its ranks attached; until then its collectives fail)",
                 why.ranks};
+  if (when_lost_) when_lost_();
 }
 
 void NodeExecutor::meetAgainIfReady() {

@@ -35,6 +35,7 @@
 // op of several carries a verdict that fails it everywhere.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +96,9 @@ class NodeSync : public Executor {
   /// Collective `sequence` (the next one) and those after it fail on every
   /// node with `why` until the nodes have met again.
   virtual void loseLink(std::uint64_t sequence, const Error& why) = 0;
+  /// `lost` runs (on the calling thread: the loop's) each time the link is
+  /// lost, before the nodes can meet again.
+  virtual void whenLinkLost(std::function<void()> lost) = 0;
 };
 
 /// A job's NodeSync (NodeExecutor with no data of its own).

@@ -55,6 +55,46 @@ Error glooError(const std::exception& error, const std::string& doing) {
 
 }  // namespace
 
+Result<IdleCommunicators::Entry> idleOrNew(
+    const NodeJob::Meeting& meeting, const std::string& kind, IdleCommunicators& idle, const std::string& key,
+    std::uint64_t proposal, std::chrono::milliseconds timeout,
+    const std::function<Result<std::shared_ptr<void>>(std::uint64_t id)>& make) {
+  const NodeLayout& layout = meeting.layout;
+  // Ours until it is chosen; else back to the idle ones (also when the
+  // store throws), for a later meeting that agrees on it.
+  std::optional<IdleCommunicators::Entry> held = idle.take(key);
+  struct PutBack {
+    IdleCommunicators& idle;
+    const std::string& key;
+    std::optional<IdleCommunicators::Entry>& entry;
+    ~PutBack() {
+      if (entry) idle.put(key, std::move(*entry));
+    }
+  } put_back{idle, key, held};
+  const std::uint64_t held_id = held ? held->id : 0;
+  meeting.keys.set(kind + "-" + std::to_string(layout.node),
+                   encodeWords({std::to_string(held_id), std::to_string(layout.node == 0 ? proposal : 0)}));
+  bool same = held_id != 0;
+  std::uint64_t proposed_id = 0;
+  for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
+    const std::string entry = kind + "-" + std::to_string(n);
+    meeting.keys.wait({entry}, timeout);
+    const std::vector<std::string> words = decodeWords(meeting.keys.get(entry));
+    const auto id = words.size() == 2 ? number(words[0]) : std::nullopt;
+    const auto proposed = words.size() == 2 ? number(words[1]) : std::nullopt;
+    if (!id || !proposed) {
+      return makeError(ErrorCode::kConflict, "the store's " + kind + " entry of " + layout.describeNode(n) +
+                                                 " is not one this version understands");
+    }
+    same = same && *id == held_id;
+    if (n == 0) proposed_id = *proposed;
+  }
+  if (same) return std::exchange(held, std::nullopt).value();
+  auto made = make(proposed_id);
+  if (!made) return std::move(made).error();
+  return IdleCommunicators::Entry{proposed_id, std::move(*made)};
+}
+
 std::string NodeLayout::describeNode(std::uint32_t n) const {
   return "node " + std::to_string(n) + " (" + rankSpan(firstRank(n), rankCount(n)) + ")";
 }
@@ -323,7 +363,7 @@ Result<void> NodeLink::State::connect() {
     for (const std::string& identity : identities) key += (key.empty() ? "" : ",") + identity;
     if (auto agreed = agreeOnCommunicator(keys, key); !agreed) return agreed;
     if (job.after_meeting) {
-      if (auto set_up = job.after_meeting(keys, layout, job.meeting); !set_up) {
+      if (auto set_up = job.after_meeting(NodeJob::Meeting{keys, layout, key, job.meeting}); !set_up) {
         return std::move(set_up).error().withContext("job " + job.job_id + ", setting up its nodes");
       }
     }

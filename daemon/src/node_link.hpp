@@ -60,14 +60,32 @@ struct NodeJob {
   /// again by the job's next op; a later one keeps trying until the other
   /// nodes come (the job's ops fail meanwhile, and nothing else retries).
   std::uint32_t meeting = 0;
+  /// What the nodes have when they have met.
+  struct Meeting {
+    gloo::rendezvous::Store& keys;  ///< the meeting's own
+    const NodeLayout& layout;
+    const std::string& daemons;  ///< the key of their Gloo communicator: the ordered daemon identities
+    std::uint32_t number;
+  };
   /// Run on the link thread at every meeting, once the nodes are found and
-  /// agree on the communicator, with the meeting's keys: what else the
-  /// job's daemons must set up together (the NCCL communicator of a job on
-  /// GPUs). The link is made once it succeeds.
-  using AfterMeeting =
-      std::function<Result<void>(gloo::rendezvous::Store& keys, const NodeLayout& layout, std::uint32_t meeting)>;
+  /// agree on the Gloo communicator: what else the job's daemons must set
+  /// up together (the NCCL communicator of a job on GPUs). The link is made
+  /// once it succeeds.
+  using AfterMeeting = std::function<Result<void>(const Meeting& meeting)>;
   AfterMeeting after_meeting;
 };
+
+/// At a meeting (in an after_meeting): the communicator of `kind` ("nccl")
+/// the nodes use. Each node's daemon takes its idle one for `key` from
+/// `idle` and says which it holds; the same one on every node is used
+/// again. Else `make(id)` makes a new one, with the id node 0's daemon
+/// proposed (`proposal`, made once per meeting by node 0: a meeting tried
+/// again must propose the same), and an idle one taken goes back. Gloo's
+/// store errors are thrown, as in an after_meeting.
+[[nodiscard]] Result<IdleCommunicators::Entry> idleOrNew(
+    const NodeJob::Meeting& meeting, const std::string& kind, IdleCommunicators& idle, const std::string& key,
+    std::uint64_t proposal, std::chrono::milliseconds timeout,
+    const std::function<Result<std::shared_ptr<void>>(std::uint64_t id)>& make);
 
 /// Thrown by a step whose wait the watchdog ended: the job's exchange is
 /// over (its tag may still hold a late message), the communicator is fine.

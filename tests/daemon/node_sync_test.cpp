@@ -2,8 +2,10 @@
 // way (the cuda backend's NCCL path) — between two "daemons" in one process,
 // over real Gloo on loopback and a real FileStore: the k-th op of both nodes
 // matches, ops that differ fail on both, the job's after_meeting runs at
-// every meeting with what the store holds there, and loseLink() on one node
-// (its NCCL failed) fails the next op on both and makes them meet again.
+// every meeting with what the store holds there, loseLink() on one node
+// (its NCCL failed) fails the next op on both and makes them meet again,
+// and idleOrNew() gives a later job the communicator every node holds idle
+// (a stand-in for NCCL's: a later job then makes none).
 #include <gloo/rendezvous/store.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -36,44 +38,56 @@ struct Meetings {
   std::vector<std::pair<std::uint32_t, std::string>> seen;
 };
 
-/// One node's daemon: its config, communicators and the job's NodeSync
-/// (ranks first_rank of a job of two, one rank per node).
-struct Node {
-  Node(std::uint64_t instance, const std::string& store_dir, std::uint32_t first_rank) {
+/// One "daemon": its config and what its jobs across nodes share.
+struct Daemon {
+  explicit Daemon(std::uint64_t instance) {
     config.cluster_address = "127.0.0.1";
     config.collective_timeout = milliseconds(3000);
-    ClusterContext cluster;
     cluster.config = &config;
     cluster.instance_id = instance;
-    NodeJob job;
-    job.job_id = "sync";
-    job.store = *parseStoreSpec("file:" + store_dir + "#test");
-    job.world_size = 2;
-    job.first_rank = first_rank;
-    job.local_count = 1;
-    job.after_meeting = [meetings = meetings](gloo::rendezvous::Store& keys, const NodeLayout& layout,
-                                              std::uint32_t meeting) -> Result<void> {
+  }
+  Config config;
+  ClusterContext cluster;
+};
+
+/// A job of two ranks, one per node: on `daemon`, rank first_rank.
+NodeJob jobOfTwo(const std::string& id, const std::string& store_dir, std::uint32_t first_rank) {
+  NodeJob job;
+  job.job_id = id;
+  job.store = *parseStoreSpec("file:" + store_dir + "#test");
+  job.world_size = 2;
+  job.first_rank = first_rank;
+  job.local_count = 1;
+  return job;
+}
+
+/// One node's part of job "sync", on a daemon of its own, whose
+/// after_meeting records what it saw.
+struct Node {
+  Node(std::uint64_t instance, const std::string& store_dir, std::uint32_t first_rank) : daemon(instance) {
+    NodeJob job = jobOfTwo("sync", store_dir, first_rank);
+    job.after_meeting = [meetings = meetings](const NodeJob::Meeting& meeting) -> Result<void> {
       // As the NCCL path hands out its unique id: node 0 writes, the others read.
       const std::string key = "what";
-      if (layout.node == 0) {
-        const std::string value = "node 0's, meeting " + std::to_string(meeting);
-        keys.set(key, std::vector<char>(value.begin(), value.end()));
+      if (meeting.layout.node == 0) {
+        const std::string value = "node 0's, meeting " + std::to_string(meeting.number);
+        meeting.keys.set(key, std::vector<char>(value.begin(), value.end()));
       } else {
-        keys.wait({key}, milliseconds(3000));
+        meeting.keys.wait({key}, milliseconds(3000));
       }
-      const std::vector<char> value = keys.get(key);
+      const std::vector<char> value = meeting.keys.get(key);
       const std::lock_guard lock(meetings->mutex);
-      meetings->seen.emplace_back(meeting, std::string(value.begin(), value.end()));
+      meetings->seen.emplace_back(meeting.number, std::string(value.begin(), value.end()));
       return {};
     };
-    sync = nodeSync(job, cluster);
+    sync = nodeSync(job, daemon.cluster);
   }
   std::vector<std::pair<std::uint32_t, std::string>> seen() const {
     const std::lock_guard lock(meetings->mutex);
     return meetings->seen;
   }
 
-  Config config;
+  Daemon daemon;
   std::shared_ptr<Meetings> meetings = std::make_shared<Meetings>();
   std::unique_ptr<NodeSync> sync;
 };
@@ -89,7 +103,7 @@ CollectiveArgs op(std::uint64_t sequence, ipc::OpCode code = ipc::OpCode::kAllGa
 /// Runs `args[n]` on node n, both at once, as the data plane would (begin
 /// until it starts, step until it ends, opFailed on a failure): each node's
 /// outcome.
-std::array<Result<bool>, 2> runOnBoth(std::array<Node*, 2> nodes, const std::array<CollectiveArgs, 2>& args) {
+std::array<Result<bool>, 2> runOnBoth(std::array<NodeSync*, 2> syncs, const std::array<CollectiveArgs, 2>& args) {
   const GroupGeometry geometry;
   std::array<Result<bool>, 2> outcome{Result<bool>(false), Result<bool>(false)};
   std::array<bool, 2> begun{false, false};
@@ -98,7 +112,7 @@ std::array<Result<bool>, 2> runOnBoth(std::array<Node*, 2> nodes, const std::arr
   while (!(over[0] && over[1]) && std::chrono::steady_clock::now() < deadline) {
     for (std::size_t n = 0; n < 2; ++n) {
       if (over[n]) continue;
-      NodeSync& sync = *nodes[n]->sync;
+      NodeSync& sync = *syncs[n];
       Result<bool> now = begun[n] ? sync.step() : sync.begin(args[n], geometry, {});
       if (!now) {
         sync.opFailed(args[n].sequence, now.error());
@@ -114,6 +128,10 @@ std::array<Result<bool>, 2> runOnBoth(std::array<Node*, 2> nodes, const std::arr
     std::this_thread::sleep_for(milliseconds(1));
   }
   return outcome;
+}
+
+std::array<Result<bool>, 2> runOnBoth(std::array<Node*, 2> nodes, const std::array<CollectiveArgs, 2>& args) {
+  return runOnBoth(std::array<NodeSync*, 2>{nodes[0]->sync.get(), nodes[1]->sync.get()}, args);
 }
 
 /// Until neither node refuses ops (they have met again), or the deadline.
@@ -189,6 +207,79 @@ TEST_F(NodeSyncTest, ALinkLostOnOneNodeFailsTheNextOpOnBothAndTheyMeetAgain) {
                                                                  {1, "node 0's, meeting 1"}};
   EXPECT_EQ(a.seen(), twice);
   EXPECT_EQ(b.seen(), twice);
+}
+
+}  // namespace
+}  // namespace dbuf::daemon
+
+namespace dbuf::daemon {
+namespace {
+
+/// One node's part of a job whose after_meeting takes its communicator
+/// from idleOrNew: a stand-in (an int holding its id), counted when made.
+struct CommunicatorJob {
+  CommunicatorJob(Daemon& daemon, const std::string& id, const std::string& store_dir, std::uint32_t first_rank)
+      : idle(daemon.cluster.idle_gpu_communicators) {
+    NodeJob job = jobOfTwo(id, store_dir, first_rank);
+    job.after_meeting = [this](const NodeJob::Meeting& meeting) -> Result<void> {
+      key = meeting.daemons + "|test";
+      const std::uint64_t proposal = 1000 + meeting.number;  // node 0's, the same each try
+      auto entry = idleOrNew(meeting, "test", *idle, key, proposal, milliseconds(3000),
+                             [this](std::uint64_t made_id) -> Result<std::shared_ptr<void>> {
+                               ++made;
+                               return std::shared_ptr<void>(std::make_shared<std::uint64_t>(made_id));
+                             });
+      if (!entry) return std::move(entry).error();
+      held = std::move(*entry);
+      return {};
+    };
+    sync = nodeSync(job, daemon.cluster);
+  }
+  /// The job ends: its communicator goes back to the daemon's idle ones.
+  void park() { idle->put(key, std::move(held)); }
+
+  std::shared_ptr<IdleCommunicators> idle;
+  std::string key;
+  IdleCommunicators::Entry held;
+  int made = 0;
+  std::unique_ptr<NodeSync> sync;
+};
+
+TEST_F(NodeSyncTest, ALaterJobUsesTheCommunicatorEveryNodeHoldsIdleAndMakesOneWhereTheyDiffer) {
+  Daemon first(101);
+  Daemon second(202);
+  const auto run = [&](CommunicatorJob& a, CommunicatorJob& b) {
+    for (const Result<bool>& outcome : runOnBoth({a.sync.get(), b.sync.get()}, {op(0), op(0)})) {
+      ASSERT_TRUE(outcome.ok()) << outcome.error().message;
+    }
+  };
+  {
+    CommunicatorJob a(first, "one", store_, 0);
+    CommunicatorJob b(second, "one", store_, 1);
+    run(a, b);
+    EXPECT_EQ(a.made + b.made, 2);  // a new one, node 0's proposal, on both
+    EXPECT_EQ(a.held.id, 1000U);
+    EXPECT_EQ(b.held.id, 1000U);
+    a.park();
+    b.park();
+  }
+  {
+    CommunicatorJob a(first, "two", store_, 0);
+    CommunicatorJob b(second, "two", store_, 1);
+    run(a, b);
+    EXPECT_EQ(a.made + b.made, 0);  // job one's, from both daemons' idle ones
+    EXPECT_EQ(a.held.id, 1000U);
+    EXPECT_EQ(*std::static_pointer_cast<std::uint64_t>(b.held.communicator), 1000U);
+    a.park();  // node 1's is lost (say it failed): the nodes no longer hold the same
+  }
+  CommunicatorJob a(first, "three", store_, 0);
+  CommunicatorJob b(second, "three", store_, 1);
+  run(a, b);
+  EXPECT_EQ(a.made + b.made, 2);
+  // Node 0's idle one went back, for a later meeting that agrees on it.
+  auto kept = first.cluster.idle_gpu_communicators->take(a.key);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->id, 1000U);
 }
 
 }  // namespace
