@@ -10,14 +10,16 @@
 // error, never a hang) and the next op makes new ones.
 //
 // A job across nodes (ncclNodeExecutor) runs the same ops over this node's
-// ranks of one communicator over every node's GPUs, made when the nodes meet
+// ranks of one communicator over every node's GPUs, set up when the nodes
+// meet: the idle one every node's daemon holds for the set, else a new one
 // (node 0's daemon puts its unique id in the meeting's keys; every daemon
 // joins its ranks in one group). Each op first exchanges its header with
 // the other nodes (nodeSync(): the k-th op of every node matches, a failure
 // anywhere fails it everywhere), so NCCL is only called once every node
 // will call it too; an op still running after the collective timeout, or an
 // asynchronous NCCL error, aborts the communicator, and the nodes meet again
-// with a new one.
+// with another. A communicator goes back to the daemon's idle ones when its
+// job ends or loses its link.
 #include <cuda_runtime_api.h>
 #include <gloo/rendezvous/store.h>
 
