@@ -30,8 +30,11 @@ run and alternating op by op (which system goes first alternates too):
   all-gather's output buffer (one buffer of W * S less per rank).
 
 A case whose memory (both systems' rank processes and dbufd's, estimated from
-measurements here) does not fit in MemAvailable less 2 GiB is left out, and
-the output says so: 2 x 4 ranks at 64 MiB needs about 25 GiB.
+measurements here) does not fit in MemAvailable less 2 GiB runs the systems
+one after the other instead, at each rate (which goes first alternates from
+rate to rate), and says so: 2 x 4 ranks at 64 MiB needs about 26 GiB for
+both, 18 GiB for gloo alone. A case where one system alone does not fit is
+left out, saying so.
 
 Each timed op follows a barrier of its system; its time is the maximum over
 the ranks of the time from the barrier's end to the op's end (as the rank
@@ -394,53 +397,95 @@ def tcp_rate(ns: Namespaces, megabytes: int = 64) -> float:
             receiver.wait()
 
 
+def start_workers(ns: Namespaces, daemons: list[Any], store: str, tmp: Path, job: str, system: str, world: int,
+                  local: int, shard: int, port: int) -> list[Worker]:
+    """One system's rank processes for a case, each in its node's namespace, once they are ready."""
+    workers = []
+    try:
+        for rank in range(world):
+            spec = {"system": system, "rank": rank, "world": world, "local": local, "shard_elems": shard,
+                    "socket": daemons[rank // local].socket, "job": job, "store": f"{store}#{job}", "port": port}
+            workers.append(Worker(ns.launcher(rank // local), spec, tmp / f"{job}-{system}-{rank}.log"))
+        for w in workers:
+            w.recv()
+    except BaseException:
+        stop_workers(workers, graceful=False)
+        raise
+    return workers
+
+
+def measure(ns: Namespaces, workers: dict[str, list[Worker]], job: str, gbit: int, warmup: int, iters: int,
+            samples: dict[tuple[str, str], list[dict[str, float]]]) -> None:
+    """warmup + iters iterations of every op on the systems in `workers`, alternating op by op (which goes
+    first alternates too); the results are checked after the warm-up; timed samples go to `samples`."""
+    for it in range(warmup + iters):
+        if it == warmup:
+            for system in workers:
+                if not all(r["ok"] for r in ask(workers[system], "check")):
+                    raise BenchError(f"{system}: wrong results in {job} at {gbit} Gbit/s")
+        order = ("dbuf", "gloo") if it % 2 == 0 else ("gloo", "dbuf")
+        for op, (systems, _) in OPS.items():
+            for system in (s for s in order if s in systems and s in workers):
+                before = ns.counters()
+                replies = ask(workers[system], op)
+                after = ns.counters()
+                if it < warmup:
+                    continue
+                tx = max(a[0] - b[0] for a, b in zip(after, before))
+                rx = max(a[1] - b[1] for a, b in zip(after, before))
+                samples.setdefault((op, system), []).append({
+                    "t": max(r["t"] for r in replies),
+                    "comm": max(r["comm"] if "comm" in r else r["daemon"] for r in replies),
+                    "tx": tx, "rx": rx})
+
+
 def run_case(ns: Namespaces, daemons: list[Any], store: str, tmp: Path, nodes: int, local: int, shard_mib: int,
-             rates: list[int], warmup: int, iters: int, port: int) -> list[dict[str, Any]]:
+             rates: list[int], warmup: int, iters: int, port: int, together: bool) -> list[dict[str, Any]]:
+    """One layout and size at every rate. together: both systems' ranks at once, alternating op by op;
+    else (their memory together does not fit) one system at a time, at each rate the two one after the
+    other (which goes first alternates from rate to rate)."""
     world = nodes * local
     shard = shard_mib * MIB // 4
     job = f"{ns.prefix}-{nodes}x{local}-{shard_mib}"
-    workers: dict[str, list[Worker]] = {"dbuf": [], "gloo": []}
-    try:
-        for system in ("dbuf", "gloo"):
-            for rank in range(world):
-                node = rank // local
-                spec = {"system": system, "rank": rank, "world": world, "local": local, "shard_elems": shard,
-                        "socket": daemons[node].socket, "job": job, "store": f"{store}#{job}", "port": port}
-                workers[system].append(Worker(ns.launcher(node), spec, tmp / f"{job}-{system}-{rank}.log"))
-        for system in ("dbuf", "gloo"):
-            for w in workers[system]:
-                w.recv()
-        results = []
-        for gbit in rates:
+    results = []
+
+    def case(gbit: int, samples: dict[tuple[str, str], list[dict[str, float]]]) -> dict[str, Any]:
+        return {"layout": f"{nodes}x{local}", "world": world, "local": local, "shard_mib": shard_mib,
+                "gbit": gbit, "samples": samples, "together": together}
+
+    if not together:
+        for n, gbit in enumerate(rates):
             ns.shape(gbit)
             samples: dict[tuple[str, str], list[dict[str, float]]] = {}
-            for it in range(warmup + iters):
-                if it == warmup:
-                    for system in ("dbuf", "gloo"):
-                        if not all(r["ok"] for r in ask(workers[system], "check")):
-                            raise BenchError(f"{system}: wrong results in {job} at {gbit} Gbit/s")
-                order = ("dbuf", "gloo") if it % 2 == 0 else ("gloo", "dbuf")
-                for op, (systems, _) in OPS.items():
-                    for system in (s for s in order if s in systems):
-                        before = ns.counters()
-                        replies = ask(workers[system], op)
-                        after = ns.counters()
-                        if it < warmup:
-                            continue
-                        tx = max(a[0] - b[0] for a, b in zip(after, before))
-                        rx = max(a[1] - b[1] for a, b in zip(after, before))
-                        samples.setdefault((op, system), []).append({
-                            "t": max(r["t"] for r in replies),
-                            "comm": max(r["comm"] if "comm" in r else r["daemon"] for r in replies),
-                            "tx": tx, "rx": rx})
-            results.append({"layout": f"{nodes}x{local}", "world": world, "local": local, "shard_mib": shard_mib,
-                            "gbit": gbit, "samples": samples})
+            for system in (("dbuf", "gloo") if n % 2 == 0 else ("gloo", "dbuf")):
+                workers = {system: start_workers(ns, daemons, store, tmp, f"{job}-{gbit}g-{system}", system, world,
+                                                 local, shard, port)}
+                port += 1
+                try:
+                    measure(ns, workers, job, gbit, warmup, iters, samples)
+                    print_memory(daemons, {system: ask(workers[system], "memory")})
+                except BaseException:
+                    stop_workers(workers[system], graceful=False)
+                    raise
+                stop_workers(workers[system], graceful=True)
+            results.append(case(gbit, samples))
+            print_case(results[-1], shard)
+        return results
+    workers: dict[str, list[Worker]] = {}
+    try:
+        for system in ("dbuf", "gloo"):
+            workers[system] = start_workers(ns, daemons, store, tmp, job, system, world, local, shard, port)
+        for gbit in rates:
+            ns.shape(gbit)
+            samples = {}
+            measure(ns, workers, job, gbit, warmup, iters, samples)
+            results.append(case(gbit, samples))
             print_case(results[-1], shard)
         print_memory(daemons, {system: ask(workers[system], "memory") for system in workers})
     except BaseException:
-        stop_workers(workers["dbuf"] + workers["gloo"], graceful=False)
+        stop_workers([w for ws in workers.values() for w in ws], graceful=False)
         raise
-    stop_workers(workers["dbuf"] + workers["gloo"], graceful=True)
+    stop_workers([w for ws in workers.values() for w in ws], graceful=True)
     return results
 
 
@@ -451,15 +496,20 @@ def print_memory(daemons: list[Any], ranks: dict[str, list[dict[str, int]]]) -> 
         lines = Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines()
         status = dict(line.split(":", 1) for line in lines)
         daemon_mib.append(sum(int(status[k].split()[0]) for k in ("RssAnon", "RssShmem")) // 1024)
-    d, g = ranks["dbuf"], ranks["gloo"]
-    print(f"  memory: gloo rank peak RSS {max(r['VmHWM'] for r in g)} MiB"
-          f" (anonymous now {max(r['RssAnon'] for r in g)}); dbuf rank peak RSS {max(r['VmHWM'] for r in d)} MiB"
-          f" (anonymous now {max(r['RssAnon'] for r in d)}, the rest dbufd's shared memory);"
-          f" dbufd per node {max(daemon_mib)} MiB")
+    parts = []
+    if "gloo" in ranks:
+        g = ranks["gloo"]
+        parts.append(f"gloo rank peak RSS {max(r['VmHWM'] for r in g)} MiB (anonymous now"
+                     f" {max(r['RssAnon'] for r in g)})")
+    if "dbuf" in ranks:
+        d = ranks["dbuf"]
+        parts.append(f"dbuf rank peak RSS {max(r['VmHWM'] for r in d)} MiB (anonymous now"
+                     f" {max(r['RssAnon'] for r in d)}, the rest dbufd's shared memory)")
+    print(f"  memory: {'; '.join(parts)}; dbufd per node {max(daemon_mib)} MiB")
 
 
-def memory_needed_mib(world: int, local: int, shard_mib: int) -> int:
-    """Both systems' rank processes and dbufd's memory for a case, as measured here (MiB, roughly).
+def memory_needed_mib(world: int, shard_mib: int) -> dict[str, int]:
+    """Each system's rank processes' memory for a case (dbuf's with dbufd's), as measured here (MiB, roughly).
 
     A gloo rank: ~300 + its buffers (3 S + 1.5 W S: fp32 and bf16 shard and output, bf16 gathered
     parameters, fp32 gradients) + gloo's reduce-scatter temporaries (~2 W S). A dbuf rank: ~300; dbufd: per
@@ -467,7 +517,7 @@ def memory_needed_mib(world: int, local: int, shard_mib: int) -> int:
     """
     gloo = world * (300 + 3 * shard_mib + 3.5 * world * shard_mib)
     dbuf = world * (300 + 2 * shard_mib + world * shard_mib) + 200
-    return int(gloo + dbuf)
+    return {"gloo": int(gloo), "dbuf": int(dbuf)}
 
 
 def memory_available_mib() -> int:
@@ -498,7 +548,8 @@ def case_stats(case: dict[str, Any], shard: int) -> dict[tuple[str, str], dict[s
 
 def print_case(case: dict[str, Any], shard: int) -> None:
     stats = case_stats(case, shard)
-    print(f"\n{case['layout']} ranks, {case['shard_mib']} MiB fp32 shard per rank, {case['gbit']} Gbit/s links")
+    print(f"\n{case['layout']} ranks, {case['shard_mib']} MiB fp32 shard per rank, {case['gbit']} Gbit/s links"
+          + ("" if case["together"] else " (the systems one after the other)"))
     print(f"  {'op':<15}{'system':<7}{'median ms':>10}{'worst ms':>10}{'(inner ms)':>11}"
           f"{'dbuf/gloo':>10}{'worst/worst':>12}{'MiB/node':>10}{'min MiB':>9}{'x min':>7}{'line':>7}")
     for op in OPS:
@@ -517,12 +568,12 @@ def print_case(case: dict[str, Any], shard: int) -> None:
 
 def print_summary(cases: list[dict[str, Any]]) -> None:
     print("\nSummary (dbuf/gloo: time ratio, median of iterations and worst against worst; x min: bytes per node"
-          " on the wire over the minimum; line: share of the link rate used)")
+          " on the wire over the minimum; line: share of the link rate used; *: the systems one after the other)")
     print(f"{'case':<20}{'AG dbuf/gloo':>13}{'worst':>7}{'RS dbuf/gloo':>13}{'worst':>7}"
           f"{'AG x min d/g':>14}{'RS x min d/g':>14}{'AG line d/g':>13}{'RS line d/g':>13}")
     for case in cases:
         stats = case_stats(case, case["shard_mib"] * MIB // 4)
-        name = f"{case['layout']} {case['shard_mib']}MiB {case['gbit']}G"
+        name = f"{case['layout']} {case['shard_mib']}MiB {case['gbit']}G" + ("" if case["together"] else " *")
         row = f"{name:<20}"
         for op in ("ag", "rs"):
             d, g = stats[(op, "dbuf")], stats[(op, "gloo")]
@@ -596,14 +647,20 @@ def main() -> int:
             port = 29400
             for local in layouts:
                 for shard_mib in sizes:
-                    need, available = memory_needed_mib(NODES * local, local, shard_mib), memory_available_mib()
-                    if need > available - 2048:
-                        print(f"\nleft out: {NODES}x{local} ranks at {shard_mib} MiB: needs about {need / 1024:.0f} GiB"
-                              f" (gloo's buffers and dbufd's together), {available / 1024:.0f} GiB available")
+                    need, room = memory_needed_mib(NODES * local, shard_mib), memory_available_mib() - 2048
+                    together = sum(need.values()) <= room
+                    if not together and max(need.values()) > room:
+                        print(f"\nleft out: {NODES}x{local} ranks at {shard_mib} MiB: gloo needs about"
+                              f" {need['gloo'] / 1024:.0f} GiB and dbuf {need['dbuf'] / 1024:.0f} GiB, more than the"
+                              f" {room / 1024:.0f} GiB available (less 2)")
                         continue
+                    if not together:
+                        print(f"\n{NODES}x{local} ranks at {shard_mib} MiB: the systems one after the other (gloo"
+                              f" needs about {need['gloo'] / 1024:.0f} GiB, dbuf {need['dbuf'] / 1024:.0f} GiB;"
+                              f" {room / 1024:.0f} GiB available, less 2)")
                     cases += run_case(ns, daemons, f"file:{store_dir}", tmp, NODES, local, shard_mib, rates,
-                                      args.warmup, args.iters, port)
-                    port += 1
+                                      args.warmup, args.iters, port, together)
+                    port += 8
             print_summary(cases)
             print(f"\ntotal {time.monotonic() - started:.0f} s")
             return 0
