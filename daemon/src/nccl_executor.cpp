@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -138,59 +139,86 @@ std::string numbersText(const auto& numbers) {
   return text;
 }
 
+/// LocalComms::join on a thread of its own, for at most `timeout`: NCCL's
+/// set-up blocks until every rank has joined, and a node whose daemon died
+/// (or failed before joining) would hold the link's thread there for good.
+/// A set-up that takes longer is left to its thread (counted by
+/// AbandonedThread), which ends what it made if it ever returns.
+Result<gpu::LocalComms> joinWithin(std::vector<int> devices, const ncclUniqueId& id, int world, int first_rank,
+                                   std::chrono::milliseconds timeout) {
+  struct Joining {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<Result<gpu::LocalComms>> result;
+    std::unique_ptr<AbandonedThread> abandoned;  // set when nobody waits any more
+  };
+  auto joining = std::make_shared<Joining>();
+  try {
+    std::thread([joining, devices = std::move(devices), id, world, first_rank] {
+      Result<gpu::LocalComms> joined = gpu::LocalComms::join(devices, id, world, first_rank);
+      const std::lock_guard lock(joining->mutex);
+      if (joining->abandoned && joined) joined->fail(Error{ErrorCode::kTimeout, "set up too late", {}});
+      joining->result = std::move(joined);
+      joining->done.notify_all();
+    }).detach();
+  } catch (const std::system_error& error) {
+    return makeError(ErrorCode::kUnavailable, std::string("no thread for NCCL's set-up: ") + error.what());
+  }
+  std::unique_lock lock(joining->mutex);
+  if (!joining->done.wait_for(lock, timeout, [&] { return joining->result.has_value(); })) {
+    joining->abandoned = std::make_unique<AbandonedThread>();
+    return makeError(ErrorCode::kTimeout, "NCCL's set-up (ncclCommInitRank) did not end within " +
+                                              std::to_string(timeout.count()) +
+                                              " ms: another node's daemon did not join it");
+  }
+  return std::move(*joining->result);
+}
+
 /// The job's after_meeting: the communicator over this set (the daemons,
 /// the job's layout, this node's GPUs) that every node's daemon holds idle
 /// is used again, with no NCCL set-up (a later job, a job whose rank came
-/// back; idleOrNew). Else node 0's daemon puts an NCCL unique id in the
-/// meeting's keys (made once per meeting with the communicator's id, so a
-/// meeting tried again joins the same one), and every daemon joins its
-/// ranks (first_rank..) to it. Either is left in `made` for the loop.
+/// back; idleOrNew). Else node 0's daemon puts a new NCCL unique id in the
+/// meeting's keys, under the new communicator's id, and every daemon joins
+/// its ranks (first_rank..) to it, within the collective timeout. Either is
+/// left in `made` for the loop. A failure here, once every node has come,
+/// spends the meeting: the nodes meet again, with a new id.
 NodeJob::AfterMeeting meetingCommunicator(const NodeJob& job, std::vector<int> devices, const AcrossNodes& across) {
-  struct Proposal {
-    std::uint32_t meeting = 0;
-    std::uint64_t id = 0;
-    ncclUniqueId unique{};
-  };
-  auto node0 = std::make_shared<std::optional<Proposal>>();  // only node 0's daemon makes one
   return [=, job_id = job.job_id, world = job.world_size, first_rank = job.first_rank, made = across.made,
           idle = across.idle, timeout = across.timeout](const NodeJob::Meeting& meeting) -> Result<void> {
     const NodeLayout& layout = meeting.layout;
-    if (layout.node == 0 && (!*node0 || (*node0)->meeting != meeting.number)) {
-      Proposal fresh;
-      fresh.meeting = meeting.number;
-      fresh.id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
-      if (auto r = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&fresh.unique), "ncclGetUniqueId"); !r) return r;
-      *node0 = fresh;
-    }
+    const std::uint64_t proposal =
+        layout.node == 0 ? (std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1) : 0;
     bool joined_new = false;
-    const auto join = [&](std::uint64_t) -> Result<std::shared_ptr<void>> {
+    const auto join = [&](std::uint64_t id) -> Result<std::shared_ptr<void>> {
+      const std::string key = "nccl-id-" + std::to_string(id);
       ncclUniqueId unique{};
       if (layout.node == 0) {
-        unique = (*node0)->unique;
-        meeting.keys.set("nccl-id", std::vector<char>(unique.internal, unique.internal + sizeof unique.internal));
+        if (auto r = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&unique), "ncclGetUniqueId"); !r) return r.error();
+        meeting.keys.set(key, std::vector<char>(unique.internal, unique.internal + sizeof unique.internal));
       } else {
-        meeting.keys.wait({"nccl-id"}, timeout);
-        const std::vector<char> value = meeting.keys.get("nccl-id");
+        meeting.keys.wait({key}, timeout);
+        const std::vector<char> value = meeting.keys.get(key);
         if (value.size() != sizeof unique.internal) {
           return makeError(ErrorCode::kConflict, "the store's NCCL id for the job is not one this version understands");
         }
         std::memcpy(unique.internal, value.data(), sizeof unique.internal);
       }
-      auto joined = gpu::LocalComms::join(devices, unique, static_cast<int>(world), static_cast<int>(first_rank));
+      auto joined = joinWithin(devices, unique, static_cast<int>(world), static_cast<int>(first_rank), timeout);
       if (!joined) return std::move(joined).error();
       joined_new = true;
       return std::shared_ptr<void>(abortedWhenDropped(std::move(*joined)));
     };
     MeetingComms chosen;
     chosen.key = meeting.daemons + "|" + numbersText(layout.first_ranks) + "|" + numbersText(devices);
-    auto entry = idleOrNew(meeting, "nccl", *idle, chosen.key, layout.node == 0 ? (*node0)->id : 0, timeout, join);
+    auto entry = idleOrNew(meeting, "nccl", *idle, chosen.key, proposal, timeout, join);
     if (!entry) return std::move(entry).error();
     chosen.comms = std::static_pointer_cast<gpu::LocalComms>(std::move(entry->communicator));
     chosen.id = entry->id;
     spdlog::info("job {}: NCCL communicator {:016x} for ranks {}-{} of {} ({})", job_id, chosen.id, first_rank,
                  first_rank + devices.size() - 1, world, joined_new ? "new" : "reused");
+    std::optional<MeetingComms> unused;  // one the loop never took: it ends outside the lock
     const std::lock_guard lock(made->mutex);
-    made->latest = std::move(chosen);  // one the loop never took ends here
+    unused = std::exchange(made->latest, std::move(chosen));
     return {};
   };
 }
@@ -263,7 +291,13 @@ class NcclExecutor final : public Executor {
       case ipc::OpCode::kBarrier:
         break;  // no data
     }
-    if (!queued) return std::move(queued).error();
+    if (!queued) {
+      // Across nodes, the other nodes run this op's NCCL calls and this node
+      // may have queued only some of its own: the communicator is out of
+      // step, so it ends, and the next op has the nodes meet again.
+      if (across_) comms_->fail(queued.error());
+      return std::move(queued).error();
+    }
     queued_at_ = std::chrono::steady_clock::now();
     return true;  // the whole op is queued in one step
   }

@@ -343,6 +343,8 @@ class NodeExecutor final : public NodeSync {
   /// The link cannot be used any more, because of `why`: no later step of
   /// it runs, and the job's ops fail until its nodes meet again.
   void lose(const Error& why);
+  /// lose() for a link already broken.
+  void lost(const Error& why);
   /// A new meeting of the nodes, once the lost link is done with and every
   /// rank of this node is attached. The other nodes lose their link too
   /// (from this node's failure header, or their own timeout) and come.
@@ -435,8 +437,15 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
   if (const Error* why = unavailable()) return *why;  // (ops queued before the link was lost)
   if (!link_->connected() || !link_->idle()) {
     // Still meeting the other nodes, or an earlier op's rounds still run (in
-    // the staging memory): not yet. A failed first meeting is tried again.
-    if (!link_->connected() && link_->idle()) meet();
+    // the staging memory): not yet. A first meeting that failed before every
+    // node came is tried again; one that failed after lost the link.
+    if (!link_->connected() && link_->idle()) {
+      if (const std::optional<Error> why = link_->broken()) {
+        lose(*why);
+        return *lost_;
+      }
+      meet();
+    }
     return false;
   }
   args_ = args;
@@ -839,6 +848,10 @@ void NodeExecutor::meet() {
 
 void NodeExecutor::lose(const Error& why) {
   link_->breakLink(why);
+  lost(why);
+}
+
+void NodeExecutor::lost(const Error& why) {
   link_state_ = LinkState::kLost;
   lost_ = Error{why.code,
                 why.message + " (job " + job_.job_id +
@@ -863,9 +876,13 @@ void NodeExecutor::meetAgainIfReady() {
 }
 
 const Error* NodeExecutor::unavailable() {
-  if (link_state_ == LinkState::kMeeting && link_->connected()) {
-    link_state_ = LinkState::kUp;
-    lost_.reset();
+  if (link_state_ == LinkState::kMeeting) {
+    if (link_->connected()) {
+      link_state_ = LinkState::kUp;
+      lost_.reset();
+    } else if (const std::optional<Error> why = link_->broken(); why && link_->idle()) {
+      lost(*why);  // the meeting failed once every node had come: the next one
+    }
   }
   meetAgainIfReady();
   return link_state_ == LinkState::kUp ? nullptr : &*lost_;

@@ -199,7 +199,9 @@ struct NodeLink::State {
   Result<void> runStep(const Step& step, const std::optional<Error>& broken_now);
   /// connect(); a later meeting tries until it succeeds or the link goes.
   Result<void> meet();
-  Result<void> connect();
+  /// One try at the meeting; `everyone_came` once every node's daemon has
+  /// announced itself in the meeting's keys.
+  Result<void> connect(bool& everyone_came);
   Result<void> findNodes(gloo::rendezvous::Store& store);
   Result<void> agreeOnCommunicator(gloo::rendezvous::Store& store, const std::string& key);
   Result<std::shared_ptr<Communicator>> makeCommunicator(gloo::rendezvous::Store& store, std::uint64_t id) const;
@@ -252,9 +254,9 @@ bool NodeLink::connected() const noexcept {
   return state_->connected.load(std::memory_order_acquire);
 }
 
-bool NodeLink::broken() const {
+std::optional<Error> NodeLink::broken() const {
   const std::lock_guard lock(state_->mutex);
-  return state_->broken.has_value();
+  return state_->broken;
 }
 
 const NodeLayout& NodeLink::layout() const {
@@ -337,7 +339,16 @@ Result<void> NodeLink::State::runStep(const Step& step, const std::optional<Erro
 Result<void> NodeLink::State::meet() {
   constexpr auto kPause = std::chrono::seconds(1);  // between tries that fail at once (a store not there yet)
   for (bool first_try = true;; first_try = false) {
-    auto made = connect();
+    bool everyone_came = false;
+    auto made = connect(everyone_came);
+    if (!made && everyone_came) {
+      // A node may have gone on with what this one did not finish (its
+      // Gloo connections, its NCCL set-up): this meeting's keys are spent.
+      // The link is lost, and the nodes meet again under the next one's.
+      const std::lock_guard lock(mutex);
+      if (!broken) broken = made.error();
+      return made;
+    }
     if (made || job.meeting == 0) return made;
     if (first_try) {
       spdlog::info("job {}: meeting {} of its nodes: {}; trying again until they come", job.job_id, job.meeting,
@@ -348,7 +359,7 @@ Result<void> NodeLink::State::meet() {
   }
 }
 
-Result<void> NodeLink::State::connect() {
+Result<void> NodeLink::State::connect(bool& everyone_came) {
   const auto started = std::chrono::steady_clock::now();
   auto store = openStore(job.store);
   if (!store) return std::move(store).error().withContext("job " + job.job_id);
@@ -359,6 +370,7 @@ Result<void> NodeLink::State::connect() {
                                      **store);
   try {
     if (auto found = findNodes(keys); !found) return found;
+    everyone_came = true;
     std::string key;
     for (const std::string& identity : identities) key += (key.empty() ? "" : ",") + identity;
     if (auto agreed = agreeOnCommunicator(keys, key); !agreed) return agreed;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -56,9 +57,10 @@ struct NodeJob {
   std::uint32_t first_rank = 0;   ///< this node's first rank
   std::uint32_t local_count = 1;  ///< this node's ranks
   /// How many times the job's nodes met before (each lost link ends one):
-  /// every meeting has keys of its own. A first meeting that fails is tried
-  /// again by the job's next op; a later one keeps trying until the other
-  /// nodes come (the job's ops fail meanwhile, and nothing else retries).
+  /// every meeting has keys of its own. A meeting that fails before every
+  /// node has come is tried again: the first by the job's next op, a later
+  /// one until the other nodes come (the job's ops fail meanwhile, and
+  /// nothing else retries). One that fails after breaks the link.
   std::uint32_t meeting = 0;
   /// What the nodes have when they have met.
   struct Meeting {
@@ -155,9 +157,11 @@ class NodeLink {
   [[nodiscard]] bool idle() const;
   /// Whether the link is made (layout() is then valid, and stays so).
   [[nodiscard]] bool connected() const noexcept;
-  /// Whether the steps reached a breakLink() marker, or one of them ended
-  /// the job's use of the connections (a timeout, a transport error).
-  [[nodiscard]] bool broken() const;
+  /// Why no later step runs, if none does: the steps reached a breakLink()
+  /// marker, one of them ended the job's use of the connections (a timeout,
+  /// a transport error), or the meeting failed once every node had come to
+  /// it (its keys are spent: the nodes meet again under the next one's).
+  [[nodiscard]] std::optional<Error> broken() const;
   [[nodiscard]] const NodeLayout& layout() const;
   /// Once the steps posted so far have run, every later one fails with `why`
   /// (a fatal error, on this node or another: the job cannot run collectives

@@ -131,16 +131,19 @@ Result<LocalComms> LocalComms::join(std::span<const int> devices, const ncclUniq
   const std::string what = "ncclCommInitRank (ranks " + std::to_string(first_rank) + "-" +
                            std::to_string(first_rank + static_cast<int>(devices.size()) - 1) + " of " +
                            std::to_string(world) + ")";
+  // Every GPU is checked before the group: inside it, the ranks already
+  // queued would wait in ncclGroupEnd for ones that never come.
+  for (const int device : devices) {
+    if (const cudaError_t current = cudaSetDevice(device); current != cudaSuccess) {
+      return makeError(ErrorCode::kDevice,
+                       "cudaSetDevice(" + std::to_string(device) + ") for " + what + ": " + cudaGetErrorString(current));
+    }
+  }
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   if (auto r = ncclStatus((*n)->groupStart(), "ncclGroupStart"); !r) return r.error();
   Result<void> joined;
   for (std::size_t i = 0; i < devices.size() && joined; ++i) {
-    const cudaError_t current = cudaSetDevice(devices[i]);
-    if (current != cudaSuccess) {
-      joined = makeError(ErrorCode::kDevice, "cudaSetDevice(" + std::to_string(devices[i]) +
-                                                 "): " + cudaGetErrorString(current));
-      break;
-    }
+    static_cast<void>(cudaSetDevice(devices[i]));  // (checked above)
     joined = ncclStatus((*n)->commInitRank(&comms[i], world, id, first_rank + static_cast<int>(i)), what);
   }
   const Result<void> ended = ncclStatus((*n)->groupEnd(), what + " (ncclGroupEnd)");

@@ -40,9 +40,9 @@ struct Meetings {
 
 /// One "daemon": its config and what its jobs across nodes share.
 struct Daemon {
-  explicit Daemon(std::uint64_t instance) {
+  explicit Daemon(std::uint64_t instance, milliseconds timeout = milliseconds(3000)) {
     config.cluster_address = "127.0.0.1";
-    config.collective_timeout = milliseconds(3000);
+    config.collective_timeout = timeout;
     cluster.config = &config;
     cluster.instance_id = instance;
   }
@@ -62,11 +62,17 @@ NodeJob jobOfTwo(const std::string& id, const std::string& store_dir, std::uint3
 }
 
 /// One node's part of job "sync", on a daemon of its own, whose
-/// after_meeting records what it saw.
+/// after_meeting records what it saw (and fails at meeting 0 if asked,
+/// as an NCCL set-up that failed).
 struct Node {
-  Node(std::uint64_t instance, const std::string& store_dir, std::uint32_t first_rank) : daemon(instance) {
+  Node(std::uint64_t instance, const std::string& store_dir, std::uint32_t first_rank,
+       milliseconds timeout = milliseconds(3000), bool fail_first_meeting = false)
+      : daemon(instance, timeout) {
     NodeJob job = jobOfTwo("sync", store_dir, first_rank);
-    job.after_meeting = [meetings = meetings](const NodeJob::Meeting& meeting) -> Result<void> {
+    job.after_meeting = [meetings = meetings, fail_first_meeting](const NodeJob::Meeting& meeting) -> Result<void> {
+      if (fail_first_meeting && meeting.number == 0) {
+        return makeError(ErrorCode::kDevice, "set-up failed at meeting 0");
+      }
       // As the NCCL path hands out its unique id: node 0 writes, the others read.
       const std::string key = "what";
       if (meeting.layout.node == 0) {
@@ -179,6 +185,26 @@ TEST_F(NodeSyncTest, OpsThatDifferFailOnBothNodesAndTheNextOnesRun) {
         << outcome.error().message;
   }
   for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(1), op(1)})) EXPECT_TRUE(outcome.ok());
+}
+
+TEST_F(NodeSyncTest, AMeetingThatFailsOnceEveryNodeCameIsSpentAndTheNodesMeetAtTheNext) {
+  // Node 0 has met; node 1's after_meeting failed after both came, so it
+  // does not try meeting 0 again (node 0 went on with its keys): its op
+  // fails at once, node 0's times out waiting for it, and both meet at 1.
+  Node a(101, store_, 0, milliseconds(1000));
+  Node b(202, store_, 1, milliseconds(1000), /*fail_first_meeting=*/true);
+  const std::array<Result<bool>, 2> first = runOnBoth({&a, &b}, {op(0), op(0)});
+  ASSERT_FALSE(first[1].ok());
+  EXPECT_NE(first[1].error().message.find("set-up failed at meeting 0"), std::string::npos) << first[1].error().message;
+  ASSERT_FALSE(first[0].ok());
+  EXPECT_EQ(first[0].error().code, ErrorCode::kTimeout) << first[0].error().message;
+  ASSERT_TRUE(bothAvailable({&a, &b}));
+  for (const Result<bool>& outcome : runOnBoth({&a, &b}, {op(1), op(1)})) {
+    EXPECT_TRUE(outcome.ok()) << outcome.error().message;
+  }
+  EXPECT_EQ(a.seen(), (std::vector<std::pair<std::uint32_t, std::string>>{{0, "node 0's, meeting 0"},
+                                                                          {1, "node 0's, meeting 1"}}));
+  EXPECT_EQ(b.seen(), (std::vector<std::pair<std::uint32_t, std::string>>{{1, "node 0's, meeting 1"}}));
 }
 
 TEST_F(NodeSyncTest, ALinkLostOnOneNodeFailsTheNextOpOnBothAndTheyMeetAgain) {
