@@ -191,7 +191,7 @@ void DaemonRings::complete(Completion entry, std::string_view message) noexcept 
   const std::size_t slot = complete_head_ % capacity_;
   std::byte* text = base_ + messagesOffset(capacity_) + slot * kCompletionMessageBytes;
   const std::size_t length = std::min(message.size(), kCompletionMessageBytes);
-  std::memcpy(text, message.data(), length);
+  if (length > 0) std::memcpy(text, message.data(), length);  // (an empty view's data() may be null)
   if (message.size() > kCompletionMessageBytes) {
     // Cut: say so, so that nobody mistakes the rest for the whole story.
     constexpr std::string_view kCut = " [...]";
@@ -258,7 +258,9 @@ bool ClientRings::tryReap(Completion& out, std::span<char> message, std::size_t&
   const std::size_t slot = complete_tail_ % capacity_;
   std::memcpy(&out, base_ + completionsOffset(capacity_) + slot * kRingEntryBytes, sizeof(out));
   message_bytes = std::min({static_cast<std::size_t>(out.message_bytes), message.size(), kCompletionMessageBytes});
-  std::memcpy(message.data(), base_ + messagesOffset(capacity_) + slot * kCompletionMessageBytes, message_bytes);
+  if (message_bytes > 0) {  // (an empty span's data() may be null)
+    std::memcpy(message.data(), base_ + messagesOffset(capacity_) + slot * kCompletionMessageBytes, message_bytes);
+  }
   ++complete_tail_;
   index64(base_, kCompleteTail).store(complete_tail_, std::memory_order_release);
   return true;

@@ -708,14 +708,25 @@ dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int6
 
 namespace {
 
+/// The int a C caller stored in an enum field. C lets it store any value;
+/// C++ may not load one outside the enum's range (undefined behaviour), so
+/// the field is read as the int it is, and checked as one.
+int storedValue(const dbuf_reduce_mode& field) {
+  static_assert(sizeof(dbuf_reduce_mode) == sizeof(int), "a C enum is an int");
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
 dbuf_status submitWith(dbuf_client* client, dbuf_group* group, dbuf_op_kind kind, const dbuf_reduce_options* reduce,
                        uint32_t root, const dbuf::SubmitOptions& submit, dbuf_op* out) {
   const bool needs_group = kind != DBUF_OP_BARRIER && kind != DBUF_OP_NOOP;
   if (needs_group && group == nullptr) return invalid(client, "this op needs a group");
   dbuf::ReduceOptions options;
   if (reduce != nullptr) {
-    if (reduce->mode != DBUF_REDUCE_SUM && reduce->mode != DBUF_REDUCE_AVG) return invalid(client, "bad reduce mode");
-    options = {reduce->mode == DBUF_REDUCE_AVG ? dbuf::ReduceMode::kAvg : dbuf::ReduceMode::kSum, reduce->pre_scale,
+    const int mode = storedValue(reduce->mode);
+    if (mode != DBUF_REDUCE_SUM && mode != DBUF_REDUCE_AVG) return invalid(client, "bad reduce mode");
+    options = {mode == DBUF_REDUCE_AVG ? dbuf::ReduceMode::kAvg : dbuf::ReduceMode::kSum, reduce->pre_scale,
                reduce->post_scale, reduce->accumulate != 0};
   }
   dbuf::Result<dbuf::OpHandle> handle = dbuf::Error{dbuf::ErrorCode::kInvalidArgument, "unknown op kind"};
