@@ -178,15 +178,6 @@ struct NodeLink::State {
   std::shared_ptr<Communicator> communicator;
   std::uint32_t tag = 0;
   bool reused = false;
-  /// Node 0's proposal, made once per cached communicator: a meeting tried
-  /// again proposes the same, so a node that read the first try agrees
-  /// with one that reads the next.
-  struct Proposal {
-    std::uint64_t cached_id = 0;  ///< the communicator it was made with (0: none)
-    std::uint64_t new_id = 0;     ///< a new communicator's, if one is made
-    std::uint32_t tag = 0;        ///< on the cached one
-  };
-  std::optional<Proposal> proposal;
   /// Set when the NodeLink goes while a step still runs: counted by
   /// abandonedThreads() until the thread ends (and with it this state).
   std::unique_ptr<AbandonedThread> abandoned;
@@ -437,16 +428,17 @@ Result<void> NodeLink::State::agreeOnCommunicator(gloo::rendezvous::Store& store
   // keeps the jobs sharing the communicator apart). Otherwise a new one is
   // made, under the id node 0 proposes.
   const std::shared_ptr<Communicator> cached = cluster.communicators->find(key);
+  // (Proposed once per meeting: a meeting that fails after every node came
+  // is not tried again, see meet().)
   const std::uint64_t cached_id = cached ? cached->id : 0;
-  if (!proposal || proposal->cached_id != cached_id) {
-    proposal = Proposal{cached_id, 0, 0};
-    if (layout.node == 0) {
-      proposal->new_id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
-      if (cached) proposal->tag = cached->next_channel.fetch_add(1);
-    }
+  std::uint64_t proposed_id = 0;
+  std::uint32_t proposed_tag = 0;
+  if (layout.node == 0) {
+    proposed_id = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1;
+    if (cached) proposed_tag = cached->next_channel.fetch_add(1);
   }
   store.set("communicator-" + std::to_string(layout.node),
-            encodeWords({std::to_string(cached_id), std::to_string(proposal->new_id), std::to_string(proposal->tag)}));
+            encodeWords({std::to_string(cached_id), std::to_string(proposed_id), std::to_string(proposed_tag)}));
   std::vector<std::uint64_t> ids;
   std::uint64_t new_id = 0;
   std::uint32_t tag_from_leader = 0;
@@ -455,15 +447,15 @@ Result<void> NodeLink::State::agreeOnCommunicator(gloo::rendezvous::Store& store
     store.wait({entry}, timeout());
     const std::vector<std::string> words = decodeWords(store.get(entry));
     const auto id = words.size() == 3 ? number(words[0]) : std::nullopt;
-    const auto proposed_id = words.size() == 3 ? number(words[1]) : std::nullopt;
+    const auto proposal = words.size() == 3 ? number(words[1]) : std::nullopt;
     const auto tag_word = words.size() == 3 ? number(words[2]) : std::nullopt;
-    if (!id || !proposed_id || !tag_word || *tag_word > UINT32_MAX) {
+    if (!id || !proposal || !tag_word || *tag_word > UINT32_MAX) {
       return makeError(ErrorCode::kConflict, "job " + job.job_id + ": the store's communicator entry of " +
                                                  layout.describeNode(n) + " is not one this version understands");
     }
     ids.push_back(*id);
     if (n == 0) {
-      new_id = *proposed_id;
+      new_id = *proposal;
       tag_from_leader = static_cast<std::uint32_t>(*tag_word);
     }
   }

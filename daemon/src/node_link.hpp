@@ -81,9 +81,8 @@ struct NodeJob {
 /// the nodes use. Each node's daemon takes its idle one for `key` from
 /// `idle` and says which it holds; the same one on every node is used
 /// again. Else `make(id)` makes a new one, with the id node 0's daemon
-/// proposed (`proposal`, made once per meeting by node 0: a meeting tried
-/// again must propose the same), and an idle one taken goes back. Gloo's
-/// store errors are thrown, as in an after_meeting.
+/// proposed (`proposal`; the others pass 0), and an idle one taken goes
+/// back. Gloo's store errors are thrown, as in an after_meeting.
 [[nodiscard]] Result<IdleCommunicators::Entry> idleOrNew(
     const NodeJob::Meeting& meeting, const std::string& kind, IdleCommunicators& idle, const std::string& key,
     std::uint64_t proposal, std::chrono::milliseconds timeout,

@@ -234,10 +234,15 @@ class CollJob {
 
 /// How many jobs' links found a communicator in the cache ("(reused)") or
 /// made one ("(new)"), as node n's log says.
-int linksLogged(const Daemon& daemon, const std::string& how) {
+/// How many times `pattern` matches in node n's log.
+int logged(const Daemon& daemon, const std::string& pattern) {
   const std::string log = daemon.log();
-  const std::regex line("across nodes, reached at [^;]+; communicator [0-9a-f]+ \\(" + how + "\\)");
+  const std::regex line(pattern);
   return static_cast<int>(std::distance(std::sregex_iterator(log.begin(), log.end(), line), std::sregex_iterator()));
+}
+
+int linksLogged(const Daemon& daemon, const std::string& how) {
+  return logged(daemon, "across nodes, reached at [^;]+; communicator [0-9a-f]+ \\(" + how + "\\)");
 }
 
 // ------------------------------------------------------------------ every op
@@ -540,9 +545,7 @@ void rejoinAll(FailureJob& job) {
 
 /// How many times node n's log says the job's nodes met again.
 int meetingsLogged(const Daemon& daemon, const std::string& job) {
-  const std::string log = daemon.log();
-  const std::regex again("job " + job + ": meeting its other nodes again");
-  return static_cast<int>(std::distance(std::sregex_iterator(log.begin(), log.end(), again), std::sregex_iterator()));
+  return logged(daemon, "job " + job + ": meeting its other nodes again");
 }
 
 TEST(MultiNode, AKilledRankReattachesAndTheJobGoesOnOnEveryNode) {
