@@ -750,7 +750,9 @@ void bandwidthCase(const dbuf::bench::DaemonProcess& daemon, std::uint32_t world
 
 // ------------------------------------------------------------- diagnostics
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// No clones under ThreadSanitizer: their IFUNC resolvers run at relocation,
+// before TSan's runtime is initialised, and crash the process at load.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define BENCH_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
 #else
 #define BENCH_CLONES

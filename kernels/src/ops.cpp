@@ -86,7 +86,10 @@ void forEachChunk(std::span<const Segment> segments, const Options& options, boo
 // (AVX2), and picked at load time (GCC function multiversioning): the
 // conversions need the wider integer ops of AVX2 to keep up with memory.
 // Both clones compute the same IEEE operations, so the results are the same.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// Not under ThreadSanitizer: the clones are picked by IFUNC resolvers, which
+// the dynamic loader runs during relocation, before TSan's runtime is set up,
+// and the instrumented resolver then crashes the process at load.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define DBUF_KERNEL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
 #else
 #define DBUF_KERNEL_CLONES

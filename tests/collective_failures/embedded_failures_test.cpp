@@ -24,6 +24,7 @@
 #include "harness.hpp"
 #include "raw.hpp"
 #include "raw_ring.hpp"
+#include "support/sanitizers.hpp"
 #include "support/text.hpp"
 
 namespace dbuf::integration {
@@ -138,7 +139,8 @@ void fillShard(const Group& group, float value) {
   return ::testing::AssertionSuccess();
 }
 
-constexpr auto kClientTimeout = std::chrono::seconds(8);
+/// The clients' default wait: only stops a hung test (longer under a sanitizer).
+constexpr auto kClientTimeout = dbuf::testing::sanitizerScaled(std::chrono::seconds(8));
 
 // ----------------------------------------------------------------- mismatch
 
@@ -317,7 +319,9 @@ TEST(CollectiveFailures, TimeoutNamesTheMissingRanksAndLateRanksFailAtOnceWithTh
 // nobody was missing for anything like collective_ms. (Today the daemon
 // counts from the queued op's submission and fails it at once.)
 TEST(CollectiveFailures, TimeoutDoesNotCountTheTimeTheDaemonSpentRunningEarlierOps) {
-  constexpr auto kTimeout = milliseconds(50);
+  // Under a sanitizer the other rank's look at the data takes longer, and
+  // the all-gather still far longer than the scaled timeout.
+  constexpr auto kTimeout = dbuf::testing::sanitizerScaled(milliseconds(50));
   EmbeddedDaemon daemon(failureConfig(kTimeout));
   ASSERT_TRUE(daemon.started());
   // 2 x 16 Mi fp32 elements: an all-gather of 16 steps of 4 Mi elements, longer than kTimeout.

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "support/sanitizers.hpp"
 #include "reference.hpp"
 
 #if defined(DBUF_COLL_GPU)
@@ -54,8 +55,8 @@ using dbuf::testing::Child;
 using dbuf::testing::TempDir;
 
 /// A whole job must finish within this (far more than it needs; a hang is
-/// killed, not waited for).
-constexpr std::chrono::seconds kJobDeadline{60};
+/// killed, not waited for). Longer under a sanitizer.
+constexpr std::chrono::seconds kJobDeadline = dbuf::testing::sanitizerScaled(std::chrono::seconds(60));
 
 struct JobSpec {
   std::string job;

@@ -8,6 +8,7 @@
 // (a stand-in for NCCL's: a later job then makes none).
 #include <gloo/rendezvous/store.h>
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -41,6 +42,13 @@ struct Meetings {
 /// One "daemon": its config and what its jobs across nodes share.
 struct Daemon {
   explicit Daemon(std::uint64_t instance, milliseconds timeout = milliseconds(3000)) {
+    // dbufd makes its logger before it starts a thread (main.cpp); here the
+    // link threads would be the first to log. spdlog's registry is a
+    // function-local static of libspdlog, made thread-safely, but that
+    // library is not instrumented: ThreadSanitizer does not see its guard,
+    // and took two link threads' first logs for a race. Made here, on the
+    // test's thread, before any link thread starts.
+    static_cast<void>(spdlog::default_logger_raw());
     config.cluster_address = "127.0.0.1";
     config.collective_timeout = timeout;
     cluster.config = &config;

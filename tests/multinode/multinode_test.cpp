@@ -32,6 +32,7 @@
 
 #include "cf_rank_driver.hpp"
 #include "harness.hpp"
+#include "support/sanitizers.hpp"
 
 #ifndef DBUF_COLL_RANK_EXE
 #error "DBUF_COLL_RANK_EXE must name the coll-rank binary"
@@ -43,7 +44,8 @@ namespace {
 using dbuf::testing::Child;
 using dbuf::testing::TempDir;
 
-constexpr std::chrono::seconds kJobDeadline{90};
+/// Stops a hung job (longer under a sanitizer).
+constexpr std::chrono::seconds kJobDeadline = dbuf::testing::sanitizerScaled(std::chrono::seconds(90));
 
 /// How the nodes reach each other.
 enum class NodeNetwork { kLoopback, kNamespaces };

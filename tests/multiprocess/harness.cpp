@@ -159,7 +159,8 @@ void Rank::exit() {
 
 std::string DaemonCounts::text() const {
   return "memfds " + std::to_string(memfds) + ", sockets " + std::to_string(sockets) + ", maps lines " +
-         std::to_string(maps_lines) + " (" + std::to_string(memfd_maps) + " of dbuf memfds)";
+         std::to_string(maps_lines) + " (" + std::to_string(file_maps) + " of files, " + std::to_string(memfd_maps) +
+         " of dbuf memfds), threads " + std::to_string(threads);
 }
 
 Daemon::Daemon(const std::filesystem::path& dir, const Settings& settings)
@@ -259,6 +260,13 @@ DaemonCounts Daemon::counts() const {
   for (std::string line; std::getline(maps, line);) {
     ++counts.maps_lines;
     if (contains(line, "/memfd:dbuf:")) ++counts.memfd_maps;
+    // address perms offset dev inode [path]: a file's path starts with '/'.
+    if (contains(line, " /")) ++counts.file_maps;
+  }
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid()) + "/task", error)) {
+    (void)entry;
+    ++counts.threads;
   }
   return counts;
 }

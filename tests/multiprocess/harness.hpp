@@ -80,6 +80,12 @@ struct DaemonCounts {
   int sockets = 0;     ///< open socket fds (the listener + one per connection)
   int maps_lines = 0;  ///< lines of /proc/<pid>/maps
   int memfd_maps = 0;  ///< of which map a dbuf memfd
+  /// Of which map a file (a path: the binary, libraries, memfds): what the
+  /// daemon maps itself. Anonymous memory is the allocator's (glibc's, or a
+  /// sanitizer runtime's, which grows its regions and shadow as it likes) and
+  /// threads' stacks (counted by `threads`).
+  int file_maps = 0;
+  int threads = 0;  ///< entries of /proc/<pid>/task
   [[nodiscard]] std::string text() const;
 };
 
