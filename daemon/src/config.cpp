@@ -441,11 +441,17 @@ class Reader {
       auto text = string(element, element_path);
       if (!text) continue;
       const std::size_t colon = text->rfind(':');
-      const bool port_ok = colon != std::string::npos && colon + 1 < text->size() && text->size() - colon <= 6 &&
-                           std::all_of(text->begin() + static_cast<std::ptrdiff_t>(colon) + 1, text->end(),
-                                       [](char c) { return c >= '0' && c <= '9'; });
+      // A job's store is admitted when "HOST:PORT" of the port it parsed
+      // equals an entry (cluster.cpp, checkStoreAllowed): a port outside
+      // 1..65535 or with leading zeros could never match.
+      const std::string_view port =
+          colon == std::string::npos ? std::string_view{} : std::string_view(*text).substr(colon + 1);
+      const bool port_ok = !port.empty() && port.size() <= 5 && port.front() != '0' &&
+                           std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                           std::stoul(std::string(port)) <= 65535;
       if (!port_ok || !validateHostName(text->substr(0, colon))) {
-        problems_.add(element.source(), element_path, quoted(*text) + " is not HOST:PORT");
+        problems_.add(element.source(), element_path,
+                      quoted(*text) + " is not HOST:PORT (a TCP port 1..65535, without leading zeros)");
         continue;
       }
       out.push_back(std::move(*text));

@@ -1,11 +1,32 @@
 #include "dbuf/planner/baselines.hpp"
 
+#include <limits>
 #include <numeric>
 
 #include "dbuf/common/int_math.hpp"
 
 namespace dbuf::planner {
 namespace {
+
+constexpr std::int64_t kSaturated = std::numeric_limits<std::int64_t>::max();
+
+/// a * b of non-negative operands, kSaturated when it does not fit.
+std::int64_t saturatingMul(std::int64_t a, std::int64_t b) noexcept {
+  std::int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? kSaturated : product;
+}
+
+/// a + b of non-negative operands, kSaturated when it does not fit.
+std::int64_t saturatingAdd(std::int64_t a, std::int64_t b) noexcept {
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? kSaturated : sum;
+}
+
+/// lcm(a, b) of positive operands, kSaturated when it does not fit.
+std::int64_t saturatingLcm(std::int64_t a, std::int64_t b) noexcept {
+  if (a == kSaturated || b == kSaturated) return kSaturated;
+  return saturatingMul(a / std::gcd(a, b), b);
+}
 
 /// Items laid end to end from `offsets`, cut every S elements: count split blocks.
 std::int64_t flatSplitBlocks(std::span<const LayoutItem> items, std::span<const std::int64_t> offsets,
@@ -73,14 +94,21 @@ void addMegatronBucket(std::span<const std::vector<std::int64_t>> shapes, std::s
   std::int64_t row_lcm = 1;
   std::vector<LayoutItem> bucket;
   for (const std::size_t i : members) {
-    row_lcm = std::lcm(row_lcm, rowSize(shapes[i]));
+    row_lcm = saturatingLcm(row_lcm, rowSize(shapes[i]));
     bucket.push_back(items[i]);
   }
   std::int64_t end = 0;
   const auto offsets = packedOffsets(bucket, 1, end);
-  const std::int64_t shard = roundUp(end, devices * row_lcm) / devices;
-  result.shard_elems += shard;
-  result.split_blocks += flatSplitBlocks(bucket, offsets, shard);
+  // S = roundUp(end, V x lcm) / V = ceil(end / (V x lcm)) x lcm. Row sizes
+  // without common factors take the lcm, and V x lcm, past int64 (a
+  // registered group or a model file can have them): such a period is longer
+  // than the bucket, so S = lcm; an lcm past int64 saturates (kSaturated).
+  const std::int64_t period = saturatingMul(devices, row_lcm);
+  const std::int64_t periods = period == kSaturated ? 1 : end / period + (end % period != 0 ? 1 : 0);
+  const std::int64_t shard = saturatingMul(periods, row_lcm);
+  result.shard_elems = saturatingAdd(result.shard_elems, shard);
+  // A shard at least as long as the bucket cuts none of its blocks.
+  if (shard < end) result.split_blocks += flatSplitBlocks(bucket, offsets, shard);
 }
 
 BaselineResult megatron(std::span<const std::vector<std::int64_t>> shapes, std::span<const LayoutItem> items,

@@ -14,6 +14,7 @@ namespace {
 constexpr double kDiagnosisThreshold = 1.05;  // bound more than 5% above ceil(N/V)
 constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;
 constexpr std::int64_t kMaxBufferElems = std::int64_t{1} << 60;
+constexpr std::int64_t kMaxAlignBytes = 4096;
 
 bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devices) {
   return static_cast<double>(lower_bound) > kDiagnosisThreshold * static_cast<double>(ceilDiv(numel, devices));
@@ -193,6 +194,13 @@ Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& opti
   if (options.align_bytes <= 0 || options.align_bytes % elem_bytes != 0) {
     return makeError(ErrorCode::kInvalidArgument, "alignment of " + std::to_string(options.align_bytes) +
                                                       " bytes is not a positive multiple of the element size");
+  }
+  // Periods are lcm(alignment, block) <= alignment * block: with blocks of at
+  // most 2^50 elements (validateUnit), this keeps them inside int64. (A
+  // RegisterGroup carries any u32 here.)
+  if (options.align_bytes > kMaxAlignBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "alignment of " + std::to_string(options.align_bytes) +
+                                                      " bytes exceeds the maximum " + std::to_string(kMaxAlignBytes));
   }
   LayoutProblem problem;
   problem.devices = options.devices;

@@ -25,7 +25,8 @@ struct Baselines {
   BaselineResult zero3;  ///< every parameter split into ceil(n/V)
   /// Megatron-FSDP: expert and non-expert parameters in separate buckets, each
   /// padded to a multiple of V x lcm(row sizes of its parameters), where a row
-  /// size is prod(shape[1:]).
+  /// size is prod(shape[1:]). Its shard_elems saturates at INT64_MAX when
+  /// that padding does not fit in 64 bits.
   BaselineResult megatron;
 };
 

@@ -24,7 +24,7 @@ namespace dbuf::planner {
 struct PlanOptions {
   std::int64_t devices = 1;
   GranularityRule default_rule;  ///< applied to 2D+ tensors without their own rule
-  std::int64_t align_bytes = 16;
+  std::int64_t align_bytes = 16;  ///< 1..4096, a multiple of the element size
   SearchOptions search;
 };
 
