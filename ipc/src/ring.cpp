@@ -266,6 +266,11 @@ bool ClientRings::tryReap(Completion& out, std::span<char> message, std::size_t&
   return true;
 }
 
+void ClientRings::interruptWait() noexcept {
+  word32(base_, kClientDoorbell).fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(reinterpret_cast<std::uint32_t*>(base_ + kClientDoorbell));
+}
+
 bool ClientRings::waitForCompletion(std::chrono::steady_clock::time_point deadline,
                                     std::chrono::microseconds busy_poll) noexcept {
   using Clock = std::chrono::steady_clock;
@@ -289,6 +294,9 @@ bool ClientRings::waitForCompletion(std::chrono::steady_clock::time_point deadli
     const auto now = Clock::now();
     if (now >= deadline) break;
     futexWait(reinterpret_cast<std::uint32_t*>(base_ + kClientDoorbell), seen, deadline - now);
+    // The daemon rings only after publishing a completion: a ring without
+    // one is interruptWait(), and the caller must look at why.
+    if (doorbell.load(std::memory_order_seq_cst) != seen && !hasCompletion()) break;
   }
   waiting.store(0, std::memory_order_relaxed);
   return available;

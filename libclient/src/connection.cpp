@@ -110,6 +110,7 @@ void retire(std::unique_ptr<StreamOrder> order, Mapping segment) {
 
 void Connection::dropSocket() noexcept {
   if (stream_order_) stream_order_->stop();  // its watcher polls the socket, and streams must not wait on a lost daemon
+  hang_up_watch_.reset();                    // it polls the socket too, and wakes the rings
   socket_.reset();
 }
 
@@ -135,6 +136,7 @@ Result<void> Connection::openRings(const ipc::Welcome& welcome, std::vector<Uniq
   if (*size < welcome.segment_bytes || welcome.segment_bytes != ipc::segmentBytes(welcome.ring_capacity)) {
     return makeError(ErrorCode::kInternal, "dbufd sent a session segment of the wrong size");
   }
+  hang_up_watch_.reset();  // a watch of earlier rings must not touch the new ones
   auto mapping = Mapping::map(fds[0].get(), welcome.segment_bytes);
   if (!mapping) return std::move(mapping).error();
   auto rings = ipc::ClientRings::attach({mapping->data(), mapping->size()});
@@ -143,6 +145,14 @@ Result<void> Connection::openRings(const ipc::Welcome& welcome, std::vector<Uniq
   rings_ = *rings;
   doorbell_ = std::move(fds[1]);
   busy_poll_ = std::chrono::microseconds(welcome.busy_poll_us);
+  auto watch = DaemonWatch::start(
+      [this] {
+        hung_up_.store(true, std::memory_order_release);
+        rings_.interruptWait();
+      },
+      socket_.get());
+  if (!watch) return std::move(watch).error();
+  hang_up_watch_ = std::move(*watch);
   // Room for a ring's worth of ops in flight plus as many completed ones
   // not waited for yet.
   records_.assign(2 * std::size_t{rings_.capacity()}, OpRecord{});
@@ -212,6 +222,9 @@ Result<bool> Connection::awaitCompletion(ipc::Clock::time_point deadline) {
 }
 
 Result<OpHandle> Connection::submit(ipc::Submission entry, const SubmitOptions& options) {
+  if (hung_up_.load(std::memory_order_acquire)) {
+    if (auto alive = checkAlive(); !alive) return std::move(alive).error();
+  }
   if (!lost_.empty()) return makeError(ErrorCode::kUnavailable, lost_);
   if (!segment_.valid()) return makeError(ErrorCode::kUnavailable, "not attached to dbufd");
   const auto deadline = ipc::Clock::now() + options.timeout.value_or(timeout_);

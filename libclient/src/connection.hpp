@@ -3,6 +3,7 @@
 // reply with request ids, daemon errors turned into dbuf::Error values) and
 // the session's rings (submit, reap, wait). Not thread-safe.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/ring.hpp"
 #include "dbuf/ipc/socket.hpp"
+#include "daemon_watch.hpp"
 #include "dbuffer_mapping.hpp"
 #include "stream_order.hpp"
 
@@ -117,6 +119,11 @@ class Connection {
   Mapping segment_;
   UniqueFd doorbell_;  // the daemon's eventfd
   ipc::ClientRings rings_;
+  // Set, and the rings' waits woken, by hang_up_watch_ once the daemon's end
+  // of the socket closed: the next call learns it at once, not within a
+  // kAliveCheckPeriod.
+  std::atomic<bool> hung_up_{false};
+  std::unique_ptr<DaemonWatch> hang_up_watch_;  // while the rings are open
   std::unique_ptr<StreamOrder> stream_order_;  // at the first stream-ordered op; its page is in segment_
   std::chrono::microseconds busy_poll_{0};
   std::vector<OpRecord> records_;

@@ -10,11 +10,10 @@
 #include <cstring>
 #include <string>
 
-#include "dbuf/common/stream_counter_word.hpp"
 
 namespace dbuf {
 
-Result<std::unique_ptr<DaemonWatch>> DaemonWatch::start(std::uint64_t& word, int socket) {
+Result<std::unique_ptr<DaemonWatch>> DaemonWatch::start(std::function<void()> lost, int socket) {
   UniqueFd stop(::eventfd(0, EFD_CLOEXEC));
   if (!stop) return makeError(ErrorCode::kIo, "eventfd: " + std::string(std::strerror(errno)));
   std::unique_ptr<DaemonWatch> watch(new DaemonWatch(std::move(stop)));  // NOLINT: private constructor
@@ -22,14 +21,14 @@ Result<std::unique_ptr<DaemonWatch>> DaemonWatch::start(std::uint64_t& word, int
   sigset_t previous;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &previous);  // the thread inherits the mask
-  watch->thread_ = std::thread([&word, socket, stop_fd = watch->stop_.get()] {
+  watch->thread_ = std::thread([lost = std::move(lost), socket, stop_fd = watch->stop_.get()] {
     pollfd watched[2] = {{socket, POLLRDHUP, 0}, {stop_fd, POLLIN, 0}};
     for (;;) {
       const int ready = ::poll(watched, 2, -1);
       if (ready < 0 && errno == EINTR) continue;
       if (ready < 0 || (watched[1].revents & POLLIN) != 0) return;
       if (watched[0].revents != 0) {  // hang-up, error, or the fd gone (POLLNVAL): never spin on it
-        poisonCounter(word);
+        lost();
         return;
       }
     }

@@ -1,11 +1,15 @@
 #pragma once
-// A thread that poisons a stream counter (dbuf/common/stream_counter_word.hpp)
-// when dbufd's end of the connection closes (it died, or it closed the
-// session), so that no CUDA stream waits for a daemon that is gone. Reads
-// nothing from the socket: the connection's replies stay the connection's.
-// Signals are blocked in the thread (they stay with the trainer's threads).
+// A thread that acts at once when dbufd's end of the connection closes (it
+// died, or it closed the session): the connection wakes its waits with it, so
+// that a wait on the rings learns that the daemon is gone in microseconds,
+// not at its next periodic check; stream ordering poisons a stream counter
+// (dbuf/common/stream_counter_word.hpp) with it, so that no CUDA stream waits
+// for a daemon that is gone. Reads nothing from the socket: the connection's
+// replies stay the connection's. Signals are blocked in the thread (they stay
+// with the trainer's threads).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -16,8 +20,10 @@ namespace dbuf {
 
 class DaemonWatch {
  public:
-  /// Watches `socket` (which must stay open until stop()) for `word`.
-  [[nodiscard]] static Result<std::unique_ptr<DaemonWatch>> start(std::uint64_t& word, int socket);
+  /// Watches `socket` (which must stay open until stop()); calls `lost`, on
+  /// the watch's thread, once it closes. `lost` must be safe to run beside
+  /// the connection's other threads, and what it touches must outlive stop().
+  [[nodiscard]] static Result<std::unique_ptr<DaemonWatch>> start(std::function<void()> lost, int socket);
   ~DaemonWatch() { stop(); }
   DaemonWatch(const DaemonWatch&) = delete;
   DaemonWatch& operator=(const DaemonWatch&) = delete;

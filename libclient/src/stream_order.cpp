@@ -85,7 +85,7 @@ Result<std::unique_ptr<StreamOrder>> StreamOrder::open(ipc::StreamCounters& coun
   if (!ready) return ready.error();
   auto done = gpu::StreamCounter::at(*page, &counters.done);
   if (!done) return done.error();
-  auto watch = DaemonWatch::start(counters.done, socket);
+  auto watch = DaemonWatch::start([&done = counters.done] { poisonCounter(done); }, socket);
   if (!watch) return watch.error();
   return std::unique_ptr<StreamOrder>(
       std::make_unique<CudaStreamOrder>(counters, std::move(*page), *ready, *done, device, std::move(*watch)));

@@ -48,7 +48,7 @@ bool eventuallyPoisoned(std::uint64_t& word) {
 TEST(DaemonWatch, TheDaemonsEndClosingPoisonsTheWord) {
   SocketPair pair;
   std::uint64_t done = 41;
-  auto watch = DaemonWatch::start(done, pair.fds[0]);
+  auto watch = DaemonWatch::start([&done] { poisonCounter(done); }, pair.fds[0]);
   ASSERT_TRUE(watch) << watch.error().message;
   std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(counterValue(done), 41U) << "poisoned while dbufd was still there";
@@ -61,7 +61,7 @@ TEST(DaemonWatch, TheDaemonsEndClosingPoisonsTheWord) {
 TEST(DaemonWatch, StoppingEndsTheWatchWithoutPoisoningAndTwiceIsHarmless) {
   SocketPair pair;
   std::uint64_t done = 7;
-  auto watch = DaemonWatch::start(done, pair.fds[0]);
+  auto watch = DaemonWatch::start([&done] { poisonCounter(done); }, pair.fds[0]);
   ASSERT_TRUE(watch) << watch.error().message;
   const auto start = std::chrono::steady_clock::now();
   (*watch)->stop();
@@ -75,7 +75,7 @@ TEST(DaemonWatch, StoppingEndsTheWatchWithoutPoisoningAndTwiceIsHarmless) {
 TEST(DaemonWatch, DataFromTheDaemonIsNotConsumedNorMistakenForAHangUp) {
   SocketPair pair;
   std::uint64_t done = 3;
-  auto watch = DaemonWatch::start(done, pair.fds[0]);
+  auto watch = DaemonWatch::start([&done] { poisonCounter(done); }, pair.fds[0]);
   ASSERT_TRUE(watch) << watch.error().message;
   const char reply = 'r';
   ASSERT_EQ(::write(pair.fds[1], &reply, 1), 1);
@@ -104,7 +104,7 @@ TEST(DaemonWatch, ASignalToTheProcessIsNotDeliveredToTheWatcher) {
   ASSERT_EQ(sigaction(SIGUSR1, &action, &previous), 0);
   SocketPair pair;
   std::uint64_t done = 0;
-  auto watch = DaemonWatch::start(done, pair.fds[0]);  // started with SIGUSR1 open here: it must close its own
+  auto watch = DaemonWatch::start([&done] { poisonCounter(done); }, pair.fds[0]);  // started with SIGUSR1 open here: it must close its own
   ASSERT_TRUE(watch) << watch.error().message;
   sigset_t usr1;
   sigemptyset(&usr1);

@@ -911,6 +911,31 @@ TEST(RingSleeping, WaitReturnsFalseAtTheDeadline) {
   EXPECT_LT(Clock::now() - start, 50ms);
 }
 
+TEST(RingSleeping, InterruptWaitEndsASleepingWaitAtOnceWithoutACompletion) {
+  const Segment segment(16);
+  auto [daemon, client] = formatAndAttach(segment, 16);
+  std::atomic<bool> returned{false};
+  std::atomic<bool> available{true};
+  std::thread waiter([&, &ring = client] {
+    available = ring.waitForCompletion(Clock::now() + 10s, 0us);
+    returned = true;
+  });
+  const auto give_up = Clock::now() + 2s;
+  while (Clock::now() < give_up && segment.load32(kClientWaitingAt) != 1) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);  // asleep in the kernel by now
+  EXPECT_FALSE(returned);
+  const auto interrupted_at = Clock::now();
+  client.interruptWait();
+  waiter.join();
+  EXPECT_LT(Clock::now() - interrupted_at, 1s);  // not its 10 s deadline
+  EXPECT_FALSE(available);
+  EXPECT_EQ(segment.load32(kClientWaitingAt), 0U);
+  // A completion that is there still counts: an interrupt never hides one.
+  daemon.complete(completionFor(5));
+  client.interruptWait();
+  EXPECT_TRUE(client.waitForCompletion(Clock::now() + 1s, 0us));
+}
+
 TEST(RingSleeping, WakeDaemonWritesTheEventfdOnlyWhenTheDaemonSleeps) {
   const Segment segment(16);
   auto [daemon, client] = formatAndAttach(segment, 16);

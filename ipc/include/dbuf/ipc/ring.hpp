@@ -215,9 +215,13 @@ class ClientRings {
   [[nodiscard]] bool hasCompletion() const noexcept;
 
   /// Spins up to `busy_poll`, then sleeps on the doorbell futex until a
-  /// completion is available or `deadline` passes. True if one is available.
+  /// completion is available, `deadline` passes or interruptWait() is
+  /// called. True if one is available.
   [[nodiscard]] bool waitForCompletion(std::chrono::steady_clock::time_point deadline,
                                        std::chrono::microseconds busy_poll) noexcept;
+  /// Ends a waitForCompletion() sleeping on another thread now (it returns
+  /// false unless a completion is there): the daemon is gone.
+  void interruptWait() noexcept;
 
   [[nodiscard]] StreamCounters& streamCounters() const noexcept;
 
