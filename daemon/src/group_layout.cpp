@@ -1,6 +1,7 @@
 #include "group_layout.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "dbuf/common/int_math.hpp"
 
@@ -59,6 +60,43 @@ std::optional<std::string> specDifference(const ipc::RegisterGroup& a, const ipc
   return std::nullopt;
 }
 
+namespace {
+
+/// A rank's shard file: its shard, then its sharded gradient, page-aligned.
+struct ShardFile {
+  std::uint64_t shard_bytes = 0;
+  std::uint64_t grad_offset = 0;
+  std::uint64_t file_bytes = 0;
+};
+
+ShardFile shardFile(std::uint64_t shard_elems, DType sharded) {
+  ShardFile file;
+  file.shard_bytes = shard_elems * static_cast<std::uint64_t>(sizeBytes(sharded));
+  file.grad_offset = alignUp(file.shard_bytes, kRegionAlign);
+  file.file_bytes = alignUp(file.grad_offset + file.shard_bytes, kPageBytes);
+  return file;
+}
+
+}  // namespace
+
+std::uint64_t leastShardFileBytes(const ipc::RegisterGroup& spec, std::uint32_t devices) {
+  const auto sharded = parseDType(spec.sharded_dtype);
+  if (!sharded || devices == 0) return 0;
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t elements = 0;
+  for (const ipc::TensorDecl& tensor : spec.tensors) {
+    std::uint64_t numel = 1;
+    for (const std::int64_t dim : tensor.shape) {
+      const auto d = static_cast<std::uint64_t>(std::max<std::int64_t>(dim, 0));
+      numel = d != 0 && numel > kMax / d ? kMax : numel * d;
+    }
+    elements = numel > kMax - elements ? kMax : elements + numel;
+  }
+  const std::uint64_t per_rank = elements / devices + (elements % devices != 0 ? 1 : 0);
+  if (per_rank > (std::uint64_t{1} << 56)) return kMax;  // far past any memory: no arithmetic that may wrap
+  return shardFile(per_rank, *sharded).file_bytes;
+}
+
 Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_t devices) {
   const auto sharded = parseDType(spec.sharded_dtype);
   if (!sharded || !isFloatingCompute(*sharded)) {
@@ -103,11 +141,10 @@ ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::Uni
   for (const planner::PlannedTensor& tensor : plan.tensors) {
     ready.tensors.push_back({tensor.name, tensor.shape, tensor.offset, tensor.numel, tensor.granularity});
   }
-  const auto shard_bytes = static_cast<std::uint64_t>(plan.shard_elems) *
-                           static_cast<std::uint64_t>(sizeBytes(*parseDType(spec.sharded_dtype)));
-  ready.sharded = {0, shard_bytes};
-  ready.sharded_grad = {alignUp(shard_bytes, kRegionAlign), shard_bytes};
-  ready.shard_file_bytes = alignUp(ready.sharded_grad.offset + shard_bytes, kPageBytes);
+  const ShardFile file = shardFile(static_cast<std::uint64_t>(plan.shard_elems), *parseDType(spec.sharded_dtype));
+  ready.sharded = {0, file.shard_bytes};
+  ready.sharded_grad = {file.grad_offset, file.shard_bytes};
+  ready.shard_file_bytes = file.file_bytes;
   ready.slot_bytes = slotLayout(ready).file_bytes;
   return ready;
 }

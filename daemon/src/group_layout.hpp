@@ -21,6 +21,11 @@ inline constexpr std::uint64_t kPageBytes = 4096;
 /// nullopt when they agree.
 [[nodiscard]] std::optional<std::string> specDifference(const ipc::RegisterGroup& a, const ipc::RegisterGroup& b);
 
+/// The shard file of one rank that no plan can go below: shards of
+/// ceil(N / devices) elements (saturating; 0 for a dtype planGroup refuses).
+/// Known before planning, which takes long for huge groups.
+[[nodiscard]] std::uint64_t leastShardFileBytes(const ipc::RegisterGroup& spec, std::uint32_t devices);
+
 /// Plans the group over `devices` ranks. Errors (bad dtype, rule, shape) are
 /// the client's and name the tensor.
 [[nodiscard]] Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_t devices);

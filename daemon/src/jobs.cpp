@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "backend.hpp"
 #include "dbuf/common/shared_memory.hpp"
@@ -482,6 +483,15 @@ void JobTable::failPending(Job& job, const std::string& name, const Error& why) 
 }
 
 Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec) {
+  // A group whose smallest possible shards could not be charged is refused
+  // before planning: the plan runs on the daemon's loop, and a huge group
+  // would hold every other job up while it is planned.
+  constexpr std::uint64_t kMaxBytes = std::numeric_limits<std::uint64_t>::max();
+  const std::uint64_t least = leastShardFileBytes(spec, job.world_size);
+  const std::uint64_t least_here = least > kMaxBytes / job.localCount() ? kMaxBytes : least * job.localCount();
+  if (auto fits = budget_.check(job.tenant, least_here, "group '" + spec.name + "'"); !fits) {
+    return std::move(fits).error();
+  }
   auto plan = planGroup(spec, job.world_size);
   if (!plan) return std::move(plan).error().withContext("group '" + spec.name + "'");
   GroupState group;

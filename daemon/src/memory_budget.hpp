@@ -18,6 +18,14 @@ class MemoryBudget {
       : tenants_(tenants), used_(tenants.size(), 0), daemon_limit_(daemon_limit) {}
 
   [[nodiscard]] Result<void> charge(std::size_t tenant, std::uint64_t bytes, const std::string& what) {
+    if (auto fits = check(tenant, bytes, what); !fits) return fits;
+    used_[tenant] += bytes;
+    total_ += bytes;
+    return {};
+  }
+
+  /// The error charge() would give now, charging nothing.
+  [[nodiscard]] Result<void> check(std::size_t tenant, std::uint64_t bytes, const std::string& what) const {
     const std::uint64_t quota = tenants_[tenant].memory_quota_bytes;
     if (bytes > quota - used_[tenant]) {
       return makeError(ErrorCode::kInfeasible, what + " needs " + std::to_string(bytes) + " bytes but tenant '" +
@@ -30,8 +38,6 @@ class MemoryBudget {
                                                    std::to_string(daemon_limit_ - total_) + " of its " +
                                                    std::to_string(daemon_limit_) + "-byte memory limit left");
     }
-    used_[tenant] += bytes;
-    total_ += bytes;
     return {};
   }
 

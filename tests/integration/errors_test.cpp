@@ -151,6 +151,34 @@ TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Errors, AGroupTooLargeForAnyPlanIsRefusedBeforePlanning) {
+  // 2^50 elements: no plan's shards could fit the quota, and planning them
+  // would hold the daemon's loop for seconds. Refused at once, with the size.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("huge", 0, 2));
+  auto peer = daemon.attach(rankOf("huge", 1, 2));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  ASSERT_TRUE(peer.ok()) << messageOf(peer);
+  GroupSpec huge;
+  huge.name = "huge";
+  huge.tensors = {{"w", {std::int64_t{1} << 25, std::int64_t{1} << 25}, "rows:3", -1}};
+  std::vector<Client*> clients{&*client, &*peer};
+  onRanks(2, [&](std::uint32_t rank) {
+    const auto started = std::chrono::steady_clock::now();
+    auto refused = clients[rank]->registerGroup(huge);
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, ErrorCode::kInfeasible) << refused.error().message;
+    EXPECT_TRUE(contains(refused.error().message, "group 'huge' needs ")) << refused.error().message;
+  });
+  EXPECT_EQ(daemon.stats().bytes_in_use, 0U);
+  ASSERT_TRUE(client->detach().ok());
+  ASSERT_TRUE(peer->detach().ok());
+  expectStillServing(daemon);
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Errors, UnshardOverQuotaFailsCleanly) {
   daemon::Config config;
   daemon::Tenant tenant;
