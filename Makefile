@@ -9,7 +9,7 @@ GPU_BUILD_DIR ?= build-gpu
 # The virtual environment of the Python package and its tests (scripts/python-env.sh).
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps venv configure build python demo test bench gpu-bundle clean format
+.PHONY: all deps venv configure build python demo test bench fuzz sanitize gpu-bundle clean format
 
 all: build
 
@@ -40,6 +40,16 @@ demo: build python
 
 test: build python
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# Hardening (docs/reliability.md), each in a tree of its own: every libFuzzer
+# harness for FUZZ_SECONDS, and the suite under ASan + UBSan and under TSan.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	./scripts/fuzz.sh $(FUZZ_SECONDS)
+
+sanitize: deps
+	./scripts/sanitize.sh address,undefined
+	./scripts/sanitize.sh thread
 
 bench: build python
 	./scripts/bench.sh $(BUILD_DIR) $(PYTHON)
