@@ -23,6 +23,7 @@
 
 #include "dbuf/ipc/protocol.hpp"
 #include "fuzz_util.hpp"
+#include "samples.hpp"
 
 namespace {
 
@@ -58,82 +59,15 @@ void checkPayload(MessageType type, std::span<const std::byte> payload) {
         "an encoded frame's header decodes to its type, length and request id");
 }
 
+/// One seed per sample message of the protocol tests (tests/ipc/samples.hpp):
+/// every type, with edge values (longest strings, huge and negative dims).
 void writeSeeds(const std::string& dir) {
-  Hello hello;
-  hello.job_id = "job-1";
-  hello.rank = 1;
-  hello.world_size = 4;
-  hello.local_rank = 1;
-  hello.local_world_size = 2;
-  hello.store = "file:/tmp/store#run.1";
-  hello.device = 0;
-  hello.gpu_uuid.high = 0x0123456789abcdefULL;
-  hello.gpu_uuid.low = 0xfedcba9876543210ULL;
-  hello.nonce = 7;
-  hello.persistent = true;
-  hello.prefetch_depth = 2;
-  Hello plain;
-  plain.job_id = "j";
-
-  Welcome welcome;
-  welcome.nonce = 7;
-  welcome.daemon_instance_id = 99;
-  welcome.session_id = 3;
-  welcome.memory_quota_bytes = std::uint64_t{16} << 30;
-  welcome.memory_used_bytes = 4096;
-  welcome.reattached = true;
-  welcome.ring_capacity = 1024;
-  welcome.segment_bytes = 1 << 20;
-  welcome.busy_poll_us = 50;
-  welcome.memory_kind = MemoryKind::kCuda;
-  welcome.device = 1;
-
-  ErrorReply error{WireError::kTimeout, "collective #3 timed out: ranks 1, 2 did not arrive", {1, 2}};
-  ErrorReply bare{WireError::kVersionMismatch, "unsupported protocol version 6", {}};
-
-  RegisterGroup group;
-  group.name = "layers.0";
-  group.granularity = "rows:32";
-  group.align_bytes = 256;
-  group.tensors = {TensorDecl{"wq", {4096, 4096}, "", -1}, TensorDecl{"norm", {4096}, "element", -1},
-                   TensorDecl{"w1", {8, 14336, 4096}, "block:128x128", 1}};
-
-  GroupReady ready;
-  ready.group_id = 5;
-  ready.devices = 4;
-  ready.shard_elems = 1 << 20;
-  ready.sharded_dtype = "fp32";
-  ready.unsharded_dtype = "bf16";
-  ready.tensors = {PlacedTensorWire{"wq", {1024, 1024}, 0, 1 << 20, 1024},
-                   PlacedTensorWire{"norm", {1024}, 1 << 20, 1024, 1}};
-  ready.shard_file_bytes = 8 << 20;
-  ready.sharded = Region{0, 4 << 20};
-  ready.sharded_grad = Region{4 << 20, 4 << 20};
-  ready.slot_bytes = 16 << 20;
-
-  SlotGranted slot{5, 1, 32 << 20, Region{0, 8 << 20}, Region{8 << 20, 8 << 20}, Region{16 << 20, 4096}};
-
-  const std::vector<std::pair<std::string, Message>> seeds = {
-      {"hello", hello},
-      {"hello-plain", plain},
-      {"welcome", welcome},
-      {"error", error},
-      {"error-bare", bare},
-      {"register-group", group},
-      {"register-group-empty", RegisterGroup{}},
-      {"group-ready", ready},
-      {"acquire-slot", AcquireSlot{5}},
-      {"slot-granted", slot},
-      {"release-slot", ReleaseSlot{5}},
-      {"slot-released", SlotReleased{5}},
-      {"detach", Detach{}},
-      {"detached", Detached{}},
-      {"shutdown", Shutdown{"dbufd is stopping (SIGTERM)"}},
-  };
-  for (const auto& [name, message] : seeds) {
-    auto frame = encodeFrame(message, 1);
+  const std::vector<Message> samples = dbuf::ipc::testing::sampleMessages();
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    auto frame = encodeFrame(samples[i], 1);
     check(frame.ok(), "a seed encodes");
-    dbuf::fuzz::writeSeed(dir, name, *frame);
+    dbuf::fuzz::writeSeed(dir, "sample-" + std::to_string(i) + "-type-" +
+                                   std::to_string(static_cast<unsigned>(typeOf(samples[i]))), *frame);
   }
 }
 
