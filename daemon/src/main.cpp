@@ -21,10 +21,13 @@ using dbuf::daemon::Config;
 
 constexpr const char* kUsage =
     "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
-    "             [--backend host|cuda|auto] [--virtual-ranks N]\n";
+    "             [--backend host|cuda|auto] [--virtual-ranks N] [--check]\n"
+    "  --check  check the configuration (defaults, file, flags), print what it\n"
+    "           sets and exit: 0 when it is valid, 2 (one line on stderr) when not\n";
 
 struct Flags {
   std::optional<std::string> config;
+  bool check = false;  ///< --check: validate the configuration and exit
   dbuf::daemon::ConfigOverrides overrides;
 };
 
@@ -32,6 +35,10 @@ std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::strin
   Flags flags;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
+    if (flag == "--check") {
+      flags.check = true;
+      continue;
+    }
     std::optional<std::string>* target = flag == "--config"          ? &flags.config
                                          : flag == "--socket"        ? &flags.overrides.socket_path
                                          : flag == "--log-level"     ? &flags.overrides.log_level
@@ -87,6 +94,34 @@ void setNcclEnvironment() {
   force("NCCL_COMM_BLOCKING", "1");
 }
 
+std::string bytesText(std::uint64_t bytes) {
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  if (bytes % kGiB == 0) return std::to_string(bytes / kGiB) + " GiB";
+  if (bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
+  return std::to_string(bytes) + " bytes";
+}
+
+/// --check: what the valid configuration sets, for the operator to read
+/// (the backend as configured: `auto` is resolved only when serving, since
+/// that initialises CUDA).
+void printCheckedConfig(const Config& config, const std::optional<std::string>& file) {
+  std::cout << "dbufd: configuration " << (file ? *file : std::string("(defaults)")) << " is valid\n"
+            << "  socket:             " << config.socket_path << "\n"
+            << "  backend:            " << dbuf::daemon::toString(config.backend) << "\n"
+            << "  log level:          " << dbuf::daemon::toString(config.log_level) << "\n"
+            << "  memory limit:       " << bytesText(config.memory_limit_bytes) << "\n"
+            << "  collective timeout: " << config.collective_timeout.count() << " ms\n"
+            << "  cluster address:    " << (config.cluster_address.empty() ? "(one node)" : config.cluster_address)
+            << "\n"
+            << "  tenants:            " << config.tenants.size() << "\n";
+  for (const auto& tenant : config.tenants) {
+    std::cout << "    " << tenant.name << ": " << tenant.uids.size() << " uid(s), " << tenant.gids.size()
+              << " gid(s), quota " << bytesText(tenant.memory_quota_bytes) << ", at most " << tenant.max_jobs
+              << " jobs\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,6 +140,10 @@ int main(int argc, char** argv) {
   if (!config) {
     std::cerr << "dbufd: " << config.error().message << "\n";
     return 2;
+  }
+  if (flags->check) {
+    printCheckedConfig(*config, flags->config);
+    return 0;
   }
   dbuf::daemon::setupLogging(config->log_level);
   setNcclEnvironment();
