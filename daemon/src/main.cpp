@@ -23,7 +23,7 @@ constexpr const char* kUsage =
     "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
     "             [--backend host|cuda|auto] [--virtual-ranks N] [--check]\n"
     "  --check  check the configuration (defaults, file, flags), print what it\n"
-    "           sets and exit: 0 when it is valid, 2 (one line on stderr) when not\n";
+    "           sets and exit: 0 when it is valid, 2 with its errors on stderr when not\n";
 
 struct Flags {
   std::optional<std::string> config;
