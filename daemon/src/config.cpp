@@ -27,8 +27,8 @@ namespace {
 constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
 constexpr std::int64_t kMaxId = std::int64_t{std::numeric_limits<std::uint32_t>::max()} - 1;  // (uid_t)-1 means "none"
 
-constexpr std::array<std::string_view, 6> kRootKeys{"daemon", "rings", "timeouts", "persistence", "cluster",
-                                                    "tenant"};
+constexpr std::array<std::string_view, 7> kRootKeys{"daemon", "rings", "timeouts", "persistence", "cluster",
+                                                    "admin", "tenant"};
 constexpr std::array<std::string_view, 5> kDaemonKeys{"socket", "backend", "log_level", "memory_limit",
                                                       "virtual_ranks"};
 constexpr std::array<std::string_view, 2> kRingKeys{"entries", "busy_poll_us"};
@@ -36,6 +36,7 @@ constexpr std::array<std::string_view, 3> kTimeoutKeys{"handshake_ms", "register
 constexpr std::array<std::string_view, 1> kPersistenceKeys{"grace_period_s"};
 constexpr std::array<std::string_view, 2> kClusterKeys{"address", "store_hosts"};
 constexpr std::size_t kMaxClusterNameLength = 255;
+constexpr std::array<std::string_view, 2> kAdminKeys{"uids", "gids"};
 constexpr std::array<std::string_view, 5> kTenantKeys{"name", "uids", "gids", "memory_quota", "max_jobs"};
 
 Error invalid(std::string message) {
@@ -330,6 +331,18 @@ class Reader {
     }
   }
 
+  void admin(const toml::table& t, Config& config) {
+    for (auto&& [key, node] : t) {
+      const std::string path = "admin." + std::string(key.str());
+      if (key == "uids" || key == "gids") {
+        auto& target = key == "uids" ? config.admin_uids : config.admin_gids;
+        for (const Located& l : ids(node, path, key == "uids" ? "uid" : "gid")) target.push_back(l.id);
+      } else {
+        unknownKey(key, path, kAdminKeys);
+      }
+    }
+  }
+
   void tenants(const toml::node& node, Config& config) {
     const toml::array* list = node.as_array();
     if (list == nullptr) {
@@ -550,6 +563,8 @@ Result<Config> walk(const toml::table& root, const std::string& source) {
       section = &Reader::persistence;
     } else if (key == "cluster") {
       section = &Reader::cluster;
+    } else if (key == "admin") {
+      section = &Reader::admin;
     } else {
       reader.unknownKey(key, path, kRootKeys, node.is_table() ? "table" : "key");
       continue;
@@ -650,6 +665,17 @@ std::vector<Tenant> effectiveTenants(const Config& config, std::uint32_t daemon_
   tenant.name = "default";
   tenant.uids.push_back(daemon_uid);
   return {std::move(tenant)};
+}
+
+std::optional<std::size_t> findTenant(const std::vector<Tenant>& tenants, std::uint32_t uid, std::uint32_t gid) {
+  for (std::size_t t = 0; t < tenants.size(); ++t) {
+    const Tenant& tenant = tenants[t];
+    if (std::find(tenant.uids.begin(), tenant.uids.end(), uid) != tenant.uids.end() ||
+        std::find(tenant.gids.begin(), tenant.gids.end(), gid) != tenant.gids.end()) {
+      return t;
+    }
+  }
+  return std::nullopt;
 }
 
 Result<void> validateSocketPath(const std::string& path) {

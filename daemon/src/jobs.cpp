@@ -160,14 +160,7 @@ void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::Fra
 }
 
 std::optional<std::size_t> JobTable::tenantOf(const ipc::PeerCredentials& peer) const {
-  for (std::size_t t = 0; t < config_.tenants.size(); ++t) {
-    const Tenant& tenant = config_.tenants[t];
-    if (std::find(tenant.uids.begin(), tenant.uids.end(), peer.uid) != tenant.uids.end() ||
-        std::find(tenant.gids.begin(), tenant.gids.end(), peer.gid) != tenant.gids.end()) {
-      return t;
-    }
-  }
-  return std::nullopt;
+  return findTenant(config_.tenants, peer.uid, peer.gid);
 }
 
 std::size_t JobTable::jobsOfTenant(std::size_t tenant) const {
@@ -249,6 +242,9 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
 Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredentials& peer, std::size_t tenant) {
   const auto found = jobs_.find(hello.job_id);
   if (found == jobs_.end()) {
+    if (refuse_new_jobs_) {
+      return makeError(ErrorCode::kUnavailable, "dbufd is draining: it takes no new jobs (job '" + hello.job_id + "')");
+    }
     if (jobsOfTenant(tenant) >= config_.tenants[tenant].max_jobs) {
       return makeError(ErrorCode::kInfeasible, "tenant '" + config_.tenants[tenant].name + "' already runs " +
                                                    std::to_string(config_.tenants[tenant].max_jobs) + " jobs");

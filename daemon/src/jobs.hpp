@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "admin.hpp"
 #include "cluster.hpp"
 #include "data_plane.hpp"
 #include "dbuf/common/unique_fd.hpp"
@@ -126,6 +127,15 @@ class JobTable {
   void clear();
   [[nodiscard]] ServerStats stats() const;
 
+  /// Fills in the tenants, the jobs and the memory used (jobs_view.cpp).
+  void describe(admin::DaemonView& view, SteadyClock::time_point now) const;
+  /// Fills in what a rank's session is attached to (nothing for another).
+  void describe(const Session& session, admin::SessionView& view) const;
+  /// Jobs with at least one rank attached (a drain waits for them).
+  [[nodiscard]] std::size_t jobsWithRanks() const;
+  /// Draining: no new job may attach (the ranks of those here still may).
+  void refuseNewJobs() { refuse_new_jobs_ = true; }
+
  private:
   struct Attachment {
     std::string job;
@@ -173,6 +183,7 @@ class JobTable {
   [[nodiscard]] std::optional<std::size_t> tenantOf(const ipc::PeerCredentials& peer) const;
   [[nodiscard]] std::size_t jobsOfTenant(std::size_t tenant) const;
   Attachment* attachmentOf(const Session& session);
+  [[nodiscard]] admin::JobView describe(const Job& job, SteadyClock::time_point now) const;
 
   asio::io_context& io_;
   const Config& config_;
@@ -190,6 +201,7 @@ class JobTable {
   std::vector<JobSchedule*> job_order_;  // every job, in the order the data plane serves them
   std::map<std::string, Job> jobs_;
   std::unordered_map<std::uint64_t, Attachment> attachments_;  // by session id
+  bool refuse_new_jobs_ = false;
 };
 
 }  // namespace dbuf::daemon

@@ -102,6 +102,13 @@ std::string bytesText(std::uint64_t bytes) {
   return std::to_string(bytes) + " bytes";
 }
 
+/// ", uids 1, 2" for a non-empty list, else nothing.
+std::string idList(const std::string& label, const std::vector<std::uint32_t>& ids) {
+  std::string out;
+  for (const std::uint32_t id : ids) out += (out.empty() ? label : ", ") + std::to_string(id);
+  return out;
+}
+
 /// --check: what the valid configuration sets, for the operator to read
 /// (the backend as configured: `auto` is resolved only when serving, since
 /// that initialises CUDA).
@@ -114,6 +121,8 @@ void printCheckedConfig(const Config& config, const std::optional<std::string>& 
             << "  collective timeout: " << config.collective_timeout.count() << " ms\n"
             << "  cluster address:    " << (config.cluster_address.empty() ? "(one node)" : config.cluster_address)
             << "\n"
+            << "  administrators:     root, uid " << ::getuid() << idList(", uids ", config.admin_uids)
+            << idList(", gids ", config.admin_gids) << "\n"
             << "  tenants:            " << config.tenants.size() << "\n";
   for (const auto& tenant : config.tenants) {
     std::cout << "    " << tenant.name << ": " << tenant.uids.size() << " uid(s), " << tenant.gids.size()

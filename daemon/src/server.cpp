@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <random>
 #include <unordered_map>
 
+#include "admin.hpp"
 #include "backend.hpp"
 #include "dbuf/daemon/lock_file.hpp"
 #include "jobs.hpp"
@@ -166,6 +168,16 @@ class Server::Impl final : public SessionHandler {
       session->sendError(ipc::WireError::kShuttingDown, "dbufd is shutting down", header.request_id);
       return;
     }
+    if (const auto* request = std::get_if<ipc::AdminRequest>(&message)) {
+      handleAdmin(session, header.request_id, *request);
+      return;
+    }
+    if (session->isOperator()) {
+      session->sendError(ipc::WireError::kBadRequest,
+                         "an operator's connection cannot attach a rank: open a connection of its own",
+                         header.request_id);
+      return;
+    }
     jobs_.onMessage(session, header, std::move(message));
   }
 
@@ -173,6 +185,7 @@ class Server::Impl final : public SessionHandler {
     sessions_.erase(session->id());
     if (!stopping_) {
       jobs_.onClosed(session);
+      finishDrainIfDone();
     } else if (sessions_.empty()) {
       shutdown_deadline_.cancel();  // every goodbye went out
     }
@@ -187,6 +200,83 @@ class Server::Impl final : public SessionHandler {
   std::uint64_t instanceId() const { return instance_id_; }
 
  private:
+  /// An operator's request (admin.hpp): who asks decides what it sees.
+  void handleAdmin(const std::shared_ptr<Session>& session, std::uint64_t request_id,
+                   const ipc::AdminRequest& request) {
+    if (session->attached()) {
+      session->sendError(ipc::WireError::kBadRequest,
+                         "a rank's connection cannot ask as an operator: open a connection of its own", request_id);
+      return;
+    }
+    auto groups = session->peerGroups();
+    auto access = groups ? admin::authorize(config_, daemon_uid_, session->peer(), *groups)
+                         : Result<admin::Access>(std::move(groups).error());
+    if (!access) {
+      spdlog::warn("operator request '{}' refused (pid {}, uid {}): {}", request.verb, session->peer().pid,
+                   session->peer().uid, access.error().message);
+      session->sendError(access.error(), request_id);
+      session->closeAfterSending();
+      return;
+    }
+    session->markOperator();
+    auto query = admin::parseRequest(request);
+    if (!query) {
+      session->sendError(query.error(), request_id);
+      return;
+    }
+    if (query->verb == admin::Verb::kDrain && access->everything && !draining_) {
+      draining_ = true;
+      jobs_.refuseNewJobs();
+      spdlog::info("drain requested (pid {}, uid {}): no new jobs; stopping once {} job(s) with ranks end",
+                   session->peer().pid, session->peer().uid, jobs_.jobsWithRanks());
+    }
+    auto text = admin::answer(*query, *access, snapshot());
+    if (text) {
+      session->send(ipc::AdminReply{std::move(*text)}, request_id);
+    } else {
+      session->sendError(text.error(), request_id);
+    }
+    finishDrainIfDone();
+  }
+
+  /// What the daemon holds now, for an operator.
+  admin::DaemonView snapshot() const {
+    const auto now = SteadyClock::now();
+    admin::DaemonView view;
+    view.instance_id = instance_id_;
+    view.pid = static_cast<std::int32_t>(::getpid());
+    view.uid = daemon_uid_;
+    view.socket = config_.socket_path;
+    view.backend = std::string(toString(config_.backend));
+    view.uptime_s = std::chrono::duration<double>(now - started_).count();
+    view.memory_limit_bytes = config_.memory_limit_bytes;
+    view.draining = draining_;
+    jobs_.describe(view, now);
+    for (const auto& [id, weak] : sessions_) {
+      const auto session = weak.lock();
+      if (!session) continue;
+      admin::SessionView entry;
+      entry.id = id;
+      entry.peer = session->peer();
+      entry.tenant = findTenant(config_.tenants, entry.peer.uid, entry.peer.gid);
+      entry.kind = session->isOperator() ? "operator" : "handshake";
+      entry.age_s = std::chrono::duration<double>(now - session->openedAt()).count();
+      jobs_.describe(*session, entry);
+      view.sessions.push_back(std::move(entry));
+    }
+    std::sort(view.sessions.begin(), view.sessions.end(),
+              [](const admin::SessionView& a, const admin::SessionView& b) { return a.id < b.id; });
+    return view;
+  }
+
+  /// Draining, once no job has a rank attached: stops (persistent jobs
+  /// without ranks end with the daemon).
+  void finishDrainIfDone() {
+    if (!draining_ || stopping_ || jobs_.jobsWithRanks() > 0) return;
+    spdlog::info("drained: no job has a rank attached; shutting down");
+    beginShutdown();
+  }
+
   void accept() {
     acceptor_.async_accept([this](const asio::error_code& error, asio::local::stream_protocol::socket socket) {
       if (error) {
@@ -269,6 +359,9 @@ class Server::Impl final : public SessionHandler {
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::uint64_t next_session_id_ = 1;
   bool stopping_ = false;
+  bool draining_ = false;  // dbufctl drain: no new jobs; stop once the jobs with ranks end
+  std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
+  SteadyClock::time_point started_ = SteadyClock::now();
   asio::executor_work_guard<asio::io_context::executor_type> keep_serving_ = asio::make_work_guard(io_);
   std::mutex stats_mutex_;  // guards running_ against stats() from other threads
   bool running_ = false;

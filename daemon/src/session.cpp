@@ -16,11 +16,20 @@ void Session::start(std::chrono::milliseconds handshake_timeout) {
   socket_.non_blocking(true);
   handshake_timer_.expires_after(handshake_timeout);
   handshake_timer_.async_wait([self = shared_from_this()](const asio::error_code& error) {
-    if (error || self->attached_ || self->closed_) return;
+    if (error || self->attached_ || self->operator_ || self->closed_) return;
     self->sendError(ipc::WireError::kTimeout, "handshake not completed in time", 0);
     self->closeAfterSending();
   });
   readHeader();
+}
+
+void Session::markOperator() {
+  operator_ = true;
+  handshake_timer_.cancel();
+}
+
+Result<std::vector<std::uint32_t>> Session::peerGroups() {
+  return ipc::peerGroups(socket_.native_handle());
 }
 
 void Session::readHeader() {

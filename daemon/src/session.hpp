@@ -55,6 +55,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void markAttached() { attached_ = true; }
   [[nodiscard]] bool attached() const noexcept { return attached_; }
+  /// An operator's connection (dbufctl): no handshake deadline, no rank.
+  void markOperator();
+  [[nodiscard]] bool isOperator() const noexcept { return operator_; }
+  /// The peer's supplementary groups (SO_PEERGROUPS).
+  [[nodiscard]] Result<std::vector<std::uint32_t>> peerGroups();
+  [[nodiscard]] std::chrono::steady_clock::time_point openedAt() const noexcept { return opened_; }
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
   [[nodiscard]] const ipc::PeerCredentials& peer() const noexcept { return peer_; }
   [[nodiscard]] bool open() const noexcept { return !closed_; }
@@ -80,7 +86,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::byte> payload_;
   std::deque<Outgoing> outgoing_;
   bool writing_ = false;
+  std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
   bool attached_ = false;
+  bool operator_ = false;
   bool close_when_flushed_ = false;
   bool closed_ = false;
 };

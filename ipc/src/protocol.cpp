@@ -39,7 +39,7 @@ T loadLe(std::span<const std::byte, kHeaderBytes> in, std::size_t offset) {
 constexpr bool validMessageType(MessageType type) noexcept {
   const auto raw = static_cast<std::uint16_t>(type);
   return raw >= static_cast<std::uint16_t>(MessageType::kHello) &&
-         raw <= static_cast<std::uint16_t>(MessageType::kShutdown);
+         raw <= static_cast<std::uint16_t>(MessageType::kAdminReply);
 }
 
 constexpr bool validWireError(WireError code) noexcept {
@@ -75,6 +75,8 @@ DBUF_IPC_MESSAGE(SlotReleased, kSlotReleased);
 DBUF_IPC_MESSAGE(Detach, kDetach);
 DBUF_IPC_MESSAGE(Detached, kDetached);
 DBUF_IPC_MESSAGE(Shutdown, kShutdown);
+DBUF_IPC_MESSAGE(AdminRequest, kAdminRequest);
+DBUF_IPC_MESSAGE(AdminReply, kAdminReply);
 #undef DBUF_IPC_MESSAGE
 
 template <std::size_t... I>
@@ -82,7 +84,7 @@ constexpr bool alternativesInTypeOrder(std::index_sequence<I...> /*indices*/) {
   return ((static_cast<std::size_t>(Traits<std::variant_alternative_t<I, Message>>::kType) == I + 1) && ...);
 }
 static_assert(alternativesInTypeOrder(std::make_index_sequence<std::variant_size_v<Message>>{}));
-static_assert(std::variant_size_v<Message> == static_cast<std::size_t>(MessageType::kShutdown));
+static_assert(std::variant_size_v<Message> == static_cast<std::size_t>(MessageType::kAdminReply));
 
 // ------------------------------------------------------------- field lists
 // One function per message lists its fields in wire order. `Io` is a
@@ -233,6 +235,19 @@ void fields(Io& /*io*/, M& /*m*/) {}
 template <typename Io, MessageOf<Shutdown> M>
 void fields(Io& io, M& m) {
   io.string("reason", m.reason);
+}
+
+constexpr std::size_t kStringMinBytes = 4;  // its length
+
+template <typename Io, MessageOf<AdminRequest> M>
+void fields(Io& io, M& m) {
+  io.string("verb", m.verb);
+  io.array("args", m.args, kMaxAdminArgs, "count", kStringMinBytes, [&io](auto& arg) { io.string("", arg); });
+}
+
+template <typename Io, MessageOf<AdminReply> M>
+void fields(Io& io, M& m) {
+  io.string("json", m.json, kMaxAdminReplyBytes);
 }
 
 template <typename T>
@@ -442,6 +457,10 @@ Result<Message> decodePayload(MessageType type, std::span<const std::byte> paylo
       return decodeAs<Detached>(payload);
     case MessageType::kShutdown:
       return decodeAs<Shutdown>(payload);
+    case MessageType::kAdminRequest:
+      return decodeAs<AdminRequest>(payload);
+    case MessageType::kAdminReply:
+      return decodeAs<AdminReply>(payload);
   }
   return makeError(ErrorCode::kInvalidArgument,
                    "unknown message type " + std::to_string(static_cast<std::uint16_t>(type)));

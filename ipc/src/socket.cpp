@@ -284,4 +284,19 @@ Result<PeerCredentials> peerCredentials(int socket) {
   return PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
 }
 
+Result<std::vector<std::uint32_t>> peerGroups(int socket) {
+  // The kernel says how much room the list needs when it is short of it (ERANGE).
+  std::vector<gid_t> groups(16);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto length = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(socket, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &length) == 0) {
+      groups.resize(length / sizeof(gid_t));
+      return std::vector<std::uint32_t>(groups.begin(), groups.end());
+    }
+    if (errno != ERANGE) return systemError("getsockopt(SO_PEERGROUPS)", errno);
+    groups.resize(length / sizeof(gid_t) + 1);
+  }
+  return makeError(ErrorCode::kIo, "getsockopt(SO_PEERGROUPS): the peer's group list kept growing");
+}
+
 }  // namespace dbuf::ipc

@@ -62,10 +62,12 @@ class FieldPath {
   std::vector<Segment> segments_;
 };
 
-/// Why `value` is not acceptable as a wire string (nullopt when it is).
-[[nodiscard]] inline std::optional<std::string> stringProblem(std::string_view value) {
-  if (value.size() > kMaxStringBytes) {
-    return "length " + std::to_string(value.size()) + " exceeds " + std::to_string(kMaxStringBytes);
+/// Why `value` is not acceptable as a wire string of at most `max_bytes`
+/// (nullopt when it is).
+[[nodiscard]] inline std::optional<std::string> stringProblem(std::string_view value,
+                                                             std::uint32_t max_bytes = kMaxStringBytes) {
+  if (value.size() > max_bytes) {
+    return "length " + std::to_string(value.size()) + " exceeds " + std::to_string(max_bytes);
   }
   if (value.find('\0') != std::string_view::npos) {
     return "embedded NUL byte at offset " + std::to_string(value.find('\0'));
@@ -142,9 +144,9 @@ class Writer : public Codec {
     integer(field, static_cast<std::underlying_type_t<E>>(value));
   }
 
-  void string(std::string_view field, const std::string& value) {
+  void string(std::string_view field, const std::string& value, std::uint32_t max_bytes = kMaxStringBytes) {
     if (!ok()) return;
-    if (auto problem = stringProblem(value)) {
+    if (auto problem = stringProblem(value, max_bytes)) {
       fail(field, *problem);
       return;
     }
@@ -219,13 +221,13 @@ class Reader : public Codec {
     value = static_cast<E>(raw);
   }
 
-  void string(std::string_view field, std::string& value) {
+  void string(std::string_view field, std::string& value, std::uint32_t max_bytes = kMaxStringBytes) {
     value.clear();
     std::uint32_t length = 0;
     integer(field, length);
     if (!ok()) return;
-    if (length > kMaxStringBytes) {
-      fail(field, "length " + std::to_string(length) + " exceeds " + std::to_string(kMaxStringBytes));
+    if (length > max_bytes) {
+      fail(field, "length " + std::to_string(length) + " exceeds " + std::to_string(max_bytes));
       return;
     }
     if (!need(field, length)) return;

@@ -34,7 +34,7 @@ TEST(Config, ShippedFileSpellsOutEveryKey) {
   for (const char* key : {"daemon.socket", "daemon.backend", "daemon.log_level", "daemon.memory_limit",
                           "daemon.virtual_ranks", "rings.entries", "rings.busy_poll_us", "timeouts.handshake_ms",
                           "timeouts.register_ms", "timeouts.collective_ms", "persistence.grace_period_s", "cluster.address",
-                          "cluster.store_hosts"}) {
+                          "cluster.store_hosts", "admin.uids", "admin.gids"}) {
     EXPECT_TRUE(root.at_path(key)) << key;
   }
   // Tenants are commented out (the default is none); their keys are described.
@@ -86,6 +86,10 @@ grace_period_s = 0
 address = "10.0.0.11"
 store_hosts = ["10.0.0.1:6379", "redis.example:7000"]
 
+[admin]
+uids = [501]
+gids = [4242, 0]
+
 [[tenant]]
 name = "a"
 uids = [1000, 1001]
@@ -112,6 +116,8 @@ gids = [0]
   expected.persistence_grace = std::chrono::seconds{0};
   expected.cluster_address = "10.0.0.11";
   expected.cluster_store_hosts = {"10.0.0.1:6379", "redis.example:7000"};
+  expected.admin_uids = {501};
+  expected.admin_gids = {4242, 0};
   expected.tenants = {Tenant{"a", {1000, 1001}, {}, 1 << 20, 3},
                       Tenant{"b.c-d_e", {}, {0}, Tenant{}.memory_quota_bytes, 16}};
   EXPECT_EQ(*config, expected);
@@ -164,7 +170,7 @@ TEST_P(ConfigErrors, NameFileLineAndKey) {
 // clang-format off
 const BadFile kBadFiles[] = {
   {"unknown_table", "[daemon]\nsocket = \"/tmp/s\"\n[deamon]\n", 3, "deamon", "did you mean 'daemon'"},
-  {"unknown_table_far", "[metrics]\nport = 9000\n", 1, "metrics", "unknown table (expected daemon, rings, timeouts, persistence, cluster or tenant"},
+  {"unknown_table_far", "[metrics]\nport = 9000\n", 1, "metrics", "unknown table (expected daemon, rings, timeouts, persistence, cluster, admin or tenant"},
   {"unknown_key", "[daemon]\nsockett = \"/tmp/s\"\n", 2, "daemon.sockett", "did you mean 'socket'"},
   {"unknown_root_key", "socket = \"/tmp/s\"\n", 1, "socket", "unknown key (expected daemon"},
   {"key_missing_unit_suffix", "[timeouts]\nhandshake = 5\n", 2, "timeouts.handshake", "did you mean 'handshake_ms'"},
@@ -212,6 +218,9 @@ const BadFile kBadFiles[] = {
   {"cluster_hosts_not_array", "[cluster]\nstore_hosts = \"h:1\"\n", 2, "cluster.store_hosts", "expected an array"},
   {"cluster_host_without_port", "[cluster]\nstore_hosts = [\"redis\"]\n", 2, "cluster.store_hosts[0]", "is not HOST:PORT"},
   {"cluster_unknown_key", "[cluster]\ninterface = \"eth0\"\n", 2, "cluster.interface", "unknown key"},
+  {"admin_gid_twice", "[admin]\ngids = [7, 7]\n", 2, "admin.gids[1]", "gid 7 is listed twice"},
+  {"admin_uid_negative", "[admin]\nuids = [-1]\n", 2, "admin.uids[0]", "out of range (0..4294967294)"},
+  {"admin_unknown_key", "[admin]\ngroups = [7]\n", 2, "admin.groups", "unknown key"},
   {"syntax_error", "[daemon]\nsocket = \"/tmp/s\n", 2, nullptr, "string"},
   {"syntax_duplicate_key", "[rings]\nentries = 16\nentries = 32\n", 3, nullptr, "entries"},
   {"syntax_unclosed_table", "[daemon\n", 1, nullptr, "expected ']'"},

@@ -88,7 +88,7 @@ std::array<std::byte, kHeaderBytes> validHeaderBytes() {
 const std::vector<MessageType>& allTypes() {
   static const std::vector<MessageType> types = [] {
     std::vector<MessageType> out;
-    for (std::uint16_t raw = 1; raw <= 12; ++raw) out.push_back(static_cast<MessageType>(raw));
+    for (std::uint16_t raw = 1; raw <= 14; ++raw) out.push_back(static_cast<MessageType>(raw));
     return out;
   }();
   return types;
@@ -123,6 +123,8 @@ TEST(ProtocolRoundTrip, TypeOfFollowsTheVariantOrder) {
   EXPECT_EQ(typeOf(Detach{}), MessageType::kDetach);
   EXPECT_EQ(typeOf(Detached{}), MessageType::kDetached);
   EXPECT_EQ(typeOf(Shutdown{}), MessageType::kShutdown);
+  EXPECT_EQ(typeOf(AdminRequest{}), MessageType::kAdminRequest);
+  EXPECT_EQ(typeOf(AdminReply{}), MessageType::kAdminReply);
 }
 
 TEST(ProtocolRoundTrip, WholeFrameThroughHeaderAndPayload) {
@@ -151,14 +153,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x07, 0x00,                                      // version 7 (a job across nodes)
+      0x08, 0x00,                                      // version 8 (operators' requests)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 7, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 8, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -319,11 +321,11 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   // kind, 3 the one before stream-ordered ops (a smaller session segment), 4
   // the one before the GPU's UUID (a shorter Hello), 5 the one before the
   // ranks of an error (a shorter ErrorReply, other completion entries), 6
-  // the one before jobs across nodes (a shorter Hello): they must be refused
-  // as a version, not half-decoded.
+  // the one before jobs across nodes (a shorter Hello), 7 the one before
+  // operators' requests: they must be refused as a version, not half-decoded.
   for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{3},
-                                      std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{6}, std::uint16_t{8},
-                                      std::uint16_t{0xFFFF}}) {
+                                      std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{6}, std::uint16_t{7},
+                                      std::uint16_t{9}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;
@@ -341,7 +343,7 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
 }
 
 TEST(ProtocolHeader, UnknownTypeIsRejected) {
-  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{13}, std::uint16_t{0x0100}, std::uint16_t{0xFFFF}}) {
+  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{15}, std::uint16_t{0x0100}, std::uint16_t{0xFFFF}}) {
     auto bytes = validHeaderBytes();
     bytes[6] = static_cast<std::byte>(type & 0xFFU);
     bytes[7] = static_cast<std::byte>(type >> 8U);
@@ -440,6 +442,22 @@ TEST(ProtocolPayload, StringTooLongIsRejectedOnBothSides) {
             "Shutdown.reason: length 4294967295 exceeds 512");
 }
 
+TEST(ProtocolPayload, AdminLimitsAreCheckedOnBothSides) {
+  // A reply may be a payload long, where every other string is 512 bytes.
+  EXPECT_EQ(encodePayload(AdminReply{std::string(kMaxAdminReplyBytes, ' ')})->size(), kMaxPayloadBytes);
+  EXPECT_EQ(encodeError(AdminReply{std::string(kMaxAdminReplyBytes + 1, ' ')}),
+            "AdminReply.json: length 1048573 exceeds 1048572");
+  EXPECT_EQ(decodeError(MessageType::kAdminReply, Bytes().u32(kMaxAdminReplyBytes + 1).get()),
+            "AdminReply.json: length 1048573 exceeds 1048572");
+  EXPECT_EQ(encodeError(AdminRequest{std::string(kMaxStringBytes + 1, 'v'), {}}),
+            "AdminRequest.verb: length 513 exceeds 512");
+  EXPECT_EQ(encodeError(AdminRequest{"job", std::vector<std::string>(kMaxAdminArgs + 1)}),
+            "AdminRequest.args: count 9 exceeds 8");
+  // A claimed count is checked against the bytes left before anything is allocated.
+  EXPECT_EQ(decodeError(MessageType::kAdminRequest, Bytes().str("job").u32(8).get()),
+            "AdminRequest.args: truncated: 8 items need at least 32 bytes, 0 left");
+}
+
 TEST(ProtocolPayload, EmbeddedNulIsRejectedOnBothSides) {
   std::string reason = "stop";
   reason += '\0';
@@ -535,7 +553,7 @@ TEST(ProtocolPayload, OutOfRangeEnumIsRejected) {
     auto decoded = decodePayload(MessageType::kError, Bytes().u16(code).str("").u32(0).get());
     ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   }
-  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{13}}) {
+  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{15}}) {
     EXPECT_EQ(decodeError(static_cast<MessageType>(type), {}), "unknown message type " + std::to_string(type));
   }
 }

@@ -115,6 +115,10 @@ inline std::vector<Message> sampleMessages() {
   messages.emplace_back(Detach{});
   messages.emplace_back(Detached{});
   messages.emplace_back(Shutdown{"SIGTERM received; daemon stopping"});
+  messages.emplace_back(AdminRequest{"status", {}});
+  messages.emplace_back(AdminRequest{"job", {"llama-70b.run3"}});
+  messages.emplace_back(AdminReply{R"({"scope":"everything","jobs":[]})"});
+  messages.emplace_back(AdminReply{std::string(4 * kMaxStringBytes, ' ')});  // longer than any other string
   return messages;
 }
 

@@ -67,6 +67,11 @@ struct Config {
   /// Redis stores ("redis:HOST:PORT") a job may name, as "HOST:PORT"; file
   /// stores need no listing (the directory must belong to the job's user).
   std::vector<std::string> cluster_store_hosts;
+  /// [admin]: who may ask the daemon about every job and drain it (dbufctl),
+  /// besides root and the uid dbufd runs as: peers with one of these uids, or
+  /// with one of these gids as their primary or a supplementary group.
+  std::vector<std::uint32_t> admin_uids;
+  std::vector<std::uint32_t> admin_gids;
 
   bool operator==(const Config&) const = default;
 };
@@ -98,6 +103,11 @@ struct ConfigOverrides {
 /// single tenant "default" admitting `daemon_uid` (pass getuid()) with the
 /// Tenant struct's default quota and job limit.
 [[nodiscard]] std::vector<Tenant> effectiveTenants(const Config& config, std::uint32_t daemon_uid);
+
+/// The tenant a peer belongs to: the first of `tenants` that lists its uid
+/// or its primary gid, or nullopt.
+[[nodiscard]] std::optional<std::size_t> findTenant(const std::vector<Tenant>& tenants, std::uint32_t uid,
+                                                    std::uint32_t gid);
 
 /// Checks a socket path: not empty, no NUL byte, fits in sockaddr_un::sun_path.
 [[nodiscard]] Result<void> validateSocketPath(const std::string& path);

@@ -33,12 +33,13 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 7;  // 2: session segment, collectives; 3: memory kind;
+inline constexpr std::uint16_t kProtocolVersion = 8;  // 2: session segment, collectives; 3: memory kind;
                                                       // 4: stream-ordered ops (segment version 2);
                                                       // 5: the GPU's UUID in Hello;
                                                       // 6: error codes kIo, kWouldBlock, kDevice, the
                                                       //    ranks of an error (segment version 3);
-                                                      // 7: a job across nodes (Hello's node layout, store)
+                                                      // 7: a job across nodes (Hello's node layout, store);
+                                                      // 8: operators' requests (AdminRequest, AdminReply)
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
@@ -46,6 +47,9 @@ inline constexpr std::uint32_t kMaxTensorsPerGroup = 8192;
 inline constexpr std::uint32_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxFdsPerFrame = 8;
 inline constexpr std::uint32_t kMaxErrorRanks = 65536;  ///< ErrorReply::ranks
+inline constexpr std::uint32_t kMaxAdminArgs = 8;       ///< AdminRequest::args
+/// AdminReply::json: a payload's worth, less its length field.
+inline constexpr std::uint32_t kMaxAdminReplyBytes = kMaxPayloadBytes - 4;
 
 enum class MessageType : std::uint16_t {
   kHello = 1,          ///< client -> daemon, first frame
@@ -60,6 +64,8 @@ enum class MessageType : std::uint16_t {
   kDetach = 10,        ///< client -> daemon: orderly goodbye
   kDetached = 11,      ///< daemon -> client
   kShutdown = 12,      ///< daemon -> client, unsolicited: the daemon is stopping
+  kAdminRequest = 13,  ///< operator -> daemon, instead of a Hello: a question (dbufctl)
+  kAdminReply = 14,    ///< daemon -> operator: the answer, a JSON document
 };
 
 /// Wire error codes: one per dbuf::ErrorCode the daemon sends, plus
@@ -266,8 +272,26 @@ struct Shutdown {
   friend bool operator==(const Shutdown&, const Shutdown&) = default;
 };
 
+/// An operator's request (docs/operations.md lists the verbs and their
+/// arguments). It may come first on a connection, in place of a Hello, and
+/// any number of times after; the daemon decides what the peer may see from
+/// its credentials (SO_PEERCRED, SO_PEERGROUPS). Answered by an AdminReply or
+/// an ErrorReply.
+struct AdminRequest {
+  std::string verb;               ///< "status", "jobs", "job", "sessions", "drain"
+  std::vector<std::string> args;  ///< at most kMaxAdminArgs
+  friend bool operator==(const AdminRequest&, const AdminRequest&) = default;
+};
+
+/// The answer to an AdminRequest: a JSON object whose layout is the verb's
+/// (docs/operations.md), at most kMaxAdminReplyBytes long.
+struct AdminReply {
+  std::string json;
+  friend bool operator==(const AdminReply&, const AdminReply&) = default;
+};
+
 using Message = std::variant<Hello, Welcome, ErrorReply, RegisterGroup, GroupReady, AcquireSlot, SlotGranted,
-                             ReleaseSlot, SlotReleased, Detach, Detached, Shutdown>;
+                             ReleaseSlot, SlotReleased, Detach, Detached, Shutdown, AdminRequest, AdminReply>;
 
 [[nodiscard]] MessageType typeOf(const Message& message) noexcept;
 

@@ -55,4 +55,8 @@ struct PeerCredentials {
 /// SO_PEERCRED of a connected Unix socket.
 [[nodiscard]] Result<PeerCredentials> peerCredentials(int socket);
 
+/// SO_PEERGROUPS of a connected Unix socket: the peer's supplementary groups
+/// when it connected (the primary one is PeerCredentials::gid).
+[[nodiscard]] Result<std::vector<std::uint32_t>> peerGroups(int socket);
+
 }  // namespace dbuf::ipc

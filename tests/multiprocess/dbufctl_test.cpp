@@ -1,0 +1,233 @@
+// dbufctl against a real dbufd with real trainer processes: what an operator
+// sees of a job whose collective waits for a rank, what each kind of peer may
+// see (root, a tenant's user, a member of the [admin] group, a stranger), and
+// a drain that refuses new jobs, waits for the running one and stops the
+// daemon. The answers' logic alone: tests/daemon/admin_test.cpp.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace dbuf::mp {
+namespace {
+
+using nlohmann::json;
+using dbuf::testing::ChildResult;
+using dbuf::testing::runChild;
+
+constexpr uid_t kNobody = 65534;    // tenant "b"
+constexpr uid_t kStranger = 65533;  // in no tenant
+constexpr gid_t kAdminGroup = 4242;
+
+class Dbufctl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Daemon::Settings settings;
+    settings.extra_config = "[admin]\ngids = [" + std::to_string(kAdminGroup) + "]\n";
+    daemon_ = std::make_unique<Daemon>(dir_.path(), settings);
+    ASSERT_NO_FATAL_FAILURE(daemon_->start());
+    // A copy any uid may run: the build tree may be private to root.
+    ctl_ = (dir_.path() / "dbufctl").string();
+    std::filesystem::copy_file(DBUFCTL_EXE, ctl_);
+    std::filesystem::permissions(ctl_, std::filesystem::perms(0755));
+  }
+
+  /// dbufctl ARGS against the daemon, as root or, through setpriv, as `uid`
+  /// with `groups` as its supplementary groups.
+  ChildResult ctl(const std::vector<std::string>& args, std::optional<uid_t> uid = std::nullopt,
+                  const std::vector<gid_t>& groups = {}) {
+    std::vector<std::string> argv;
+    if (uid) {
+      argv = {"--reuid=" + std::to_string(*uid), "--regid=" + std::to_string(*uid)};
+      std::string list;
+      for (const gid_t g : groups) list += (list.empty() ? "" : ",") + std::to_string(g);
+      argv.push_back(list.empty() ? "--clear-groups" : "--groups=" + list);
+      argv.push_back(ctl_);
+    }
+    argv.push_back("--socket");
+    argv.push_back(daemon_->socket());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return uid ? runChild("/usr/bin/setpriv", argv) : runChild(ctl_, argv);
+  }
+
+  /// `dbufctl --json ARGS`, expected to succeed.
+  json ask(const std::vector<std::string>& args, std::optional<uid_t> uid = std::nullopt,
+           const std::vector<gid_t>& groups = {}) {
+    std::vector<std::string> with_json{"--json"};
+    with_json.insert(with_json.end(), args.begin(), args.end());
+    const ChildResult result = ctl(with_json, uid, groups);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    return json::parse(result.out, nullptr, false);
+  }
+
+  static std::vector<std::string> jobIds(const json& answer) {
+    std::vector<std::string> ids;
+    for (const json& job : answer["jobs"]) ids.push_back(job["id"]);
+    return ids;
+  }
+
+  /// Whether this machine lets root run processes as other users (setpriv).
+  bool canSwitchUsers() {
+    if (::geteuid() != 0) return false;
+    return runChild("/usr/bin/setpriv", {"--reuid=65534", "--regid=65534", "--clear-groups", "/bin/true"}).exit_code ==
+           0;
+  }
+
+  TempDir dir_{"dbuf-ctl", 0711};
+  std::unique_ptr<Daemon> daemon_;
+  std::string ctl_;
+};
+
+TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
+  Rank r0("r0");
+  Rank r1("r1");
+  r0.attach(daemon_->socket(), "job-a", 0, 2);
+  r1.attach(daemon_->socket(), "job-a", 1, 2);
+  r0.begin("register g");
+  r1.begin("register g");
+  ASSERT_TRUE(startsWith(r0.result(), "ok register"));
+  ASSERT_TRUE(startsWith(r1.result(), "ok register"));
+  r0.begin("unshard g");  // waits for rank 1
+
+  json job;
+  ASSERT_TRUE(eventually([&] {
+    job = ask({"job", "job-a"})["job"];
+    return job["current_op"].is_object() && job["current_op"]["submitted"] == json::array({0});
+  })) << job.dump(2);
+  EXPECT_EQ(job["state"], "running");
+  EXPECT_EQ(job["tenant"], "a");
+  EXPECT_EQ(job["current_op"]["op"], "allGather");
+  EXPECT_EQ(job["current_op"]["group"], "g");
+  EXPECT_EQ(job["current_op"]["state"], "waiting for ranks");
+  EXPECT_EQ(job["current_op"]["waiting_for"], json::array({1}));
+  ASSERT_EQ(job["ranks"].size(), 2U);
+  EXPECT_EQ(job["ranks"][0]["pid"], r0.pid());
+  EXPECT_EQ(job["ranks"][0]["queued_ops"], 1);
+  ASSERT_EQ(job["groups"].size(), 1U);
+  EXPECT_EQ(job["groups"][0]["name"], "g");
+  EXPECT_GT(job["groups"][0]["numel"].get<std::int64_t>(), 0);
+  EXPECT_GT(job["memory_bytes"].get<std::uint64_t>(), 0U);
+
+  // The same, in words.
+  const ChildResult text = ctl({"job", "job-a"});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "current op: #0 allGather of g: waiting for rank 1 (")) << text.out;
+  const ChildResult jobs = ctl({"jobs"});
+  EXPECT_TRUE(contains(jobs.out, "job-a")) << jobs.out;
+  EXPECT_TRUE(contains(jobs.out, "running")) << jobs.out;
+
+  r1.begin("unshard g");
+  EXPECT_EQ(r0.result(), "ok unshard");
+  EXPECT_EQ(r1.result(), "ok unshard");
+  EXPECT_TRUE(eventually([&] {
+    job = ask({"job", "job-a"})["job"];
+    return job["collectives_completed"] == 1 && job["current_op"].is_null();
+  })) << job.dump(2);
+
+  const json status = ask({"status"});
+  EXPECT_EQ(status["scope"], "everything");
+  EXPECT_EQ(status["jobs"]["count"], 1);
+  EXPECT_EQ(status["daemon"]["pid"], daemon_->pid());
+  EXPECT_GT(status["daemon"]["memory_used_bytes"].get<std::uint64_t>(), 0U);
+  const ChildResult status_text = ctl({"status"});
+  EXPECT_EQ(status_text.exit_code, 0) << status_text.err;
+  EXPECT_TRUE(contains(status_text.out, "jobs:     1 (1 running)")) << status_text.out;
+  EXPECT_TRUE(contains(status_text.out, "state:    serving")) << status_text.out;
+  const json sessions = ask({"sessions"});
+  int ranks = 0;
+  for (const json& s : sessions["sessions"]) ranks += s["kind"] == "rank" ? 1 : 0;
+  EXPECT_EQ(ranks, 2) << sessions.dump(2);
+
+  const ChildResult missing = ctl({"job", "job-z"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_TRUE(contains(missing.err, "no job 'job-z'")) << missing.err;
+  const ChildResult usage = ctl({"frobnicate"});
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_TRUE(contains(usage.err, "unknown verb 'frobnicate'")) << usage.err;
+  for (Rank* rank : {&r0, &r1}) {
+    EXPECT_EQ(rank->call("detach"), "ok detach");
+    rank->exit();
+  }
+}
+
+TEST_F(Dbufctl, ATenantsUserSeesItsOwnJobsTheAdminGroupEverythingAStrangerNothing) {
+  if (!canSwitchUsers()) GTEST_SKIP() << "needs root and setpriv to run dbufctl as other users";
+  Rank a0("a0");
+  a0.attach(daemon_->socket(), "job-a", 0, 1);
+  Rank b0("b0", kNobody);
+  ASSERT_TRUE(startsWith(b0.ids(), "ok ids"));
+  EXPECT_EQ(b0.call("connect " + daemon_->socket()), "ok connect");
+  EXPECT_EQ(b0.call("attach job-b 0 1"), "ok attach reattached=0");
+
+  EXPECT_EQ(jobIds(ask({"jobs"})), (std::vector<std::string>{"job-a", "job-b"}));
+  const json tenant_view = ask({"jobs"}, kNobody);
+  EXPECT_EQ(tenant_view["scope"], "tenant b");
+  EXPECT_EQ(jobIds(tenant_view), std::vector<std::string>{"job-b"});
+  // Another tenant's job is not found, as one that does not exist.
+  const ChildResult hidden = ctl({"job", "job-a"}, kNobody);
+  EXPECT_EQ(hidden.exit_code, 1);
+  EXPECT_TRUE(contains(hidden.err, "no job 'job-a' on this daemon")) << hidden.err;
+  const ChildResult drain = ctl({"drain"}, kNobody);
+  EXPECT_EQ(drain.exit_code, 1);
+  EXPECT_TRUE(contains(drain.err, "only an administrator")) << drain.err;
+  // A member of the [admin] group (a supplementary group) sees everything.
+  EXPECT_EQ(jobIds(ask({"jobs"}, kStranger, {kAdminGroup})), (std::vector<std::string>{"job-a", "job-b"}));
+  // Anyone else gets nothing, and is told why.
+  const ChildResult stranger = ctl({"status"}, kStranger);
+  EXPECT_EQ(stranger.exit_code, 1);
+  EXPECT_TRUE(contains(stranger.err, "uid 65533 / gid 65533 is neither an administrator")) << stranger.err;
+  EXPECT_TRUE(contains(daemon_->log(), "operator request 'status' refused")) << daemon_->log();
+
+  for (Rank* rank : {&a0, &b0}) {
+    EXPECT_EQ(rank->call("detach"), "ok detach");
+    rank->exit();
+  }
+}
+
+TEST_F(Dbufctl, DrainRefusesNewJobsWaitsForTheRunningOneAndStopsTheDaemon) {
+  Rank r0("r0");
+  r0.attach(daemon_->socket(), "job-a", 0, 1);
+  EXPECT_TRUE(startsWith(r0.call("register g"), "ok register"));
+
+  dbuf::testing::Child::Options piped;
+  piped.pipe_stdout = true;
+  dbuf::testing::Child drain(ctl_, {"--socket", daemon_->socket(), "drain"}, piped);
+  const auto first = drain.readLine(kReplyTimeout);
+  ASSERT_TRUE(first) << "no answer to the drain";
+  EXPECT_TRUE(contains(*first, "draining")) << *first;
+  EXPECT_TRUE(contains(*first, "job-a")) << *first;
+
+  // No new job; the running one keeps working.
+  Rank late("late");
+  EXPECT_EQ(late.call("connect " + daemon_->socket()), "ok connect");
+  const std::string refused = late.call("attach job-new 0 1");
+  EXPECT_TRUE(startsWith(refused, "err attach unavailable")) << refused;
+  EXPECT_TRUE(contains(refused, "draining")) << refused;
+  EXPECT_TRUE(startsWith(r0.call("write g 3"), "ok write"));
+  EXPECT_TRUE(startsWith(r0.call("check g 3"), "ok check"));
+  EXPECT_TRUE(drain.running()) << "dbufctl drain returned while a job still runs";
+
+  EXPECT_EQ(r0.call("detach"), "ok detach");
+  const auto stopped = drain.readLine(kReplyTimeout);
+  ASSERT_TRUE(stopped);
+  EXPECT_EQ(*stopped, "dbufd has stopped");
+  const auto ctl_status = drain.waitExit(kReplyTimeout);
+  ASSERT_TRUE(ctl_status);
+  EXPECT_TRUE(WIFEXITED(*ctl_status) && WEXITSTATUS(*ctl_status) == 0) << *ctl_status;
+  const auto daemon_status = daemon_->process().waitExit(kReplyTimeout);
+  ASSERT_TRUE(daemon_status) << "dbufd did not stop after the drain";
+  EXPECT_TRUE(WIFEXITED(*daemon_status) && WEXITSTATUS(*daemon_status) == 0) << *daemon_status;
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(daemon_->socket())));
+  EXPECT_TRUE(contains(daemon_->log(), "drained")) << daemon_->log();
+  r0.exit();
+  late.exit();
+}
+
+}  // namespace
+}  // namespace dbuf::mp
