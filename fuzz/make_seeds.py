@@ -2,7 +2,7 @@
 """Regenerates the seed corpora under fuzz/corpus/ (run from anywhere, after
 scripts/fuzz.sh has built build-fuzz/):
 
-  fuzz_protocol, fuzz_ring, fuzz_node, fuzz_group: the harness's own `--write-seeds DIR`
+  fuzz_protocol, fuzz_ring, fuzz_node, fuzz_group, fuzz_admin: the harness's own `--write-seeds DIR`
                                        (valid encodings made by the code itself)
   fuzz_config                          config/*.toml, config/examples/*.toml,
                                        a few small configs and sizes
@@ -101,7 +101,7 @@ def model_seeds():
 
 
 if __name__ == "__main__":
-    for harness in ("fuzz_protocol", "fuzz_ring", "fuzz_node", "fuzz_group"):
+    for harness in ("fuzz_protocol", "fuzz_ring", "fuzz_node", "fuzz_group", "fuzz_admin"):
         harness_seeds(harness)
     config_seeds()
     model_seeds()

@@ -22,11 +22,12 @@ if ! [[ $SECONDS_PER_HARNESS =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 BUILD=$ROOT/build-fuzz
-HARNESSES=(${DBUF_FUZZ_HARNESSES:-fuzz_protocol fuzz_ring fuzz_config fuzz_model fuzz_node fuzz_group})
+HARNESSES=(${DBUF_FUZZ_HARNESSES:-fuzz_protocol fuzz_ring fuzz_config fuzz_model fuzz_node fuzz_group fuzz_admin})
 
 # Longest input per harness: a frame (header + a few KiB of payload), a ring
-# script of at most 512 steps, a config file, a model file, a node message.
-declare -A MAX_LEN=([fuzz_protocol]=8192 [fuzz_ring]=8192 [fuzz_config]=8192 [fuzz_model]=16384 [fuzz_node]=4096 [fuzz_group]=8192)
+# script of at most 512 steps, a config file, a model file, a node message,
+# an operator's request.
+declare -A MAX_LEN=([fuzz_protocol]=8192 [fuzz_ring]=8192 [fuzz_config]=8192 [fuzz_model]=16384 [fuzz_node]=4096 [fuzz_group]=8192 [fuzz_admin]=4096)
 
 for tool in clang++-14 cmake; do
   if ! command -v "$tool" >/dev/null; then
