@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 
 #include "backend.hpp"
@@ -161,6 +162,36 @@ void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::Fra
 
 std::optional<std::size_t> JobTable::tenantOf(const ipc::PeerCredentials& peer) const {
   return findTenant(config_.tenants, peer.uid, peer.gid);
+}
+
+std::vector<Tenant> JobTable::retenant(std::vector<Tenant> fresh) {
+  std::vector<std::size_t> new_index(config_.tenants.size(), MemoryBudget::kDropped);
+  for (std::size_t t = 0; t < config_.tenants.size(); ++t) {
+    const Tenant& old = config_.tenants[t];
+    auto same = std::find_if(fresh.begin(), fresh.end(), [&](const Tenant& f) { return f.name == old.name; });
+    if (same == fresh.end()) {
+      const std::size_t jobs = jobsOfTenant(t);
+      if (jobs == 0) continue;
+      spdlog::warn("tenant '{}' is no longer configured: its {} job(s) keep their memory; no rank may attach to them",
+                   old.name, jobs);
+      Tenant retired = old;
+      retired.uids.clear();
+      retired.gids.clear();
+      fresh.push_back(std::move(retired));
+      same = std::prev(fresh.end());
+    }
+    new_index[t] = static_cast<std::size_t>(same - fresh.begin());
+  }
+  for (auto& [id, job] : jobs_) job.tenant = new_index[job.tenant];
+  budget_.remap(new_index, fresh.size());
+  for (std::size_t t = 0; t < fresh.size(); ++t) {
+    if (budget_.used(t) > fresh[t].memory_quota_bytes) {
+      spdlog::warn("tenant '{}' uses {} bytes, more than its new quota of {}: nothing is taken back; it gets no more "
+                   "memory until it is under",
+                   fresh[t].name, budget_.used(t), fresh[t].memory_quota_bytes);
+    }
+  }
+  return fresh;
 }
 
 std::size_t JobTable::jobsOfTenant(std::size_t tenant) const {

@@ -133,6 +133,11 @@ class JobTable {
   void describe(const Session& session, admin::SessionView& view) const;
   /// Jobs with at least one rank attached (a drain waits for them).
   [[nodiscard]] std::size_t jobsWithRanks() const;
+  /// A reload (SIGHUP): `fresh` is to replace the tenants (who belongs,
+  /// quotas, job limits). Jobs and their charges follow their tenant by name;
+  /// a tenant `fresh` no longer names stays while it has jobs, admitting
+  /// nobody. Returns the list to install as the config's tenants, at once.
+  [[nodiscard]] std::vector<Tenant> retenant(std::vector<Tenant> fresh);
   /// Draining: no new job may attach (the ranks of those here still may).
   void refuseNewJobs() { refuse_new_jobs_ = true; }
 

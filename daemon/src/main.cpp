@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   if (const auto period = systemd.heartbeatPeriod()) {
     (*server)->setHeartbeat(*period, [&systemd] { systemd.notify("WATCHDOG=1"); });
   }
+  (*server)->setConfigSource([layers = *flags] { return layeredConfig(layers); });
   systemd.notify("READY=1\nSTATUS=serving on " + (*server)->socketPath());
   (*server)->run(/*handle_signals=*/true);
   systemd.notify("STOPPING=1");

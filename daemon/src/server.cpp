@@ -14,11 +14,14 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "admin.hpp"
 #include "backend.hpp"
 #include "dbuf/daemon/lock_file.hpp"
+#include "dbuf/daemon/logging.hpp"
 #include "jobs.hpp"
 #include "session.hpp"
 
@@ -82,11 +85,8 @@ class Server::Impl final : public SessionHandler {
     if (handle_signals) {
       signals_.add(SIGTERM);
       signals_.add(SIGINT);
-      signals_.async_wait([this](const asio::error_code& error, int signal) {
-        if (error) return;
-        spdlog::info("signal {}: shutting down", signal);
-        beginShutdown();
-      });
+      signals_.add(SIGHUP);
+      waitForSignal();
     }
     accept();
     if (on_heartbeat_) beat();
@@ -110,6 +110,8 @@ class Server::Impl final : public SessionHandler {
   void requestStop() {
     asio::post(io_, [this] { beginShutdown(); });
   }
+
+  void setConfigSource(std::function<Result<Config>()> source) { config_source_ = std::move(source); }
 
   /// The loop: control-plane events and data-plane polling interleaved.
   /// While anything happened in the last busy_poll, it spins (rings are
@@ -200,6 +202,71 @@ class Server::Impl final : public SessionHandler {
   std::uint64_t instanceId() const { return instance_id_; }
 
  private:
+  /// SIGTERM, SIGINT: shut down; SIGHUP: reload, and wait for the next.
+  void waitForSignal() {
+    signals_.async_wait([this](const asio::error_code& error, int signal) {
+      if (error) return;
+      if (signal == SIGHUP) {
+        reload();
+        waitForSignal();
+        return;
+      }
+      spdlog::info("signal {}: shutting down", signal);
+      beginShutdown();
+    });
+  }
+
+  /// SIGHUP: the tenants, [admin] and the log level from the configuration
+  /// as it is now; nothing when it has errors.
+  void reload() {
+    if (!config_source_) {
+      spdlog::warn("SIGHUP: no configuration source to re-read; nothing changed");
+      return;
+    }
+    auto fresh = config_source_();
+    if (!fresh) {
+      spdlog::error("SIGHUP: the configuration has errors; nothing changed:\n{}", fresh.error().message);
+      return;
+    }
+    for (const std::string_view key : keysNeedingRestart(*fresh)) {
+      spdlog::warn("SIGHUP: {} changed; it takes effect when dbufd restarts", key);
+    }
+    config_.tenants = jobs_.retenant(effectiveTenants(*fresh, daemon_uid_));
+    config_.admin_uids = fresh->admin_uids;
+    config_.admin_gids = fresh->admin_gids;
+    config_.log_level = fresh->log_level;
+    spdlog::default_logger()->set_level(toSpdlogLevel(config_.log_level));
+    std::string tenants;
+    for (const Tenant& tenant : config_.tenants) {
+      tenants += (tenants.empty() ? "" : ", ") + tenant.name + " (quota " + std::to_string(tenant.memory_quota_bytes) +
+                 " bytes, at most " + std::to_string(tenant.max_jobs) + " jobs)";
+    }
+    spdlog::info("SIGHUP: configuration reloaded: tenants {}; log level {}", tenants, toString(config_.log_level));
+  }
+
+  /// The keys of `fresh` that differ from what the daemon runs with and that
+  /// only a restart applies.
+  std::vector<std::string_view> keysNeedingRestart(const Config& fresh) const {
+    std::vector<std::string_view> keys;
+    const auto note = [&](bool changed, std::string_view key) {
+      if (changed) keys.push_back(key);
+    };
+    note(fresh.socket_path != config_.socket_path, "daemon.socket");
+    // config_.backend is resolved ("auto" became host or cuda).
+    note(fresh.backend != Backend::kAuto && fresh.backend != config_.backend, "daemon.backend");
+    note(fresh.virtual_ranks != config_.virtual_ranks, "daemon.virtual_ranks");
+    note(fresh.memory_limit_bytes != config_.memory_limit_bytes, "daemon.memory_limit");
+    note(fresh.ring_entries != config_.ring_entries, "rings.entries");
+    note(fresh.busy_poll != config_.busy_poll, "rings.busy_poll_us");
+    note(fresh.handshake_timeout != config_.handshake_timeout, "timeouts.handshake_ms");
+    note(fresh.register_timeout != config_.register_timeout, "timeouts.register_ms");
+    note(fresh.collective_timeout != config_.collective_timeout, "timeouts.collective_ms");
+    note(fresh.persistence_grace != config_.persistence_grace, "persistence.grace_period_s");
+    note(fresh.cluster_address != config_.cluster_address, "cluster.address");
+    note(fresh.cluster_store_hosts != config_.cluster_store_hosts, "cluster.store_hosts");
+    return keys;
+  }
+
   /// An operator's request (admin.hpp): who asks decides what it sees.
   void handleAdmin(const std::shared_ptr<Session>& session, std::uint64_t request_id,
                    const ipc::AdminRequest& request) {
@@ -361,6 +428,7 @@ class Server::Impl final : public SessionHandler {
   bool stopping_ = false;
   bool draining_ = false;  // dbufctl drain: no new jobs; stop once the jobs with ranks end
   std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
+  std::function<Result<Config>()> config_source_;  // SIGHUP re-reads it
   SteadyClock::time_point started_ = SteadyClock::now();
   asio::executor_work_guard<asio::io_context::executor_type> keep_serving_ = asio::make_work_guard(io_);
   std::mutex stats_mutex_;  // guards running_ against stats() from other threads
@@ -394,6 +462,9 @@ void Server::run(bool handle_signals) {
 }
 void Server::requestStop() {
   impl_->requestStop();
+}
+void Server::setConfigSource(std::function<Result<Config>()> source) {
+  impl_->setConfigSource(std::move(source));
 }
 void Server::setHeartbeat(std::chrono::milliseconds period, std::function<void()> beat) {
   impl_->setHeartbeat(period, std::move(beat));

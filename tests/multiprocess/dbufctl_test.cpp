@@ -2,14 +2,21 @@
 // sees of a job whose collective waits for a rank, what each kind of peer may
 // see (root, a tenant's user, a member of the [admin] group, a stranger), and
 // a drain that refuses new jobs, waits for the running one and stops the
-// daemon. The answers' logic alone: tests/daemon/admin_test.cpp.
+// daemon; SIGHUP re-reading tenants and quotas, and a file with errors
+// changing nothing. The answers' logic alone: tests/daemon/admin_test.cpp.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <signal.h>
+
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -77,6 +84,31 @@ class Dbufctl : public ::testing::Test {
     if (::geteuid() != 0) return false;
     return runChild("/usr/bin/setpriv", {"--reuid=65534", "--regid=65534", "--clear-groups", "/bin/true"}).exit_code ==
            0;
+  }
+
+  /// Replaces the daemon's config file, then SIGHUP; waits until the log
+  /// says it read it (`said`).
+  void reloadWith(const std::string& text, const std::string& said) {
+    const std::string log_before = daemon_->log();
+    {
+      std::ofstream out(daemon_->configPath(), std::ios::trunc);
+      out << text;
+      ASSERT_TRUE(out.good());
+    }
+    daemon_->process().signal(SIGHUP);
+    ASSERT_TRUE(eventually([&] { return daemon_->log().size() > log_before.size() && contains(
+                                            daemon_->log().substr(log_before.size()), said); }))
+        << daemon_->log();
+  }
+
+  /// tenant name -> {quota, max jobs}, from `dbufctl status --json`.
+  std::map<std::string, std::pair<std::uint64_t, int>> tenants() {
+    std::map<std::string, std::pair<std::uint64_t, int>> out;
+    const json status = ask({"status"});
+    for (const json& t : status["tenants"]) {
+      out[t["name"]] = {t["memory_quota_bytes"].get<std::uint64_t>(), t["max_jobs"].get<int>()};
+    }
+    return out;
   }
 
   TempDir dir_{"dbuf-ctl", 0711};
@@ -227,6 +259,81 @@ TEST_F(Dbufctl, DrainRefusesNewJobsWaitsForTheRunningOneAndStopsTheDaemon) {
   EXPECT_TRUE(contains(daemon_->log(), "drained")) << daemon_->log();
   r0.exit();
   late.exit();
+}
+
+TEST_F(Dbufctl, SighupReloadsTenantsAndQuotasAndAFileWithErrorsChangesNothing) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  Rank a0("a0");
+  a0.attach(daemon_->socket(), "job-a", 0, 1);
+  EXPECT_TRUE(startsWith(a0.call("register g"), "ok register"));
+  const std::string original = dbuf::testing::readFile(daemon_->configPath());
+  const std::map<std::string, std::pair<std::uint64_t, int>> before{{"a", {256 * kMiB, 16}}, {"b", {256 * kMiB, 16}}};
+  ASSERT_EQ(tenants(), before);
+
+  // uid 0 in two tenants: reported, and nothing changes.
+  ASSERT_NO_FATAL_FAILURE(reloadWith(original + "[[tenant]]\nname = \"c\"\nuids = [0]\n",
+                                     "SIGHUP: the configuration has errors; nothing changed"));
+  EXPECT_TRUE(contains(daemon_->log(), "uid 0 already belongs to tenant 'a'")) << daemon_->log();
+  EXPECT_EQ(tenants(), before);
+  EXPECT_TRUE(startsWith(a0.call("write g 4"), "ok write"));
+
+  // Tenant b runs a job (when this machine can run one as uid 65534).
+  const bool other_users = canSwitchUsers();
+  std::optional<Rank> b0;
+  if (other_users) {
+    b0.emplace("b0", kNobody);
+    ASSERT_TRUE(startsWith(b0->ids(), "ok ids"));
+    EXPECT_EQ(b0->call("connect " + daemon_->socket()), "ok connect");
+    EXPECT_EQ(b0->call("attach job-b 0 1"), "ok attach reattached=0");
+    EXPECT_TRUE(startsWith(b0->call("register g"), "ok register"));
+  }
+
+  // Tenant a's quota below what job-a already holds, b gone, c new, and a
+  // key only a restart applies.
+  std::string changed = original;
+  const auto quota = changed.find("memory_quota = \"256MiB\"");
+  changed.replace(quota, std::string("memory_quota = \"256MiB\"").size(), "memory_quota = \"4KiB\"\nmax_jobs = 2");
+  const std::string tenant_b = "[[tenant]]\nname = \"b\"\nuids = [65534]\nmemory_quota = \"256MiB\"\n";
+  ASSERT_NE(changed.find(tenant_b), std::string::npos) << changed;
+  changed.erase(changed.find(tenant_b), tenant_b.size());
+  changed.replace(changed.find("collective_ms = "), std::string("collective_ms = ").size(), "collective_ms = 1");
+  changed += "[[tenant]]\nname = \"c\"\nuids = [65533]\nmemory_quota = \"64MiB\"\n";
+  ASSERT_NO_FATAL_FAILURE(reloadWith(changed, "SIGHUP: configuration reloaded"));
+  EXPECT_TRUE(contains(daemon_->log(), "timeouts.collective_ms changed; it takes effect when dbufd restarts"));
+  EXPECT_TRUE(contains(daemon_->log(), "tenant 'a' uses")) << daemon_->log();
+  std::map<std::string, std::pair<std::uint64_t, int>> after{{"a", {4096, 2}}, {"c", {64 * kMiB, 16}}};
+  // A tenant no longer configured stays while it has jobs, admitting nobody.
+  if (other_users) after["b"] = {256 * kMiB, 16};
+  EXPECT_EQ(tenants(), after);
+  if (other_users) {
+    EXPECT_TRUE(contains(daemon_->log(), "tenant 'b' is no longer configured")) << daemon_->log();
+  }
+
+  // job-a keeps its memory and works; it gets no more until under the quota.
+  EXPECT_TRUE(startsWith(a0.call("check g 4"), "ok check"));
+  const std::string over = a0.call("register g2");
+  EXPECT_TRUE(startsWith(over, "err register")) << over;
+  EXPECT_TRUE(contains(over, "0 of its 4096-byte quota left")) << over;
+  if (other_users) {
+    Rank c0("c0", kStranger);  // tenant c now
+    ASSERT_TRUE(startsWith(c0.ids(), "ok ids"));
+    EXPECT_EQ(c0.call("connect " + daemon_->socket()), "ok connect");
+    EXPECT_EQ(c0.call("attach job-c 0 1"), "ok attach reattached=0");
+    EXPECT_EQ(c0.call("detach"), "ok detach");
+    c0.exit();
+    // job-b keeps working; nobody may attach to tenant b any more.
+    EXPECT_TRUE(startsWith(b0->call("write g 6"), "ok write"));
+    EXPECT_TRUE(startsWith(b0->call("check g 6"), "ok check"));
+    Rank b1("b1", kNobody);
+    ASSERT_TRUE(startsWith(b1.ids(), "ok ids"));
+    EXPECT_EQ(b1.call("connect " + daemon_->socket()), "ok connect");
+    EXPECT_TRUE(startsWith(b1.call("attach job-b2 0 1"), "err attach permission_denied"));
+    b1.exit();
+    EXPECT_EQ(b0->call("detach"), "ok detach");
+    b0->exit();
+  }
+  EXPECT_EQ(a0.call("detach"), "ok detach");
+  a0.exit();
 }
 
 }  // namespace

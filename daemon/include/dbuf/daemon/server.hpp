@@ -45,6 +45,13 @@ class Server {
   /// systemd watchdog: a stuck loop stops the beats). Call before run().
   void setHeartbeat(std::chrono::milliseconds period, std::function<void()> beat);
 
+  /// Where a reload reads the configuration (the daemon's file and flags,
+  /// layered as at start). With handle_signals, SIGHUP reloads: the tenants
+  /// (who belongs, quotas, job limits), [admin] and the log level take effect
+  /// at once; other keys that changed are logged as needing a restart; a
+  /// configuration with errors is logged and changes nothing. Call before run().
+  void setConfigSource(std::function<Result<Config>()> source);
+
   /// Thread-safe: asks the loop to stop (returns at once).
   void requestStop();
 
