@@ -73,7 +73,8 @@ admin::DaemonView view() {
 void writeSeeds(const std::string& dir) {
   const std::vector<std::pair<std::string, dbuf::ipc::AdminRequest>> seeds{
       {"status", {"status", {}}},    {"jobs", {"jobs", {}}},   {"job", {"job", {"research-run"}}},
-      {"job_other", {"job", {kProdJob}}}, {"sessions", {"sessions", {}}}, {"drain", {"drain", {}}}};
+      {"job_other", {"job", {kProdJob}}}, {"sessions", {"sessions", {}}}, {"plan", {"plan", {kProdJob, "g"}}},
+      {"drain", {"drain", {}}}};
   for (std::uint8_t peer = 0; peer < kPeers.size(); ++peer) {
     for (const auto& [name, request] : seeds) {
       auto payload = dbuf::ipc::encodePayload(request);

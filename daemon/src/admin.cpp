@@ -179,6 +179,17 @@ Result<json> answerJson(const Query& query, const Access& access, const DaemonVi
       }
       return json{{"scope", scopeOf(access, view)}, {"sessions", std::move(sessions)}};
     }
+    case Verb::kPlan: {
+      if (findVisibleJob(access, view, query.job) == nullptr) {
+        return makeError(ErrorCode::kNotFound, "no job '" + query.job + "' on this daemon");
+      }
+      if (!view.plan_report) {
+        return makeError(ErrorCode::kNotFound, "job '" + query.job + "' has no group '" + query.group + "'");
+      }
+      json plan = json::parse(*view.plan_report, nullptr, /*allow_exceptions=*/false);
+      if (plan.is_discarded()) return makeError(ErrorCode::kInternal, "the plan report is not JSON");
+      return json{{"scope", scopeOf(access, view)}, {"job", query.job}, {"group", query.group}, {"plan", plan}};
+    }
     case Verb::kDrain: {
       if (!access.everything) {
         return makeError(ErrorCode::kPermissionDenied, "only an administrator of dbufd may drain it");
@@ -213,24 +224,26 @@ Result<Query> parseRequest(const ipc::AdminRequest& request) {
     Verb verb;
     std::size_t args;
   };
-  constexpr std::array<Spec, 5> kVerbs{{{"status", Verb::kStatus, 0},
+  constexpr std::array<Spec, 6> kVerbs{{{"status", Verb::kStatus, 0},
                                         {"jobs", Verb::kJobs, 0},
                                         {"job", Verb::kJob, 1},
                                         {"sessions", Verb::kSessions, 0},
+                                        {"plan", Verb::kPlan, 2},
                                         {"drain", Verb::kDrain, 0}}};
   const auto spec = std::find_if(kVerbs.begin(), kVerbs.end(), [&](const Spec& s) { return s.name == request.verb; });
   if (spec == kVerbs.end()) {
-    return invalid("unknown request '" + request.verb + "' (known: status, jobs, job, sessions, drain)");
+    return invalid("unknown request '" + request.verb + "' (known: status, jobs, job, sessions, plan, drain)");
   }
   if (request.args.size() != spec->args) {
     return invalid("'" + request.verb + "' takes " + std::to_string(spec->args) + " argument(s), not " +
                    std::to_string(request.args.size()));
   }
-  Query query{spec->verb, {}};
-  if (query.verb == Verb::kJob) {
+  Query query{spec->verb, {}, {}};
+  if (query.verb == Verb::kJob || query.verb == Verb::kPlan) {
     if (auto valid = ipc::validateJobId(request.args[0]); !valid) return std::move(valid).error();
     query.job = request.args[0];
   }
+  if (query.verb == Verb::kPlan) query.group = request.args[1];
   return query;
 }
 

@@ -113,15 +113,19 @@ struct DaemonView {
   std::vector<TenantView> tenants;
   std::vector<JobView> jobs;
   std::vector<SessionView> sessions;
+  /// Verb::kPlan only: the planner's report of the asked group
+  /// (docs/plan-json.md); nullopt when the job has no such group.
+  std::optional<std::string> plan_report;
 };
 
 // ---------------------------------------------------------- requests
 
-enum class Verb : std::uint8_t { kStatus, kJobs, kJob, kSessions, kDrain };
+enum class Verb : std::uint8_t { kStatus, kJobs, kJob, kSessions, kPlan, kDrain };
 
 struct Query {
   Verb verb = Verb::kStatus;
-  std::string job;  ///< kJob
+  std::string job;    ///< kJob, kPlan
+  std::string group;  ///< kPlan
 };
 
 /// The query an AdminRequest makes, or kInvalidArgument naming what is wrong

@@ -551,6 +551,7 @@ Result<GroupState> JobTable::buildGroup(Job& job, const ipc::RegisterGroup& spec
   }
   group.geometry = groupGeometry(group.reply);
   group.slot_layout = slotLayout(group.reply);
+  group.plan = std::move(*plan);
   ++job.next_group_id;
   return group;
 }

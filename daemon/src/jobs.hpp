@@ -41,6 +41,7 @@ struct GroupState {
   std::vector<std::unique_ptr<DbufferMemory>> shards;
   GroupGeometry geometry;
   SlotLayout slot_layout;
+  planner::UnitPlan plan;  ///< as the planner made it (dbufctl plan)
 };
 
 /// A registration waiting for every rank of the job.
@@ -131,6 +132,9 @@ class JobTable {
   void describe(admin::DaemonView& view, SteadyClock::time_point now) const;
   /// Fills in what a rank's session is attached to (nothing for another).
   void describe(const Session& session, admin::SessionView& view) const;
+  /// The planner's report (docs/plan-json.md) of group `group` of job `job`,
+  /// or nullopt when there is no such job or group.
+  [[nodiscard]] std::optional<std::string> planReport(const std::string& job, const std::string& group) const;
   /// Jobs with at least one rank attached (a drain waits for them).
   [[nodiscard]] std::size_t jobsWithRanks() const;
   /// A reload (SIGHUP): `fresh` is to replace the tenants (who belongs,

@@ -2,6 +2,7 @@
 // its state, taken on the loop thread.
 #include <algorithm>
 
+#include "dbuf/plan_io/report.hpp"
 #include "jobs.hpp"
 
 namespace dbuf::daemon {
@@ -128,6 +129,20 @@ void JobTable::describe(const Session& session, admin::SessionView& view) const 
   view.job = job.id;
   view.rank = job.globalRank(found->second.local);
   view.tenant = job.tenant;
+}
+
+std::optional<std::string> JobTable::planReport(const std::string& job, const std::string& group) const {
+  const auto found = jobs_.find(job);
+  if (found == jobs_.end()) return std::nullopt;
+  const auto state = found->second.groups.find(group);
+  if (state == found->second.groups.end()) return std::nullopt;
+  plan_io::ReportOptions options;
+  options.model = job;
+  options.granularity = state->second.spec.granularity;
+  options.align_bytes = state->second.spec.align_bytes;
+  auto report = plan_io::makeReport(planner::ModelPlan{{state->second.plan}, state->second.plan.plan_us / 1000}, options);
+  if (!report) return std::nullopt;  // only an `only_unit` naming no unit fails
+  return plan_io::writePlanJson(*report);
 }
 
 std::size_t JobTable::jobsWithRanks() const {

@@ -297,7 +297,9 @@ class Server::Impl final : public SessionHandler {
       spdlog::info("drain requested (pid {}, uid {}): no new jobs; stopping once {} job(s) with ranks end",
                    session->peer().pid, session->peer().uid, jobs_.jobsWithRanks());
     }
-    auto text = admin::answer(*query, *access, snapshot());
+    admin::DaemonView view = snapshot();
+    if (query->verb == admin::Verb::kPlan) view.plan_report = jobs_.planReport(query->job, query->group);
+    auto text = admin::answer(*query, *access, view);
     if (text) {
       session->send(ipc::AdminReply{std::move(*text)}, request_id);
     } else {

@@ -147,14 +147,27 @@ TEST(AdminAnswer, AJobSaysWhichRanksItsCurrentCollectiveWaitsFor) {
   EXPECT_TRUE(ask("job", {"alice-run"}, accessOf(0))["job"]["current_op"].is_null());
 }
 
+TEST(AdminAnswer, APlanIsTheGroupsReportAndAnotherTenantsJobIsNotFound) {
+  const Query plan = *parseRequest({"plan", {"bob-run", "layers.0"}});
+  EXPECT_EQ(plan.group, "layers.0");
+  DaemonView with_report = view();
+  with_report.plan_report = R"({"devices": 4, "units": []})";
+  const json answered = json::parse(*answer(plan, accessOf(kBob), with_report));
+  EXPECT_EQ(answered["plan"]["devices"], 4);
+  EXPECT_EQ(answered["group"], "layers.0");
+  EXPECT_EQ(answer(plan, accessOf(kAlice), with_report).error().message, "no job 'bob-run' on this daemon");
+  EXPECT_EQ(answer(plan, accessOf(kBob), view()).error().message, "job 'bob-run' has no group 'layers.0'");
+  EXPECT_EQ(parseRequest({"plan", {"bob-run"}}).error().message, "'plan' takes 2 argument(s), not 1");
+}
+
 TEST(AdminAnswer, OnlyAnAdministratorMayDrainAndTheAnswerListsTheJobsWithRanks) {
-  const auto refused = answer(Query{Verb::kDrain, {}}, accessOf(kAlice), view());
+  const auto refused = answer(Query{Verb::kDrain, {}, {}}, accessOf(kAlice), view());
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code, ErrorCode::kPermissionDenied);
   DaemonView draining = view();
   draining.draining = true;
   draining.jobs.push_back(job("detached-run", 0, 2, 0));
-  const json drained = json::parse(*answer(Query{Verb::kDrain, {}}, accessOf(0), draining));
+  const json drained = json::parse(*answer(Query{Verb::kDrain, {}, {}}, accessOf(0), draining));
   EXPECT_EQ(drained["waiting_for_jobs"], json::array({"alice-run", "bob-run"}));
   EXPECT_TRUE(drained["draining"].get<bool>());
 }
@@ -162,7 +175,7 @@ TEST(AdminAnswer, OnlyAnAdministratorMayDrainAndTheAnswerListsTheJobsWithRanks) 
 TEST(AdminAnswer, AnAnswerLargerThanOneReplyIsRefusedNotCut) {
   DaemonView big = view();
   for (int s = 0; s < 20000; ++s) big.sessions.push_back({std::uint64_t(10 + s), peer(0), {}, "handshake", "", 0, 0});
-  const auto text = answer(Query{Verb::kSessions, {}}, accessOf(0), big);
+  const auto text = answer(Query{Verb::kSessions, {}, {}}, accessOf(0), big);
   ASSERT_FALSE(text);
   EXPECT_EQ(text.error().code, ErrorCode::kInfeasible);
   EXPECT_NE(text.error().message.find("ask about one job"), std::string::npos);
@@ -171,7 +184,7 @@ TEST(AdminAnswer, AnAnswerLargerThanOneReplyIsRefusedNotCut) {
 TEST(AdminAnswer, ANameThatIsNotUtf8CannotBreakTheAnswer) {
   DaemonView odd = view();
   odd.jobs[0].groups.push_back(GroupView{"\xff\xfe", 1, 2, 3, 4, 2, "fp32", "bf16", 64, 64});
-  const auto text = answer(Query{Verb::kJob, "alice-run"}, accessOf(0), odd);
+  const auto text = answer(Query{Verb::kJob, "alice-run", {}}, accessOf(0), odd);
   ASSERT_TRUE(text) << text.error().message;
   EXPECT_FALSE(json::parse(*text, nullptr, false).is_discarded());
 }

@@ -154,6 +154,22 @@ TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
   EXPECT_TRUE(contains(jobs.out, "job-a")) << jobs.out;
   EXPECT_TRUE(contains(jobs.out, "running")) << jobs.out;
 
+  // The planner's report of the live group, as dbuf-plan writes it.
+  const json plan = ask({"plan", "job-a", "g"});
+  ASSERT_EQ(plan["plan"]["units"].size(), 1U) << plan.dump(2);
+  const json& unit = plan["plan"]["units"][0];
+  EXPECT_EQ(unit["shard_elems"], job["groups"][0]["shard_elems"]);
+  EXPECT_EQ(unit["numel"], job["groups"][0]["numel"]);
+  EXPECT_EQ(unit["tensors"].size(), job["groups"][0]["tensors"].get<std::size_t>());
+  const std::string svg = (dir_.path() / "g.svg").string();
+  const ChildResult table = ctl({"plan", "job-a", "g", "--svg", svg});
+  EXPECT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_TRUE(contains(table.out, "TOTAL")) << table.out;
+  EXPECT_TRUE(contains(dbuf::testing::readFile(svg), "<svg")) << svg;
+  const ChildResult no_group = ctl({"plan", "job-a", "nope"});
+  EXPECT_EQ(no_group.exit_code, 1);
+  EXPECT_TRUE(contains(no_group.err, "job 'job-a' has no group 'nope'")) << no_group.err;
+
   r1.begin("unshard g");
   EXPECT_EQ(r0.result(), "ok unshard");
   EXPECT_EQ(r1.result(), "ok unshard");

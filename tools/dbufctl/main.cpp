@@ -4,15 +4,18 @@
 // as text.
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dbuf/ipc/protocol.hpp"
+#include "dbuf/plan_io/report.hpp"
 #include "dbuf/ipc/socket.hpp"
 #include "render.hpp"
 
@@ -31,6 +34,9 @@ constexpr const char* kUsage =
     "  jobs            one line per job: state, ranks, memory, its current collective\n"
     "  job JOB         a job's ranks, groups, registrations and current collective\n"
     "  sessions        every connection: ranks, operators, handshakes\n"
+    "  plan JOB GROUP [--svg FILE]\n"
+    "                  the planner's report of a live group: each tensor's place, padding,\n"
+    "                  the lower bound and the FSDP2 / Megatron baselines (--svg: its layout)\n"
     "  drain [--no-wait]\n"
     "                  refuse new jobs, wait for the running ones to end, then stop\n"
     "                  (dbufctl waits until the daemon has stopped, unless --no-wait)\n"
@@ -43,6 +49,7 @@ struct Options {
   std::string socket;
   bool json = false;
   bool wait = true;  // drain
+  std::string svg;   // plan: write the layout's picture here
   std::chrono::milliseconds timeout{10000};
   std::string verb;
   std::vector<std::string> args;
@@ -59,6 +66,12 @@ std::optional<Options> parseArgs(const std::vector<std::string>& argv, std::stri
       options.json = true;
     } else if (arg == "--no-wait") {
       options.wait = false;
+    } else if (arg == "--svg") {
+      if (!has_value) {
+        error = "--svg needs a file";
+        return std::nullopt;
+      }
+      options.svg = argv[++i];
     } else if (arg == "--socket" || arg == "--timeout") {
       if (!has_value) {
         error = arg + " needs a value";
@@ -170,12 +183,28 @@ int waitForStop(Connection& connection, const Options& options, json last) {
   }
 }
 
+/// `plan`: the report as dbuf-plan prints it; with --svg, its picture too.
+std::string renderPlan(const json& answer, const Options& options) {
+  auto report = dbuf::plan_io::readPlanJson(answer.at("plan").dump());
+  if (!report) throw std::runtime_error("the plan report: " + report.error().message);
+  if (!options.svg.empty()) {
+    auto svg = dbuf::plan_io::writePlanSvg(*report);
+    if (!svg) throw std::runtime_error(svg.error().message);
+    std::ofstream out(options.svg, std::ios::trunc);
+    out << *svg;
+    if (!out) throw std::runtime_error("cannot write " + options.svg);
+  }
+  return "job " + answer.value("job", std::string("?")) + ", group " + answer.value("group", std::string("?")) +
+         ":\n" + dbuf::plan_io::writePlanTable(*report) + (options.svg.empty() ? "" : "wrote " + options.svg + "\n");
+}
+
 int run(const Options& options) {
   using Render = std::string (*)(const json&);
   static const std::map<std::string, Render> kRenderers{{"status", dbuf::ctl::renderStatus},
                                                         {"jobs", dbuf::ctl::renderJobs},
                                                         {"job", dbuf::ctl::renderJob},
                                                         {"sessions", dbuf::ctl::renderSessions},
+                                                        {"plan", nullptr},  // renderPlan: it takes options
                                                         {"drain", dbuf::ctl::renderDrain}};
   const auto renderer = kRenderers.find(options.verb);
   if (renderer == kRenderers.end()) {
@@ -187,7 +216,13 @@ int run(const Options& options) {
   if (auto asked = connection->ask(options.verb, options.args); !asked) return fail(asked.error().message);
   auto answer = connection->answer();
   if (!answer) return fail(answer.error().message);
-  std::cout << (options.json ? answer->dump(2) + "\n" : renderer->second(*answer)) << std::flush;
+  std::string text;
+  if (options.json) {
+    text = answer->dump(2) + "\n";
+  } else {
+    text = options.verb == "plan" ? renderPlan(*answer, options) : renderer->second(*answer);
+  }
+  std::cout << text << std::flush;
   if (options.verb == "drain" && options.wait) return waitForStop(*connection, options, std::move(*answer));
   return 0;
 }
@@ -210,5 +245,7 @@ int main(int argc, char** argv) {
     return run(*options);
   } catch (const json::exception& e) {  // an answer of another layout than documented
     return fail(std::string("cannot read dbufd's answer: ") + e.what());
+  } catch (const std::runtime_error& e) {
+    return fail(e.what());
   }
 }
