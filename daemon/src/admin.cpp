@@ -39,6 +39,19 @@ json opJson(const OpView& op) {
           {"waiting_for", op.waiting_for}};
 }
 
+json traceJson(const TraceEntry& entry, std::uint32_t first_rank) {
+  json ranks = json::array();
+  for (std::size_t i = 0; i < entry.submitted_s.size(); ++i) {
+    const auto& submitted = entry.submitted_s[i];
+    ranks.push_back({{"rank", first_rank + i}, {"submitted_seconds", submitted ? json(*submitted) : json(nullptr)}});
+  }
+  return {{"sequence", entry.sequence},   {"op", entry.op},
+          {"group", entry.group},         {"unsharded_bytes", entry.unsharded_bytes},
+          {"ranks", std::move(ranks)},    {"start_seconds", entry.start_s},
+          {"end_seconds", entry.end_s},   {"result", entry.result},
+          {"error", entry.error}};
+}
+
 json jobSummaryJson(const JobView& job, const DaemonView& view) {
   return {{"id", job.id},
           {"tenant", view.tenants.at(job.tenant).name},
@@ -190,6 +203,13 @@ Result<json> answerJson(const Query& query, const Access& access, const DaemonVi
       if (plan.is_discarded()) return makeError(ErrorCode::kInternal, "the plan report is not JSON");
       return json{{"scope", scopeOf(access, view)}, {"job", query.job}, {"group", query.group}, {"plan", plan}};
     }
+    case Verb::kTrace: {
+      const JobView* job = findVisibleJob(access, view, query.job);
+      if (job == nullptr) return makeError(ErrorCode::kNotFound, "no job '" + query.job + "' on this daemon");
+      json ops = json::array();
+      for (const TraceEntry& entry : view.trace) ops.push_back(traceJson(entry, job->first_rank));
+      return json{{"scope", scopeOf(access, view)}, {"job", query.job}, {"ops", std::move(ops)}};
+    }
     case Verb::kDrain: {
       if (!access.everything) {
         return makeError(ErrorCode::kPermissionDenied, "only an administrator of dbufd may drain it");
@@ -224,22 +244,23 @@ Result<Query> parseRequest(const ipc::AdminRequest& request) {
     Verb verb;
     std::size_t args;
   };
-  constexpr std::array<Spec, 6> kVerbs{{{"status", Verb::kStatus, 0},
+  constexpr std::array<Spec, 7> kVerbs{{{"status", Verb::kStatus, 0},
                                         {"jobs", Verb::kJobs, 0},
                                         {"job", Verb::kJob, 1},
                                         {"sessions", Verb::kSessions, 0},
                                         {"plan", Verb::kPlan, 2},
+                                        {"trace", Verb::kTrace, 1},
                                         {"drain", Verb::kDrain, 0}}};
   const auto spec = std::find_if(kVerbs.begin(), kVerbs.end(), [&](const Spec& s) { return s.name == request.verb; });
   if (spec == kVerbs.end()) {
-    return invalid("unknown request '" + request.verb + "' (known: status, jobs, job, sessions, plan, drain)");
+    return invalid("unknown request '" + request.verb + "' (known: status, jobs, job, sessions, plan, trace, drain)");
   }
   if (request.args.size() != spec->args) {
     return invalid("'" + request.verb + "' takes " + std::to_string(spec->args) + " argument(s), not " +
                    std::to_string(request.args.size()));
   }
   Query query{spec->verb, {}, {}};
-  if (query.verb == Verb::kJob || query.verb == Verb::kPlan) {
+  if (query.verb == Verb::kJob || query.verb == Verb::kPlan || query.verb == Verb::kTrace) {
     if (auto valid = ipc::validateJobId(request.args[0]); !valid) return std::move(valid).error();
     query.job = request.args[0];
   }

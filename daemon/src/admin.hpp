@@ -83,6 +83,21 @@ struct JobView {
   [[nodiscard]] std::size_t attachedRanks() const;
 };
 
+/// One collective of a job's flight recorder, as it ended.
+struct TraceEntry {
+  std::uint64_t sequence = 0;
+  std::string op;
+  std::string group;  ///< empty for a barrier
+  std::uint64_t unsharded_bytes = 0;
+  /// Per rank of this node (JobView::first_rank + i): when it submitted the
+  /// op, in seconds since the daemon started; nullopt when it had not.
+  std::vector<std::optional<double>> submitted_s;
+  double start_s = 0;  ///< every rank had submitted it (or it failed then)
+  double end_s = 0;
+  std::string result;  ///< "ok", or the error's code ("timeout", "conflict", ...)
+  std::string error;
+};
+
 struct TenantView {
   std::string name;
   std::uint64_t memory_quota_bytes = 0;
@@ -116,15 +131,17 @@ struct DaemonView {
   /// Verb::kPlan only: the planner's report of the asked group
   /// (docs/plan-json.md); nullopt when the job has no such group.
   std::optional<std::string> plan_report;
+  /// Verb::kTrace only: the asked job's flight recorder, oldest first.
+  std::vector<TraceEntry> trace;
 };
 
 // ---------------------------------------------------------- requests
 
-enum class Verb : std::uint8_t { kStatus, kJobs, kJob, kSessions, kPlan, kDrain };
+enum class Verb : std::uint8_t { kStatus, kJobs, kJob, kSessions, kPlan, kTrace, kDrain };
 
 struct Query {
   Verb verb = Verb::kStatus;
-  std::string job;    ///< kJob, kPlan
+  std::string job;    ///< kJob, kPlan, kTrace
   std::string group;  ///< kPlan
 };
 

@@ -446,7 +446,61 @@ Result<void> DataPlane::markQueued(JobSchedule& job) {
   return job.collectives.executor->queued();
 }
 
+void DataPlane::record(JobSchedule& job, const Error* error, SteadyClock::time_point now) {
+  const auto with_op = std::find_if(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); });
+  if (with_op == job.ranks.end()) return;
+  const ipc::Submission& op = with_op->ops.front().submission;
+  OpRecord& entry = job.recorder.next();
+  entry.submitted.resize(job.localCount());  // already so, but in a schedule a test made
+  for (std::uint32_t r = 0; r < job.localCount(); ++r) {
+    const OpQueue& ops = job.ranks[r].ops;
+    entry.submitted[r] = ops.empty() ? SteadyClock::time_point{} : ops.front().submitted;
+  }
+  entry.sequence = job.collectives.next_sequence;
+  if (!ipc::opCodeFrom(op.op, entry.op)) entry.op = ipc::OpCode::kNoop;  // (validated before it is queued)
+  entry.group_id = op.group_id;
+  const GroupGeometry* group = entry.op == ipc::OpCode::kBarrier ? nullptr : job.groupGeometry(op.group_id);
+  entry.unsharded_bytes = group == nullptr ? 0
+                                           : static_cast<std::uint64_t>(group->world) *
+                                                 static_cast<std::uint64_t>(group->shard_elems) *
+                                                 static_cast<std::uint64_t>(sizeBytes(group->unsharded));
+  entry.started = job.collectives.matched;
+  entry.ended = now;
+  entry.ok = error == nullptr;
+  if (error != nullptr) {
+    entry.code = error->code;
+    entry.error = error->message;
+  } else {
+    entry.error.clear();
+  }
+}
+
+void DataPlane::logRecent(const JobSchedule& job) {
+  constexpr std::size_t kLogged = 8;
+  const std::vector<const OpRecord*> records = job.recorder.records();
+  if (records.empty()) return;
+  const std::size_t first = records.size() > kLogged ? records.size() - kLogged : 0;
+  std::string text;
+  for (std::size_t i = first; i < records.size(); ++i) {
+    const OpRecord& r = *records[i];
+    const std::string* group = job.groupName(r.group_id);
+    text += "\n  #" + std::to_string(r.sequence) + " " + std::string(ipc::toString(r.op)) +
+            (group != nullptr && r.op != ipc::OpCode::kBarrier ? " of '" + *group + "'" : std::string()) + ": " +
+            (r.ok ? std::string("ok") : std::string(toString(r.code)) + ": " + r.error) + "; ran " +
+            std::to_string(nanosBetween(r.started, r.ended) / 1000) + " us; submitted";
+    for (std::uint32_t local = 0; local < r.submitted.size(); ++local) {
+      text += " " + std::to_string(job.globalRank(local)) + ":" +
+              (r.submitted[local] == SteadyClock::time_point{}
+                   ? std::string("never")
+                   : std::to_string(nanosBetween(r.submitted[local], r.started) / 1000) + " us before");
+    }
+  }
+  spdlog::warn("job {}: its last {} collective(s) (flight recorder; dbufctl trace {}):{}", job.id,
+               records.size() - first, job.id, text);
+}
+
 void DataPlane::finish(JobSchedule& job, const Error* error, SteadyClock::time_point now) {
+  record(job, error, now);
   JobCollectives& collectives = job.collectives;
   for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     RankSchedule& rank = job.ranks[r];
@@ -525,6 +579,7 @@ bool DataPlane::checkTimeout(JobSchedule& job, SteadyClock::time_point now) {
   const Error timed_out{ErrorCode::kTimeout, std::move(message), std::move(missing_ranks)};
   for (const std::uint32_t r : missing) job.ranks[r].owed.push_back(timed_out);
   failFronts(job, timed_out);
+  logRecent(job);
   return true;
 }
 
@@ -555,6 +610,7 @@ void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
   while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); })) {
     failFronts(job, disconnected);
   }
+  logRecent(job);
 }
 
 // ----------------------------------------------------------------- sleeping

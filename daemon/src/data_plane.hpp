@@ -24,6 +24,7 @@
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/ring.hpp"
 #include "executor.hpp"
+#include "flight_recorder.hpp"
 #include "placement.hpp"
 
 namespace dbuf::daemon {
@@ -157,6 +158,8 @@ struct JobSchedule {
   /// at once, naming them. Cleared when every rank is gone (a restart of the
   /// whole job then attaches in any order).
   std::set<std::uint32_t> gone;
+  /// Its last collectives, as they ended.
+  FlightRecorder recorder;
 
   [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
   [[nodiscard]] std::uint32_t globalRank(std::uint32_t local) const noexcept { return first_rank + local; }
@@ -244,6 +247,11 @@ class DataPlane {
   /// A failure that leaves the executor unavailable fails every queued op
   /// too.
   void finish(JobSchedule& job, const Error* error, SteadyClock::time_point now);
+  /// Records the op ending now (the fronts', `error` or success) in the
+  /// job's flight recorder.
+  static void record(JobSchedule& job, const Error* error, SteadyClock::time_point now);
+  /// Logs the job's last collectives (after a timeout or a dead rank).
+  static void logRecent(const JobSchedule& job);
   /// Fails the front op of every rank that has one, with `error`.
   void failFronts(JobSchedule& job, const Error& error);
   /// Fails every queued op of every rank with `error` (none of them can

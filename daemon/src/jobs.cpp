@@ -295,6 +295,7 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.store = hello.store;
     job.persistent = hello.persistent;
     job.ranks.resize(local_count);
+    job.recorder = FlightRecorder(local_count);
     job.members.resize(local_count);
     for (RankMembership& member : job.members) member.slots.resize(hello.prefetch_depth + 1);
     job.collectives.buffers.resize(local_count);

@@ -135,6 +135,9 @@ class JobTable {
   /// The planner's report (docs/plan-json.md) of group `group` of job `job`,
   /// or nullopt when there is no such job or group.
   [[nodiscard]] std::optional<std::string> planReport(const std::string& job, const std::string& group) const;
+  /// Job `job`'s flight recorder, oldest first, times in seconds since
+  /// `epoch` (empty when there is no such job).
+  [[nodiscard]] std::vector<admin::TraceEntry> trace(const std::string& job, SteadyClock::time_point epoch) const;
   /// Jobs with at least one rank attached (a drain waits for them).
   [[nodiscard]] std::size_t jobsWithRanks() const;
   /// A reload (SIGHUP): `fresh` is to replace the tenants (who belongs,

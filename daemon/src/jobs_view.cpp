@@ -145,6 +145,33 @@ std::optional<std::string> JobTable::planReport(const std::string& job, const st
   return plan_io::writePlanJson(*report);
 }
 
+std::vector<admin::TraceEntry> JobTable::trace(const std::string& job, SteadyClock::time_point epoch) const {
+  std::vector<admin::TraceEntry> out;
+  const auto found = jobs_.find(job);
+  if (found == jobs_.end()) return out;
+  const auto since = [&](SteadyClock::time_point t) { return std::chrono::duration<double>(t - epoch).count(); };
+  for (const OpRecord* record : found->second.recorder.records()) {
+    admin::TraceEntry entry;
+    entry.sequence = record->sequence;
+    entry.op = std::string(ipc::toString(record->op));
+    if (const std::string* group = found->second.groupName(record->group_id);
+        group != nullptr && record->op != ipc::OpCode::kBarrier) {
+      entry.group = *group;
+    }
+    entry.unsharded_bytes = record->unsharded_bytes;
+    for (const SteadyClock::time_point submitted : record->submitted) {
+      entry.submitted_s.push_back(submitted == SteadyClock::time_point{} ? std::nullopt
+                                                                         : std::optional<double>(since(submitted)));
+    }
+    entry.start_s = since(record->started);
+    entry.end_s = since(record->ended);
+    entry.result = record->ok ? "ok" : std::string(toString(record->code));
+    entry.error = record->error;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 std::size_t JobTable::jobsWithRanks() const {
   return static_cast<std::size_t>(std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
     const auto& members = entry.second.members;

@@ -299,6 +299,7 @@ class Server::Impl final : public SessionHandler {
     }
     admin::DaemonView view = snapshot();
     if (query->verb == admin::Verb::kPlan) view.plan_report = jobs_.planReport(query->job, query->group);
+    if (query->verb == admin::Verb::kTrace) view.trace = jobs_.trace(query->job, started_);
     auto text = admin::answer(*query, *access, view);
     if (text) {
       session->send(ipc::AdminReply{std::move(*text)}, request_id);

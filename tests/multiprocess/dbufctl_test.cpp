@@ -34,10 +34,15 @@ constexpr gid_t kAdminGroup = 4242;
 
 class Dbufctl : public ::testing::Test {
  protected:
-  void SetUp() override {
+  /// The daemon's settings; a fixture may change them.
+  [[nodiscard]] virtual Daemon::Settings settings() const {
     Daemon::Settings settings;
     settings.extra_config = "[admin]\ngids = [" + std::to_string(kAdminGroup) + "]\n";
-    daemon_ = std::make_unique<Daemon>(dir_.path(), settings);
+    return settings;
+  }
+
+  void SetUp() override {
+    daemon_ = std::make_unique<Daemon>(dir_.path(), settings());
     ASSERT_NO_FATAL_FAILURE(daemon_->start());
     // A copy any uid may run: the build tree may be private to root.
     ctl_ = (dir_.path() / "dbufctl").string();
@@ -177,6 +182,21 @@ TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
     job = ask({"job", "job-a"})["job"];
     return job["collectives_completed"] == 1 && job["current_op"].is_null();
   })) << job.dump(2);
+
+  // The flight recorder: rank 0 submitted first, rank 1 last, then it ran.
+  const json trace = ask({"trace", "job-a"});
+  ASSERT_EQ(trace["ops"].size(), 1U) << trace.dump(2);
+  const json& op = trace["ops"][0];
+  EXPECT_EQ(op["op"], "allGather");
+  EXPECT_EQ(op["group"], "g");
+  EXPECT_EQ(op["result"], "ok");
+  ASSERT_EQ(op["ranks"].size(), 2U);
+  const double submitted0 = op["ranks"][0]["submitted_seconds"];
+  const double submitted1 = op["ranks"][1]["submitted_seconds"];
+  EXPECT_LT(submitted0, submitted1);
+  EXPECT_LE(submitted1, op["start_seconds"].get<double>());
+  EXPECT_LE(op["start_seconds"].get<double>(), op["end_seconds"].get<double>());
+  EXPECT_GT(op["unsharded_bytes"].get<std::uint64_t>(), 0U);
 
   const json status = ask({"status"});
   EXPECT_EQ(status["scope"], "everything");
@@ -350,6 +370,72 @@ TEST_F(Dbufctl, SighupReloadsTenantsAndQuotasAndAFileWithErrorsChangesNothing) {
   }
   EXPECT_EQ(a0.call("detach"), "ok detach");
   a0.exit();
+}
+
+/// Collectives time out after 300 ms.
+class DbufctlTimeouts : public Dbufctl {
+ protected:
+  [[nodiscard]] Daemon::Settings settings() const override {
+    Daemon::Settings settings = Dbufctl::settings();
+    settings.collective_ms = 300;
+    return settings;
+  }
+};
+
+TEST_F(DbufctlTimeouts, ATimedOutCollectiveIsInTheFlightRecorderTheLogAndAChromeTrace) {
+  Rank r0("r0");
+  Rank r1("r1");
+  r0.attach(daemon_->socket(), "job-t", 0, 2);
+  r1.attach(daemon_->socket(), "job-t", 1, 2);
+  r0.begin("register g");
+  r1.begin("register g");
+  ASSERT_TRUE(startsWith(r0.result(), "ok register"));
+  ASSERT_TRUE(startsWith(r1.result(), "ok register"));
+  r0.begin("unshard g");
+  r1.begin("unshard g");
+  EXPECT_EQ(r0.result(), "ok unshard");
+  EXPECT_EQ(r1.result(), "ok unshard");
+  EXPECT_EQ(r0.call("reshard g"), "ok reshard");
+  EXPECT_EQ(r1.call("reshard g"), "ok reshard");
+  r0.begin("unshard g");  // rank 1 never comes: it times out
+  const std::string timed_out = r0.result();
+  EXPECT_TRUE(startsWith(timed_out, "err unshard timeout")) << timed_out;
+
+  const json trace = ask({"trace", "job-t"});
+  ASSERT_EQ(trace["ops"].size(), 2U) << trace.dump(2);
+  const json& failed = trace["ops"][1];
+  EXPECT_EQ(failed["sequence"], 1);
+  EXPECT_EQ(failed["result"], "timeout");
+  EXPECT_TRUE(contains(failed["error"].get<std::string>(), "not submitted it")) << failed.dump(2);
+  EXPECT_TRUE(failed["ranks"][0]["submitted_seconds"].is_number());
+  EXPECT_TRUE(failed["ranks"][1]["submitted_seconds"].is_null());
+  // Dumped into the log when it timed out.
+  EXPECT_TRUE(eventually([&] { return contains(daemon_->log(), "collective(s) (flight recorder; dbufctl trace job-t)"); }))
+      << daemon_->log();
+  EXPECT_TRUE(contains(daemon_->log(), "#1 allGather of 'g': timeout")) << daemon_->log();
+
+  // Words, and a Chrome trace: a track per rank, each op's wait and run.
+  const std::string chrome = (dir_.path() / "job-t.json").string();
+  const ChildResult text = ctl({"trace", "job-t", "--chrome", chrome});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "timeout: ")) << text.out;
+  EXPECT_TRUE(contains(text.out, "rank 1 never")) << text.out;
+  const json events = json::parse(dbuf::testing::readFile(chrome), nullptr, false);
+  ASSERT_TRUE(events.is_object() && events["traceEvents"].is_array()) << dbuf::testing::readFile(chrome);
+  std::map<std::string, int> phases;  // "tid/cat" -> complete events
+  for (const json& event : events["traceEvents"]) {
+    if (event["ph"] != "X") continue;
+    EXPECT_GE(event["dur"].get<double>(), 0.0);
+    EXPECT_GT(event["ts"].get<double>(), 0.0);
+    ++phases[std::to_string(event["tid"].get<int>()) + "/" + event["cat"].get<std::string>()];
+  }
+  // Rank 0 waited and ran twice; rank 1 waited once (it never submitted #1).
+  const std::map<std::string, int> expected{{"0/run", 2}, {"0/wait", 2}, {"1/run", 2}, {"1/wait", 1}};
+  EXPECT_EQ(phases, expected);
+  for (Rank* rank : {&r0, &r1}) {
+    EXPECT_EQ(rank->call("detach"), "ok detach");
+    rank->exit();
+  }
 }
 
 }  // namespace

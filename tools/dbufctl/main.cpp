@@ -34,6 +34,9 @@ constexpr const char* kUsage =
     "  jobs            one line per job: state, ranks, memory, its current collective\n"
     "  job JOB         a job's ranks, groups, registrations and current collective\n"
     "  sessions        every connection: ranks, operators, handshakes\n"
+    "  trace JOB [--chrome FILE]\n"
+    "                  the job's last collectives (flight recorder): when each rank submitted\n"
+    "                  each, how long it ran, how it ended (--chrome: a trace Perfetto opens)\n"
     "  plan JOB GROUP [--svg FILE]\n"
     "                  the planner's report of a live group: each tensor's place, padding,\n"
     "                  the lower bound and the FSDP2 / Megatron baselines (--svg: its layout)\n"
@@ -49,7 +52,8 @@ struct Options {
   std::string socket;
   bool json = false;
   bool wait = true;  // drain
-  std::string svg;   // plan: write the layout's picture here
+  std::string svg;     // plan: write the layout's picture here
+  std::string chrome;  // trace: write a Chrome trace-event file here
   std::chrono::milliseconds timeout{10000};
   std::string verb;
   std::vector<std::string> args;
@@ -66,12 +70,12 @@ std::optional<Options> parseArgs(const std::vector<std::string>& argv, std::stri
       options.json = true;
     } else if (arg == "--no-wait") {
       options.wait = false;
-    } else if (arg == "--svg") {
+    } else if (arg == "--svg" || arg == "--chrome") {
       if (!has_value) {
-        error = "--svg needs a file";
+        error = arg + " needs a file";
         return std::nullopt;
       }
-      options.svg = argv[++i];
+      (arg == "--svg" ? options.svg : options.chrome) = argv[++i];
     } else if (arg == "--socket" || arg == "--timeout") {
       if (!has_value) {
         error = arg + " needs a value";
@@ -183,19 +187,37 @@ int waitForStop(Connection& connection, const Options& options, json last) {
   }
 }
 
-/// `plan`: the report as dbuf-plan prints it; with --svg, its picture too.
-std::string renderPlan(const json& answer, const Options& options) {
+/// `plan`: the report as dbuf-plan prints it.
+std::string renderPlan(const json& answer) {
   auto report = dbuf::plan_io::readPlanJson(answer.at("plan").dump());
   if (!report) throw std::runtime_error("the plan report: " + report.error().message);
-  if (!options.svg.empty()) {
+  return "job " + answer.value("job", std::string("?")) + ", group " + answer.value("group", std::string("?")) +
+         ":\n" + dbuf::plan_io::writePlanTable(*report);
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+/// --svg (plan) and --chrome (trace): the files besides the answer; what
+/// dbufctl says of them.
+std::string writeFiles(const json& answer, const Options& options) {
+  std::string said;
+  if (options.verb == "plan" && !options.svg.empty()) {
+    auto report = dbuf::plan_io::readPlanJson(answer.at("plan").dump());
+    if (!report) throw std::runtime_error("the plan report: " + report.error().message);
     auto svg = dbuf::plan_io::writePlanSvg(*report);
     if (!svg) throw std::runtime_error(svg.error().message);
-    std::ofstream out(options.svg, std::ios::trunc);
-    out << *svg;
-    if (!out) throw std::runtime_error("cannot write " + options.svg);
+    writeFile(options.svg, *svg);
+    said += "wrote " + options.svg + "\n";
   }
-  return "job " + answer.value("job", std::string("?")) + ", group " + answer.value("group", std::string("?")) +
-         ":\n" + dbuf::plan_io::writePlanTable(*report) + (options.svg.empty() ? "" : "wrote " + options.svg + "\n");
+  if (options.verb == "trace" && !options.chrome.empty()) {
+    writeFile(options.chrome, dbuf::ctl::chromeTrace(answer).dump() + "\n");
+    said += "wrote " + options.chrome + " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
+  }
+  return said;
 }
 
 int run(const Options& options) {
@@ -204,7 +226,8 @@ int run(const Options& options) {
                                                         {"jobs", dbuf::ctl::renderJobs},
                                                         {"job", dbuf::ctl::renderJob},
                                                         {"sessions", dbuf::ctl::renderSessions},
-                                                        {"plan", nullptr},  // renderPlan: it takes options
+                                                        {"plan", renderPlan},
+                                                        {"trace", dbuf::ctl::renderTrace},
                                                         {"drain", dbuf::ctl::renderDrain}};
   const auto renderer = kRenderers.find(options.verb);
   if (renderer == kRenderers.end()) {
@@ -216,13 +239,9 @@ int run(const Options& options) {
   if (auto asked = connection->ask(options.verb, options.args); !asked) return fail(asked.error().message);
   auto answer = connection->answer();
   if (!answer) return fail(answer.error().message);
-  std::string text;
-  if (options.json) {
-    text = answer->dump(2) + "\n";
-  } else {
-    text = options.verb == "plan" ? renderPlan(*answer, options) : renderer->second(*answer);
-  }
-  std::cout << text << std::flush;
+  const std::string text = options.json ? answer->dump(2) + "\n" : renderer->second(*answer);
+  const std::string files = writeFiles(*answer, options);
+  std::cout << text << (options.json ? "" : files) << std::flush;
   if (options.verb == "drain" && options.wait) return waitForStop(*connection, options, std::move(*answer));
   return 0;
 }

@@ -30,7 +30,11 @@ double number(const json& value, const char* key) {
 
 std::string secondsText(double seconds) {
   char text[32];
-  if (seconds < 60) {
+  if (seconds < 1e-3) {
+    std::snprintf(text, sizeof text, "%.0f us", seconds * 1e6);
+  } else if (seconds < 1) {
+    std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
+  } else if (seconds < 60) {
     std::snprintf(text, sizeof text, "%.1f s", seconds);
   } else if (seconds < 3600) {
     std::snprintf(text, sizeof text, "%dm %02ds", static_cast<int>(seconds / 60), static_cast<int>(seconds) % 60);
@@ -215,6 +219,71 @@ std::string renderSessions(const json& answer) {
                secondsText(number(session, "age_seconds"))});
   }
   return table.text("") + scopeNote(answer);
+}
+
+std::string renderTrace(const json& answer) {
+  const json& ops = answer.value("ops", json::array());
+  if (ops.empty()) return "job " + field(answer, "job") + ": no collective has ended yet\n";
+  Table table({"SEQ", "OP", "GROUP", "BYTES", "RESULT", "WAIT", "RUN", "LAST TO SUBMIT"});
+  for (const json& op : ops) {
+    // The wait is the longest of this node's ranks': from the first submission.
+    double first = number(op, "start_seconds");
+    double last = 0;
+    std::string late = "-";
+    for (const json& rank : op.value("ranks", json::array())) {
+      if (!rank.contains("submitted_seconds") || !rank["submitted_seconds"].is_number()) {
+        late = "rank " + field(rank, "rank") + " never";
+        last = number(op, "start_seconds");
+        continue;
+      }
+      const double at = rank["submitted_seconds"].get<double>();
+      first = std::min(first, at);
+      if (at >= last && late.find("never") == std::string::npos) {
+        last = at;
+        late = "rank " + field(rank, "rank");
+      }
+    }
+    const std::string result = field(op, "result");
+    table.add({field(op, "sequence"), field(op, "op"), field(op, "group").empty() ? "-" : field(op, "group"),
+               bytesText(number(op, "unsharded_bytes")), result == "ok" ? "ok" : result + ": " + field(op, "error"),
+               secondsText(number(op, "start_seconds") - first),
+               secondsText(number(op, "end_seconds") - number(op, "start_seconds")), late});
+  }
+  return "job " + field(answer, "job") + ", last " + std::to_string(ops.size()) + " collective(s):\n" +
+         table.text("") + scopeNote(answer);
+}
+
+json chromeTrace(const json& answer) {
+  constexpr int kPid = 1;
+  const auto micros = [](double seconds) { return seconds * 1e6; };
+  json events = json::array();
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kPid}, {"args", {{"name", "job " + field(answer, "job")}}}});
+  json named = json::object();
+  for (const json& op : answer.value("ops", json::array())) {
+    const std::string name = "#" + field(op, "sequence") + " " + field(op, "op") +
+                             (field(op, "group").empty() ? "" : " " + field(op, "group"));
+    const json args = {{"sequence", op.value("sequence", 0)},     {"group", op.value("group", "")},
+                       {"unsharded_bytes", op.value("unsharded_bytes", 0)}, {"result", op.value("result", "")},
+                       {"error", op.value("error", "")}};
+    const double start = number(op, "start_seconds");
+    const double end = number(op, "end_seconds");
+    for (const json& rank : op.value("ranks", json::array())) {
+      const int tid = rank.value("rank", 0);
+      if (!named.contains(std::to_string(tid))) {
+        named[std::to_string(tid)] = true;
+        events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", kPid}, {"tid", tid},
+                          {"args", {{"name", "rank " + std::to_string(tid)}}}});
+      }
+      if (rank.contains("submitted_seconds") && rank["submitted_seconds"].is_number()) {
+        const double submitted = rank["submitted_seconds"].get<double>();
+        events.push_back({{"ph", "X"}, {"cat", "wait"}, {"name", "wait " + name}, {"pid", kPid}, {"tid", tid},
+                          {"ts", micros(submitted)}, {"dur", micros(std::max(0.0, start - submitted))}, {"args", args}});
+      }
+      events.push_back({{"ph", "X"}, {"cat", "run"}, {"name", name}, {"pid", kPid}, {"tid", tid}, {"ts", micros(start)},
+                        {"dur", micros(std::max(0.0, end - start))}, {"args", args}});
+    }
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
 }
 
 std::string renderDrain(const json& answer) {

@@ -12,6 +12,13 @@ namespace dbuf::ctl {
 [[nodiscard]] std::string renderJobs(const nlohmann::json& answer);
 [[nodiscard]] std::string renderJob(const nlohmann::json& answer);
 [[nodiscard]] std::string renderSessions(const nlohmann::json& answer);
+/// A job's flight recorder: one line per collective, oldest first.
+[[nodiscard]] std::string renderTrace(const nlohmann::json& answer);
+/// The same as a Chrome trace-event document (Perfetto, chrome://tracing):
+/// a process for the job, a track per rank, each op's wait (its submission
+/// to the moment every rank had submitted it) and run phases.
+[[nodiscard]] nlohmann::json chromeTrace(const nlohmann::json& answer);
+
 /// The first answer to a drain: what the daemon waits for.
 [[nodiscard]] std::string renderDrain(const nlohmann::json& answer);
 

@@ -278,7 +278,7 @@ struct Shutdown {
 /// its credentials (SO_PEERCRED, SO_PEERGROUPS). Answered by an AdminReply or
 /// an ErrorReply.
 struct AdminRequest {
-  std::string verb;               ///< "status", "jobs", "job", "sessions", "plan", "drain"
+  std::string verb;               ///< "status", "jobs", "job", "sessions", "plan", "trace", "drain"
   std::vector<std::string> args;  ///< at most kMaxAdminArgs
   friend bool operator==(const AdminRequest&, const AdminRequest&) = default;
 };
