@@ -1,7 +1,7 @@
 // Fuzzes what dbufd makes of an operator's request (admin.hpp): the
 // AdminRequest payload as it comes off the socket, decoded, parsed, checked
 // against the asking peer and answered over a daemon state with two tenants'
-// jobs. Byte 0 picks the peer (root, the daemon's uid, a tenant's user, a
+// jobs (a plan report and a flight recorder included). Byte 0 picks the peer (root, the daemon's uid, a tenant's user, a
 // member of the [admin] group, a stranger); the rest is the payload.
 //
 // Properties: bad input is an error value, never a crash; an answer is JSON
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -64,6 +65,10 @@ admin::DaemonView view() {
     job.current = admin::OpView{3, "allGather", "g", "waiting for ranks", 0.5, {0}, {1}};
     made.jobs.push_back(job);
   }
+  // What a plan or trace request adds (the harness answers every request over the same view).
+  made.plan_report = R"({"devices": 2, "units": [{"name": "g\u00ff"}]})";
+  made.trace = {admin::TraceEntry{3, "allGather", "g\xff", 408, {1.5, std::nullopt}, 2.0, 2.5, "timeout", "rank 1 \xfe"},
+                admin::TraceEntry{4, "barrier", "", 0, {2.6, 2.7}, 2.7, 2.7, "ok", ""}};
   made.sessions = {admin::SessionView{1, {1, kAlice, kAlice}, 0, "rank", "research-run", 0, 1},
                    admin::SessionView{2, {1, kBob, kBob}, 1, "rank", kProdJob, 0, 1},
                    admin::SessionView{3, {1, kStranger, kStranger}, {}, "handshake", "", 0, 0}};

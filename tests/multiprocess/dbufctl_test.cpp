@@ -91,6 +91,16 @@ class Dbufctl : public ::testing::Test {
            0;
   }
 
+  /// Ranks 0 and 1 of a two-rank job `job`, attached, with group "g" registered.
+  void attachBoth(Rank& r0, Rank& r1, const std::string& job) {
+    r0.attach(daemon_->socket(), job, 0, 2);
+    r1.attach(daemon_->socket(), job, 1, 2);
+    r0.begin("register g");
+    r1.begin("register g");
+    ASSERT_TRUE(startsWith(r0.result(), "ok register"));
+    ASSERT_TRUE(startsWith(r1.result(), "ok register"));
+  }
+
   /// Replaces the daemon's config file, then SIGHUP; waits until the log
   /// says it read it (`said`).
   void reloadWith(const std::string& text, const std::string& said) {
@@ -124,12 +134,7 @@ class Dbufctl : public ::testing::Test {
 TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
   Rank r0("r0");
   Rank r1("r1");
-  r0.attach(daemon_->socket(), "job-a", 0, 2);
-  r1.attach(daemon_->socket(), "job-a", 1, 2);
-  r0.begin("register g");
-  r1.begin("register g");
-  ASSERT_TRUE(startsWith(r0.result(), "ok register"));
-  ASSERT_TRUE(startsWith(r1.result(), "ok register"));
+  ASSERT_NO_FATAL_FAILURE(attachBoth(r0, r1, "job-a"));
   r0.begin("unshard g");  // waits for rank 1
 
   json job;
@@ -385,12 +390,7 @@ class DbufctlTimeouts : public Dbufctl {
 TEST_F(DbufctlTimeouts, ATimedOutCollectiveIsInTheFlightRecorderTheLogAndAChromeTrace) {
   Rank r0("r0");
   Rank r1("r1");
-  r0.attach(daemon_->socket(), "job-t", 0, 2);
-  r1.attach(daemon_->socket(), "job-t", 1, 2);
-  r0.begin("register g");
-  r1.begin("register g");
-  ASSERT_TRUE(startsWith(r0.result(), "ok register"));
-  ASSERT_TRUE(startsWith(r1.result(), "ok register"));
+  ASSERT_NO_FATAL_FAILURE(attachBoth(r0, r1, "job-t"));
   r0.begin("unshard g");
   r1.begin("unshard g");
   EXPECT_EQ(r0.result(), "ok unshard");
