@@ -17,10 +17,16 @@ bool contains(std::span<const std::uint32_t> ids, std::uint32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+/// Tenant `index`'s name; "?" for an index the view does not hold (a daemon
+/// bug, which must not end the daemon).
+std::string tenantName(const DaemonView& view, std::optional<std::size_t> index) {
+  return index && *index < view.tenants.size() ? view.tenants[*index].name : std::string("?");
+}
+
 /// "everything", or "tenant NAME" (what the peer sees, named in every answer).
 std::string scopeOf(const Access& access, const DaemonView& view) {
   if (access.everything) return "everything";
-  return "tenant " + view.tenants.at(*access.tenant).name;
+  return "tenant " + tenantName(view, access.tenant);
 }
 
 bool visible(const Access& access, const JobView& job) {
@@ -54,7 +60,7 @@ json traceJson(const TraceEntry& entry, std::uint32_t first_rank) {
 
 json jobSummaryJson(const JobView& job, const DaemonView& view) {
   return {{"id", job.id},
-          {"tenant", view.tenants.at(job.tenant).name},
+          {"tenant", tenantName(view, job.tenant)},
           {"state", job.state()},
           {"world_size", job.world_size},
           {"local_ranks", job.ranks.size()},

@@ -124,7 +124,9 @@ admin::JobView JobTable::describe(const Job& job, SteadyClock::time_point now) c
 void JobTable::describe(const Session& session, admin::SessionView& view) const {
   const auto found = attachments_.find(session.id());
   if (found == attachments_.end()) return;
-  const Job& job = jobs_.at(found->second.job);
+  const auto job_found = jobs_.find(found->second.job);
+  if (job_found == jobs_.end()) return;  // (an attachment outlives no job)
+  const Job& job = job_found->second;
   view.kind = "rank";
   view.job = job.id;
   view.rank = job.globalRank(found->second.local);
