@@ -6,10 +6,12 @@
 // changing nothing. The answers' logic alone: tests/daemon/admin_test.cpp.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,8 @@
 #include <vector>
 
 #include "harness.hpp"
+
+extern char** environ;  // NOLINT(readability-identifier-naming): POSIX name
 
 namespace dbuf::mp {
 namespace {
@@ -54,18 +58,45 @@ class Dbufctl : public ::testing::Test {
   /// with `groups` as its supplementary groups.
   ChildResult ctl(const std::vector<std::string>& args, std::optional<uid_t> uid = std::nullopt,
                   const std::vector<gid_t>& groups = {}) {
-    std::vector<std::string> argv;
-    if (uid) {
-      argv = {"--reuid=" + std::to_string(*uid), "--regid=" + std::to_string(*uid)};
-      std::string list;
-      for (const gid_t g : groups) list += (list.empty() ? "" : ",") + std::to_string(g);
-      argv.push_back(list.empty() ? "--clear-groups" : "--groups=" + list);
-      argv.push_back(ctl_);
-    }
-    argv.push_back("--socket");
-    argv.push_back(daemon_->socket());
+    std::vector<std::string> argv{"--socket", daemon_->socket()};
     argv.insert(argv.end(), args.begin(), args.end());
-    return uid ? runChild("/usr/bin/setpriv", argv) : runChild(ctl_, argv);
+    if (!uid) return runChild(ctl_, argv);
+    std::string list;
+    for (const gid_t g : groups) list += (list.empty() ? "" : ",") + std::to_string(g);
+    argv.insert(argv.begin(), {"--reuid=" + std::to_string(*uid), "--regid=" + std::to_string(*uid),
+                               list.empty() ? "--clear-groups" : "--groups=" + list, ctl_});
+    dbuf::testing::Child::Options options;
+    options.pipe_stdout = true;
+    options.pipe_stderr = true;
+    options.environment = environmentForOtherUsers();
+    dbuf::testing::Child child("/usr/bin/setpriv", argv, options);
+    ChildResult result;
+    EXPECT_TRUE(child.readToEnd(result.out, result.err, Clock::now() + kReplyTimeout)) << "dbufctl hung";
+    const auto status = child.waitExit(kReplyTimeout);
+    if (status && WIFEXITED(*status)) result.exit_code = WEXITSTATUS(*status);
+    return result;
+  }
+
+  /// This environment, for a process that starts as another user: a
+  /// sanitizer's suppressions file (in a build tree only root may read) is
+  /// copied where that user can read it.
+  std::vector<std::string> environmentForOtherUsers() {
+    std::vector<std::string> out;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      std::string variable = *entry;
+      const auto at = variable.find("suppressions=");
+      if (variable.find("SAN_OPTIONS=") != std::string::npos && at != std::string::npos) {
+        const std::size_t begin = at + std::string("suppressions=").size();
+        const std::size_t end = std::min(variable.find(':', begin), variable.size());
+        const std::filesystem::path original = variable.substr(begin, end - begin);
+        const std::filesystem::path copy = dir_.path() / ("copy-of-" + original.filename().string());
+        std::filesystem::copy_file(original, copy, std::filesystem::copy_options::overwrite_existing);
+        std::filesystem::permissions(copy, std::filesystem::perms(0644));
+        variable.replace(begin, end - begin, copy.string());
+      }
+      out.push_back(variable);
+    }
+    return out;
   }
 
   /// `dbufctl --json ARGS`, expected to succeed.
