@@ -145,8 +145,10 @@ class JobTable {
   /// a tenant `fresh` no longer names stays while it has jobs, admitting
   /// nobody. Returns the list to install as the config's tenants, at once.
   [[nodiscard]] std::vector<Tenant> retenant(std::vector<Tenant> fresh);
-  /// Draining: no new job may attach (the ranks of those here still may).
+  /// Draining (dbufctl drain): no new job may attach (the ranks of those here
+  /// still may); the server stops once no job has a rank attached.
   void refuseNewJobs() { refuse_new_jobs_ = true; }
+  [[nodiscard]] bool refusesNewJobs() const noexcept { return refuse_new_jobs_; }
 
  private:
   struct Attachment {

@@ -291,8 +291,7 @@ class Server::Impl final : public SessionHandler {
       session->sendError(query.error(), request_id);
       return;
     }
-    if (query->verb == admin::Verb::kDrain && access->everything && !draining_) {
-      draining_ = true;
+    if (query->verb == admin::Verb::kDrain && access->everything && !jobs_.refusesNewJobs()) {
       jobs_.refuseNewJobs();
       spdlog::info("drain requested (pid {}, uid {}): no new jobs; stopping once {} job(s) with ranks end",
                    session->peer().pid, session->peer().uid, jobs_.jobsWithRanks());
@@ -320,7 +319,7 @@ class Server::Impl final : public SessionHandler {
     view.backend = std::string(toString(config_.backend));
     view.uptime_s = std::chrono::duration<double>(now - started_).count();
     view.memory_limit_bytes = config_.memory_limit_bytes;
-    view.draining = draining_;
+    view.draining = jobs_.refusesNewJobs();
     jobs_.describe(view, now);
     for (const auto& [id, weak] : sessions_) {
       const auto session = weak.lock();
@@ -342,7 +341,7 @@ class Server::Impl final : public SessionHandler {
   /// Draining, once no job has a rank attached: stops (persistent jobs
   /// without ranks end with the daemon).
   void finishDrainIfDone() {
-    if (!draining_ || stopping_ || jobs_.jobsWithRanks() > 0) return;
+    if (!jobs_.refusesNewJobs() || stopping_ || jobs_.jobsWithRanks() > 0) return;
     spdlog::info("drained: no job has a rank attached; shutting down");
     beginShutdown();
   }
@@ -429,7 +428,6 @@ class Server::Impl final : public SessionHandler {
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::uint64_t next_session_id_ = 1;
   bool stopping_ = false;
-  bool draining_ = false;  // dbufctl drain: no new jobs; stop once the jobs with ranks end
   std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
   std::function<Result<Config>()> config_source_;  // SIGHUP re-reads it
   SteadyClock::time_point started_ = SteadyClock::now();
