@@ -460,8 +460,8 @@ TEST_F(DbufctlTimeouts, ATimedOutCollectiveIsInTheFlightRecorderTheLogAndAChrome
     EXPECT_GT(event["ts"].get<double>(), 0.0);
     ++phases[std::to_string(event["tid"].get<int>()) + "/" + event["cat"].get<std::string>()];
   }
-  // Rank 0 waited and ran twice; rank 1 waited once (it never submitted #1).
-  const std::map<std::string, int> expected{{"0/run", 2}, {"0/wait", 2}, {"1/run", 2}, {"1/wait", 1}};
+  // Rank 0 (tid 1) waited and ran twice; rank 1 (tid 2) waited once (it never submitted #1).
+  const std::map<std::string, int> expected{{"1/run", 2}, {"1/wait", 2}, {"2/run", 2}, {"2/wait", 1}};
   EXPECT_EQ(phases, expected);
   for (Rank* rank : {&r0, &r1}) {
     EXPECT_EQ(rank->call("detach"), "ok detach");

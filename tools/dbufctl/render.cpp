@@ -254,6 +254,9 @@ std::string renderTrace(const json& answer) {
 }
 
 json chromeTrace(const json& answer) {
+  // Rank R is thread R + 1: Perfetto's trace processor reads a tid of 0 as
+  // the process's main thread (tid = pid), which put rank 0's events on rank
+  // 1's track (tests/trace checks the file with it).
   constexpr int kPid = 1;
   const auto micros = [](double seconds) { return seconds * 1e6; };
   json events = json::array();
@@ -268,11 +271,12 @@ json chromeTrace(const json& answer) {
     const double start = number(op, "start_seconds");
     const double end = number(op, "end_seconds");
     for (const json& rank : op.value("ranks", json::array())) {
-      const int tid = rank.value("rank", 0);
+      const int rank_number = rank.value("rank", 0);
+      const int tid = rank_number + 1;
       if (!named.contains(std::to_string(tid))) {
         named[std::to_string(tid)] = true;
         events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", kPid}, {"tid", tid},
-                          {"args", {{"name", "rank " + std::to_string(tid)}}}});
+                          {"args", {{"name", "rank " + std::to_string(rank_number)}}}});
       }
       if (rank.contains("submitted_seconds") && rank["submitted_seconds"].is_number()) {
         const double submitted = rank["submitted_seconds"].get<double>();
