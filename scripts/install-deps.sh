@@ -11,6 +11,7 @@ PACKAGES=(
   python3
   clang-14 libclang-rt-14-dev llvm-14
   fortunes
+  nodejs
 )
 
 missing=()
