@@ -124,6 +124,8 @@ json daemonJson(const DaemonView& view) {
           {"uptime_seconds", view.uptime_s},
           {"memory_limit_bytes", view.memory_limit_bytes},
           {"memory_used_bytes", view.memory_used_bytes},
+          {"metrics_url", view.metrics_url},
+          {"metrics_error", view.metrics_error},
           {"draining", view.draining}};
 }
 

@@ -15,6 +15,7 @@
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/socket.hpp"
+#include "op_stats.hpp"
 
 namespace dbuf::daemon::admin {
 
@@ -77,6 +78,7 @@ struct JobView {
   std::vector<GroupView> groups;
   std::vector<RegistrationView> registrations;
   std::optional<OpView> current;
+  OpStats op_stats;  ///< its collectives counted (the metrics endpoint's)
 
   /// "running" (every rank attached), "attaching", "rank lost", "detached".
   [[nodiscard]] std::string state() const;
@@ -122,6 +124,11 @@ struct DaemonView {
   std::string socket;
   std::string backend;
   double uptime_s = 0;
+  double started_unix_s = 0;  ///< when it started, in seconds since the epoch
+  double loop_busy_s = 0;     ///< time its loop spent doing work (not waiting) since it started
+  /// "http://HOST:PORT/metrics"; empty when it serves no metrics (see metrics_error).
+  std::string metrics_url;
+  std::string metrics_error;  ///< why not, when [metrics] listen names an address it could not take
   std::uint64_t memory_limit_bytes = 0;
   std::uint64_t memory_used_bytes = 0;
   bool draining = false;

@@ -27,8 +27,8 @@ namespace {
 constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
 constexpr std::int64_t kMaxId = std::int64_t{std::numeric_limits<std::uint32_t>::max()} - 1;  // (uid_t)-1 means "none"
 
-constexpr std::array<std::string_view, 7> kRootKeys{"daemon", "rings", "timeouts", "persistence", "cluster",
-                                                    "admin", "tenant"};
+constexpr std::array<std::string_view, 8> kRootKeys{"daemon", "rings",   "timeouts", "persistence",
+                                                    "cluster", "metrics", "admin",    "tenant"};
 constexpr std::array<std::string_view, 5> kDaemonKeys{"socket", "backend", "log_level", "memory_limit",
                                                       "virtual_ranks"};
 constexpr std::array<std::string_view, 2> kRingKeys{"entries", "busy_poll_us"};
@@ -36,6 +36,7 @@ constexpr std::array<std::string_view, 3> kTimeoutKeys{"handshake_ms", "register
 constexpr std::array<std::string_view, 1> kPersistenceKeys{"grace_period_s"};
 constexpr std::array<std::string_view, 2> kClusterKeys{"address", "store_hosts"};
 constexpr std::size_t kMaxClusterNameLength = 255;
+constexpr std::array<std::string_view, 1> kMetricsKeys{"listen"};
 constexpr std::array<std::string_view, 2> kAdminKeys{"uids", "gids"};
 constexpr std::array<std::string_view, 5> kTenantKeys{"name", "uids", "gids", "memory_quota", "max_jobs"};
 
@@ -95,6 +96,20 @@ std::string_view typeName(const toml::node& node) {
 
 std::string quoted(std::string_view text) {
   return "\"" + std::string(text) + "\"";
+}
+
+/// An IP address or a host name: letters, digits, '.', '-', ':' (IPv6).
+Result<void> validateHostName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxClusterNameLength) {
+    return invalid("expected an IP address or host name of 1.." + std::to_string(kMaxClusterNameLength) +
+                   " characters");
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '-' || c == ':';
+    if (!ok) return invalid(quoted(name) + " is not an IP address or host name");
+  }
+  return {};
 }
 
 struct Position {
@@ -331,6 +346,21 @@ class Reader {
     }
   }
 
+  void metrics(const toml::table& t, Config& config) {
+    for (auto&& [key, node] : t) {
+      const std::string path = "metrics." + std::string(key.str());
+      if (key != "listen") {
+        unknownKey(key, path, kMetricsKeys);
+      } else if (auto text = string(node, path)) {
+        if (auto valid = validateMetricsAddress(*text); !valid) {
+          problems_.add(node.source(), path, valid.error().message);
+        } else {
+          config.metrics_listen = std::move(*text);
+        }
+      }
+    }
+  }
+
   void admin(const toml::table& t, Config& config) {
     for (auto&& [key, node] : t) {
       const std::string path = "admin." + std::string(key.str());
@@ -472,20 +502,6 @@ class Reader {
     return out;
   }
 
-  /// An IP address or a host name: letters, digits, '.', '-', ':' (IPv6).
-  static Result<void> validateHostName(const std::string& name) {
-    if (name.empty() || name.size() > kMaxClusterNameLength) {
-      return invalid("expected an IP address or host name of 1.." + std::to_string(kMaxClusterNameLength) +
-                     " characters");
-    }
-    for (char c : name) {
-      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                      c == '-' || c == ':';
-      if (!ok) return invalid(quoted(name) + " is not an IP address or host name");
-    }
-    return {};
-  }
-
   static Result<void> validateTenantName(const std::string& name) {
     if (name.empty()) return invalid("tenant name is empty");
     if (name.size() > kMaxTenantNameLength) {
@@ -563,6 +579,8 @@ Result<Config> walk(const toml::table& root, const std::string& source) {
       section = &Reader::persistence;
     } else if (key == "cluster") {
       section = &Reader::cluster;
+    } else if (key == "metrics") {
+      section = &Reader::metrics;
     } else if (key == "admin") {
       section = &Reader::admin;
     } else {
@@ -645,6 +663,12 @@ Result<void> applyOverrides(Config& config, const ConfigOverrides& overrides) {
     if (!backend) return std::move(backend).error().withContext("--backend");
     updated.backend = *backend;
   }
+  if (overrides.metrics_listen) {
+    if (Result<void> valid = validateMetricsAddress(*overrides.metrics_listen); !valid) {
+      return std::move(valid).error().withContext("--metrics-listen");
+    }
+    updated.metrics_listen = *overrides.metrics_listen;
+  }
   if (overrides.virtual_ranks) {
     const std::string& text = *overrides.virtual_ranks;
     char* end = nullptr;
@@ -656,6 +680,26 @@ Result<void> applyOverrides(Config& config, const ConfigOverrides& overrides) {
     updated.virtual_ranks = static_cast<std::uint32_t>(value);
   }
   config = std::move(updated);
+  return {};
+}
+
+Result<void> validateMetricsAddress(const std::string& listen) {
+  if (listen.empty()) return {};
+  const std::size_t colon = listen.rfind(':');
+  const std::string_view port =
+      colon == std::string::npos ? std::string_view{} : std::string_view(listen).substr(colon + 1);
+  const bool port_ok = !port.empty() && port.size() <= 5 && (port == "0" || port.front() != '0') &&
+                       std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                       std::stoul(std::string(port)) <= 65535;
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  // An IPv6 address in brackets ("[::1]:9478"), as in a URL.
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  const bool host_ok = !host.empty() && (bracketed || host.find(':') == std::string::npos) && validateHostName(host);
+  if (!port_ok || !host_ok) {
+    return invalid(quoted(listen) + " is not HOST:PORT or [IPV6]:PORT (a TCP port 0..65535, 0: any free one; " +
+                   "empty: no metrics endpoint)");
+  }
   return {};
 }
 

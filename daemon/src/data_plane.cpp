@@ -161,7 +161,15 @@ Result<std::size_t> DataPlane::takeSubmissions(JobSchedule& job, std::uint32_t r
     ++taken;
     enqueue(job, rank, submission, now);
   }
+  noteRingsFull(job, rank);
   return taken;
+}
+
+void DataPlane::noteRingsFull(JobSchedule& job, std::uint32_t rank) {
+  RankSchedule& state = job.ranks[rank];
+  const bool full = !state.plane->rings.roomToAnswer() && state.plane->rings.hasSubmission();
+  if (full && !state.rings_full) ++job.stats.ring_full;
+  state.rings_full = full;
 }
 
 void DataPlane::enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {
@@ -452,9 +460,11 @@ void DataPlane::record(JobSchedule& job, const Error* error, SteadyClock::time_p
   const ipc::Submission& op = with_op->ops.front().submission;
   OpRecord& entry = job.recorder.next();
   entry.submitted.resize(job.localCount());  // already so, but in a schedule a test made
+  SteadyClock::time_point first_submitted = job.collectives.matched;
   for (std::uint32_t r = 0; r < job.localCount(); ++r) {
     const OpQueue& ops = job.ranks[r].ops;
     entry.submitted[r] = ops.empty() ? SteadyClock::time_point{} : ops.front().submitted;
+    if (!ops.empty()) first_submitted = std::min(first_submitted, ops.front().submitted);
   }
   entry.sequence = job.collectives.next_sequence;
   if (!ipc::opCodeFrom(op.op, entry.op)) entry.op = ipc::OpCode::kNoop;  // (validated before it is queued)
@@ -473,6 +483,10 @@ void DataPlane::record(JobSchedule& job, const Error* error, SteadyClock::time_p
   } else {
     entry.error.clear();
   }
+  // (An op failed before its match, as by a timeout, was "matched" as it failed: failFronts.)
+  job.stats.ended(entry.op, error != nullptr ? &error->code : nullptr, entry.unsharded_bytes,
+                  std::chrono::nanoseconds(nanosBetween(first_submitted, entry.started)),
+                  std::chrono::nanoseconds(nanosBetween(entry.started, now)));
 }
 
 void DataPlane::logRecent(const JobSchedule& job) {
@@ -587,6 +601,9 @@ void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
   RankSchedule& gone = job.ranks[rank];
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
+  const bool ops_fail =
+      was_running || std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); });
+  if (ops_fail) ++job.stats.ranks_lost;  // (a job's orderly end, rank by rank, loses nothing)
   // Queued GPU work may still touch the rank's memory, which goes next.
   if (job.collectives.executor) {
     job.collectives.executor->activate();

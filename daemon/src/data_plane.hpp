@@ -25,6 +25,7 @@
 #include "dbuf/ipc/ring.hpp"
 #include "executor.hpp"
 #include "flight_recorder.hpp"
+#include "op_stats.hpp"
 #include "placement.hpp"
 
 namespace dbuf::daemon {
@@ -128,6 +129,8 @@ struct RankSchedule {
   /// Collectives this rank missed (they timed out without it): its next
   /// submissions fail with these errors, so its k-th op stays the others' k-th.
   std::deque<Error> owed;
+  /// Its rings are full (see OpStats::ring_full): counted once per filling.
+  bool rings_full = false;
 };
 
 /// A job as the data plane schedules it: its node's ranks' rings and queues,
@@ -160,6 +163,8 @@ struct JobSchedule {
   std::set<std::uint32_t> gone;
   /// Its last collectives, as they ended.
   FlightRecorder recorder;
+  /// Its collectives counted, since it began (the metrics endpoint's).
+  OpStats stats;
 
   [[nodiscard]] std::uint32_t localCount() const noexcept { return static_cast<std::uint32_t>(ranks.size()); }
   [[nodiscard]] std::uint32_t globalRank(std::uint32_t local) const noexcept { return first_rank + local; }
@@ -221,6 +226,9 @@ class DataPlane {
 
  private:
   static void armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell);
+  /// Counts a filling of the rank's rings: submissions wait that cannot be
+  /// taken until its client reaps completions.
+  static void noteRingsFull(JobSchedule& job, std::uint32_t rank);
   void enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
   /// Checks the ranks' next ops (failing them, or finishing a barrier, at
   /// once); true when they can run.
@@ -248,7 +256,7 @@ class DataPlane {
   /// too.
   void finish(JobSchedule& job, const Error* error, SteadyClock::time_point now);
   /// Records the op ending now (the fronts', `error` or success) in the
-  /// job's flight recorder.
+  /// job's flight recorder and counts it in its stats.
   static void record(JobSchedule& job, const Error* error, SteadyClock::time_point now);
   /// Logs the job's last collectives (after a timeout or a dead rank).
   static void logRecent(const JobSchedule& job);

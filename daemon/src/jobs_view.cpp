@@ -118,6 +118,7 @@ admin::JobView JobTable::describe(const Job& job, SteadyClock::time_point now) c
     view.registrations.push_back(std::move(registration));
   }
   view.current = currentOp(job, now);
+  view.op_stats = job.stats;
   return view;
 }
 

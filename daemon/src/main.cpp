@@ -21,7 +21,7 @@ using dbuf::daemon::Config;
 
 constexpr const char* kUsage =
     "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
-    "             [--backend host|cuda|auto] [--virtual-ranks N] [--check]\n"
+    "             [--backend host|cuda|auto] [--virtual-ranks N] [--metrics-listen HOST:PORT] [--check]\n"
     "  --check  check the configuration (defaults, file, flags), print what it\n"
     "           sets and exit: 0 when it is valid, 2 with its errors on stderr when not\n";
 
@@ -44,7 +44,8 @@ std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::strin
                                          : flag == "--log-level"     ? &flags.overrides.log_level
                                          : flag == "--backend"       ? &flags.overrides.backend
                                          : flag == "--virtual-ranks" ? &flags.overrides.virtual_ranks
-                                                                     : nullptr;
+                                         : flag == "--metrics-listen" ? &flags.overrides.metrics_listen
+                                                                      : nullptr;
     if (target == nullptr) {
       error = "unknown argument '" + flag + "'";
       return std::nullopt;
@@ -120,6 +121,9 @@ void printCheckedConfig(const Config& config, const std::optional<std::string>& 
             << "  memory limit:       " << bytesText(config.memory_limit_bytes) << "\n"
             << "  collective timeout: " << config.collective_timeout.count() << " ms\n"
             << "  cluster address:    " << (config.cluster_address.empty() ? "(one node)" : config.cluster_address)
+            << "\n"
+            << "  metrics:            "
+            << (config.metrics_listen.empty() ? std::string("(none)") : "http://" + config.metrics_listen + "/metrics")
             << "\n"
             << "  administrators:     root, uid " << ::getuid() << idList(", uids ", config.admin_uids)
             << idList(", gids ", config.admin_gids) << "\n"

@@ -13,6 +13,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <unordered_map>
@@ -23,6 +24,7 @@
 #include "dbuf/daemon/lock_file.hpp"
 #include "dbuf/daemon/logging.hpp"
 #include "jobs.hpp"
+#include "metrics.hpp"
 #include "session.hpp"
 
 namespace dbuf::daemon {
@@ -95,14 +97,16 @@ class Server::Impl final : public SessionHandler {
       running_ = true;
     }
     spdlog::info("dbufd {:016x} listening on {}", instance_id_, config_.socket_path);
+    startMetrics();
     serve();
     {
       const std::lock_guard lock(stats_mutex_);
-      running_ = false;  // later stats() calls read the state directly
+      running_ = false;  // later stats() calls read the state directly; scrapes get nothing
     }
-    // Answer the stats() requests posted while run() was returning.
+    // Answer the stats() requests and scrapes posted while run() was returning.
     io_.restart();
     io_.poll();
+    metrics_.reset();  // (joins its threads: none waits for the loop any more)
     const std::lock_guard lock(stats_mutex_);
     finishShutdown();
   }
@@ -129,13 +133,15 @@ class Server::Impl final : public SessionHandler {
     auto last_control_poll = Clock::time_point{};
     while (!io_.stopped()) {
       std::size_t work = 0;
-      if (const auto now = Clock::now(); now - last_control_poll >= kControlPollInterval || stopping_) {
+      const auto began = Clock::now();
+      if (began - last_control_poll >= kControlPollInterval || stopping_) {
         work += io_.poll();
-        last_control_poll = now;
+        last_control_poll = began;
       }
       if (!stopping_) work += jobs_.pollDataPlane();
       if (work > 0) {
         last_work = Clock::now();
+        busy_ += last_work - began;  // (a pass that found nothing to do, or a sleep, is not work)
         continue;
       }
       if (Clock::now() - last_work < config_.busy_poll) continue;
@@ -264,6 +270,7 @@ class Server::Impl final : public SessionHandler {
     note(fresh.persistence_grace != config_.persistence_grace, "persistence.grace_period_s");
     note(fresh.cluster_address != config_.cluster_address, "cluster.address");
     note(fresh.cluster_store_hosts != config_.cluster_store_hosts, "cluster.store_hosts");
+    note(fresh.metrics_listen != config_.metrics_listen, "metrics.listen");
     return keys;
   }
 
@@ -308,6 +315,35 @@ class Server::Impl final : public SessionHandler {
     finishDrainIfDone();
   }
 
+  /// The Prometheus endpoint, when [metrics] listen names an address; a
+  /// failure to listen is logged, and dbufd serves on without it.
+  void startMetrics() {
+    if (config_.metrics_listen.empty()) return;
+    auto endpoint = metrics::Endpoint::start(config_.metrics_listen, [this] { return snapshotForScrape(); });
+    if (!endpoint) {
+      metrics_error_ = endpoint.error().message;
+      spdlog::error("{}; serving without metrics", metrics_error_);
+      return;
+    }
+    metrics_ = std::move(*endpoint);
+    spdlog::info("metrics on {}", metrics_->url());
+  }
+
+  /// A snapshot for a scrape, taken on the loop (called on the endpoint's
+  /// thread); nullopt when the loop does not answer within a second, or no
+  /// longer serves.
+  std::optional<admin::DaemonView> snapshotForScrape() {
+    auto promise = std::make_shared<std::promise<admin::DaemonView>>();
+    auto future = promise->get_future();
+    {
+      const std::lock_guard lock(stats_mutex_);  // (as in stats(): run() answers what was posted before it ended)
+      if (!running_) return std::nullopt;
+      asio::post(io_, [this, promise] { promise->set_value(snapshot()); });
+    }
+    if (future.wait_for(std::chrono::seconds(1)) != std::future_status::ready) return std::nullopt;
+    return future.get();
+  }
+
   /// What the daemon holds now, for an operator.
   admin::DaemonView snapshot() const {
     const auto now = SteadyClock::now();
@@ -318,6 +354,10 @@ class Server::Impl final : public SessionHandler {
     view.socket = config_.socket_path;
     view.backend = std::string(toString(config_.backend));
     view.uptime_s = std::chrono::duration<double>(now - started_).count();
+    view.started_unix_s = std::chrono::duration<double>(started_wall_.time_since_epoch()).count();
+    view.loop_busy_s = std::chrono::duration<double>(busy_).count();
+    if (metrics_) view.metrics_url = metrics_->url();
+    view.metrics_error = metrics_error_;
     view.memory_limit_bytes = config_.memory_limit_bytes;
     view.draining = jobs_.refusesNewJobs();
     jobs_.describe(view, now);
@@ -431,6 +471,10 @@ class Server::Impl final : public SessionHandler {
   std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
   std::function<Result<Config>()> config_source_;  // SIGHUP re-reads it
   SteadyClock::time_point started_ = SteadyClock::now();
+  std::chrono::system_clock::time_point started_wall_ = std::chrono::system_clock::now();
+  SteadyClock::duration busy_{0};  // the loop's time working (serve())
+  std::unique_ptr<metrics::Endpoint> metrics_;
+  std::string metrics_error_;  // why there is no endpoint, when [metrics] listen names one
   asio::executor_work_guard<asio::io_context::executor_type> keep_serving_ = asio::make_work_guard(io_);
   std::mutex stats_mutex_;  // guards running_ against stats() from other threads
   bool running_ = false;

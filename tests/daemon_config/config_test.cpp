@@ -21,10 +21,14 @@ const std::string kConfigDir = DBUF_CONFIG_DIR;
 
 using dbuf::testing::readFile;
 
-TEST(Config, ShippedFileParsesToTheStructDefaults) {
+TEST(Config, ShippedFileParsesToTheStructDefaultsButServesMetricsOnLoopback) {
   Result<Config> config = loadConfig(kConfigDir + "/dbufd.toml");
   ASSERT_TRUE(config.ok()) << config.error().message;
-  EXPECT_EQ(*config, Config{});
+  // The one key apart: an installed dbufd serves metrics; one without a
+  // file (tests, embedded daemons, many at once) takes no port.
+  Config expected;
+  expected.metrics_listen = "127.0.0.1:9478";
+  EXPECT_EQ(*config, expected);
 }
 
 TEST(Config, ShippedFileSpellsOutEveryKey) {
@@ -34,7 +38,7 @@ TEST(Config, ShippedFileSpellsOutEveryKey) {
   for (const char* key : {"daemon.socket", "daemon.backend", "daemon.log_level", "daemon.memory_limit",
                           "daemon.virtual_ranks", "rings.entries", "rings.busy_poll_us", "timeouts.handshake_ms",
                           "timeouts.register_ms", "timeouts.collective_ms", "persistence.grace_period_s", "cluster.address",
-                          "cluster.store_hosts", "admin.uids", "admin.gids"}) {
+                          "cluster.store_hosts", "metrics.listen", "admin.uids", "admin.gids"}) {
     EXPECT_TRUE(root.at_path(key)) << key;
   }
   // Tenants are commented out (the default is none); their keys are described.
@@ -170,7 +174,7 @@ TEST_P(ConfigErrors, NameFileLineAndKey) {
 // clang-format off
 const BadFile kBadFiles[] = {
   {"unknown_table", "[daemon]\nsocket = \"/tmp/s\"\n[deamon]\n", 3, "deamon", "did you mean 'daemon'"},
-  {"unknown_table_far", "[metrics]\nport = 9000\n", 1, "metrics", "unknown table (expected daemon, rings, timeouts, persistence, cluster, admin or tenant"},
+  {"unknown_table_far", "[monitoring]\nport = 9000\n", 1, "monitoring", "unknown table (expected daemon, rings, timeouts, persistence, cluster, metrics, admin or tenant"},
   {"unknown_key", "[daemon]\nsockett = \"/tmp/s\"\n", 2, "daemon.sockett", "did you mean 'socket'"},
   {"unknown_root_key", "socket = \"/tmp/s\"\n", 1, "socket", "unknown key (expected daemon"},
   {"key_missing_unit_suffix", "[timeouts]\nhandshake = 5\n", 2, "timeouts.handshake", "did you mean 'handshake_ms'"},
@@ -218,6 +222,12 @@ const BadFile kBadFiles[] = {
   {"cluster_hosts_not_array", "[cluster]\nstore_hosts = \"h:1\"\n", 2, "cluster.store_hosts", "expected an array"},
   {"cluster_host_without_port", "[cluster]\nstore_hosts = [\"redis\"]\n", 2, "cluster.store_hosts[0]", "is not HOST:PORT"},
   {"cluster_unknown_key", "[cluster]\ninterface = \"eth0\"\n", 2, "cluster.interface", "unknown key"},
+  {"metrics_no_port", "[metrics]\nlisten = \"127.0.0.1\"\n", 2, "metrics.listen", "is not HOST:PORT or [IPV6]:PORT"},
+  {"metrics_port_too_big", "[metrics]\nlisten = \"127.0.0.1:65536\"\n", 2, "metrics.listen", "a TCP port 0..65535"},
+  {"metrics_bare_ipv6", "[metrics]\nlisten = \"::1:9478\"\n", 2, "metrics.listen", "[IPV6]:PORT"},
+  {"metrics_bad_host", "[metrics]\nlisten = \"a b:1\"\n", 2, "metrics.listen", "is not HOST:PORT"},
+  {"metrics_not_string", "[metrics]\nlisten = 9478\n", 2, "metrics.listen", "expected a string"},
+  {"metrics_unknown_key", "[metrics]\nport = 9478\n", 2, "metrics.port", "unknown key"},
   {"admin_gid_twice", "[admin]\ngids = [7, 7]\n", 2, "admin.gids[1]", "gid 7 is listed twice"},
   {"admin_uid_negative", "[admin]\nuids = [-1]\n", 2, "admin.uids[0]", "out of range (0..4294967294)"},
   {"admin_unknown_key", "[admin]\ngroups = [7]\n", 2, "admin.groups", "unknown key"},
@@ -275,6 +285,29 @@ TEST(Config, FlagsOverrideTheFile) {
   EXPECT_EQ(config->backend, Backend::kCuda);
   EXPECT_EQ(config->virtual_ranks, 4U);
   EXPECT_EQ(config->log_level, LogLevel::kWarn);  // not given on the command line: the file's value
+}
+
+TEST(Config, MetricsAddressesInEveryFormAndTheFlag) {
+  for (const char* good : {"", "127.0.0.1:9478", "0.0.0.0:0", "[::1]:9478", "metrics.example:65535"}) {
+    EXPECT_TRUE(validateMetricsAddress(good).ok()) << good;
+    Result<Config> config = parseConfig(std::string("[metrics]\nlisten = \"") + good + "\"\n", "m");
+    ASSERT_TRUE(config.ok()) << good << ": " << config.error().message;
+    EXPECT_EQ(config->metrics_listen, good);
+  }
+  for (const char* bad : {":9478", "host:", "host:09478", "host:-1", "[::1", "[]:1", "h:1:2"}) {
+    EXPECT_FALSE(validateMetricsAddress(bad).ok()) << bad;
+  }
+  Config config;
+  ConfigOverrides flags;
+  flags.metrics_listen = "127.0.0.1:0";
+  ASSERT_TRUE(applyOverrides(config, flags).ok());
+  EXPECT_EQ(config.metrics_listen, "127.0.0.1:0");
+  flags.metrics_listen = "nowhere";
+  const Result<void> applied = applyOverrides(config, flags);
+  ASSERT_FALSE(applied.ok());
+  EXPECT_EQ(applied.error().message.rfind("--metrics-listen: \"nowhere\" is not HOST:PORT", 0), 0U)
+      << applied.error().message;
+  EXPECT_EQ(config.metrics_listen, "127.0.0.1:0");  // unchanged
 }
 
 TEST(Config, BadFlagNamesTheFlagAndChangesNothing) {

@@ -139,6 +139,11 @@ std::string renderStatus(const json& answer) {
     out << "memory:   " << bytesText(number(daemon, "memory_used_bytes")) << " used of "
         << bytesText(number(daemon, "memory_limit_bytes")) << "\n";
   }
+  if (const std::string url = daemon.value("metrics_url", std::string()); !url.empty()) {
+    out << "metrics:  " << url << "\n";
+  } else if (const std::string error = daemon.value("metrics_error", std::string()); !error.empty()) {
+    out << "metrics:  not served: " << error << "\n";
+  }
   out << "state:    " << (daemon.value("draining", false) ? "draining: no new jobs, stops when the running ones end"
                                                            : "serving")
       << "\n"

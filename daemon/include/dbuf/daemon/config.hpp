@@ -67,6 +67,10 @@ struct Config {
   /// Redis stores ("redis:HOST:PORT") a job may name, as "HOST:PORT"; file
   /// stores need no listing (the directory must belong to the job's user).
   std::vector<std::string> cluster_store_hosts;
+  /// [metrics]: where the Prometheus endpoint listens ("HOST:PORT",
+  /// "[IPV6]:PORT"; port 0: any free one); empty: no endpoint. The shipped
+  /// config/dbufd.toml sets 127.0.0.1:9478 (loopback only).
+  std::string metrics_listen;
   /// [admin]: who may ask the daemon about every job and drain it (dbufctl),
   /// besides root and the uid dbufd runs as: peers with one of these uids, or
   /// with one of these gids as their primary or a supplementary group.
@@ -82,6 +86,7 @@ struct ConfigOverrides {
   std::optional<std::string> log_level;      ///< --log-level
   std::optional<std::string> backend;        ///< --backend
   std::optional<std::string> virtual_ranks;  ///< --virtual-ranks
+  std::optional<std::string> metrics_listen; ///< --metrics-listen
 };
 
 /// Parses TOML text; `source` names the file in error messages.
@@ -108,6 +113,10 @@ struct ConfigOverrides {
 /// or its primary gid, or nullopt.
 [[nodiscard]] std::optional<std::size_t> findTenant(const std::vector<Tenant>& tenants, std::uint32_t uid,
                                                     std::uint32_t gid);
+
+/// Checks a [metrics] listen value: empty, or "HOST:PORT" / "[IPV6]:PORT"
+/// with a port 0..65535 (no leading zeros).
+[[nodiscard]] Result<void> validateMetricsAddress(const std::string& listen);
 
 /// Checks a socket path: not empty, no NUL byte, fits in sockaddr_un::sun_path.
 [[nodiscard]] Result<void> validateSocketPath(const std::string& path);
