@@ -43,6 +43,7 @@ def config_seeds():
         "tenants.toml": '[[tenants]]\nname = "a"\nuids = [1000, 1001]\ngids = [50]\n'
                         'memory_quota = "8GiB"\nmax_jobs = 4\n',
         "cluster.toml": '[cluster]\naddress = "10.0.0.1"\nstore_hosts = ["redis1:6379"]\n',
+        "metrics.toml": '[metrics]\nlisten = "[::1]:0"\n',
         "typo.toml": '[rings]\nentires = 1024\nbusy_poll_us = -1\n',
         "bad-syntax.toml": '[daemon\nsocket = "/run/x.sock"\n',
         "size-gib": "16GiB",
