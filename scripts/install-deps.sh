@@ -9,6 +9,7 @@ PACKAGES=(
   libtomlplusplus-dev libspdlog-dev libasio-dev libboost-dev
   libgloo-dev libhiredis-dev redis-server iproute2
   python3
+  dpkg-dev file systemd util-linux  # cpack -G DEB and tests/install (dpkg-shlibdeps, systemd-analyze, unshare)
   prometheus-cpp-dev prometheus
   clang-14 libclang-rt-14-dev llvm-14
   fortunes
