@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# libdbuf.so exports its public API and nothing else:
+#   check_symbols.sh LIBRARY ALLOW_LIST
+# Every defined dynamic symbol (nm -D --defined-only, demangled) must start
+# with a prefix of ALLOW_LIST (exported_symbols.txt), with the version DBUF_0;
+# the SONAME must be libdbuf.so.0; and a few symbols of each part of the API
+# must be there (an empty export list would pass the rest).
+set -euo pipefail
+library=$1
+allow_list=$2
+die() { echo "FAIL: $*" >&2; exit 1; }
+
+[[ -f "$library" ]] || die "no library at $library"
+soname=$(readelf -d "$library" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[[ "$soname" == libdbuf.so.0 ]] || die "SONAME is '$soname', not libdbuf.so.0"
+
+mapfile -t prefixes < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$allow_list" | grep -v '^$')
+((${#prefixes[@]} > 0)) || die "no prefixes in $allow_list"
+
+# "ADDRESS TYPE NAME": the name may hold spaces (demangled signatures).
+symbols=$(nm -D --defined-only -C "$library" | sed -E 's/^[0-9a-f]* *[A-Za-z] //')
+count=0
+bad=()
+unversioned=()
+while IFS= read -r symbol; do
+  [[ -n "$symbol" ]] || continue
+  count=$((count + 1))
+  name=${symbol%@@DBUF_0}
+  [[ "$name" != "$symbol" || "$symbol" == DBUF_0 ]] || unversioned+=("$symbol")
+  ok=0
+  for prefix in "${prefixes[@]}"; do
+    if [[ "$name" == "$prefix"* ]]; then ok=1; break; fi
+  done
+  ((ok)) || bad+=("$symbol")
+done <<<"$symbols"
+
+for required in 'dbuf_connect' 'dbuf_group_view' 'dbuf_run' 'dbuf::Client::connect(' 'dbuf::Group::unshard(' \
+                'dbuf::planner::planUnit(' 'dbuf::planner::GranularityRule::parse('; do
+  grep -qF -- "$required" <<<"$symbols" || die "$required is not exported"
+done
+
+if ((${#bad[@]} > 0)); then
+  echo "FAIL: ${#bad[@]} of $count exported symbols are outside the public prefixes ($allow_list):" >&2
+  printf '  %s\n' "${bad[@]}" | head -n 40 >&2
+  exit 1
+fi
+if ((${#unversioned[@]} > 0)); then
+  echo "FAIL: exported without the version DBUF_0:" >&2
+  printf '  %s\n' "${unversioned[@]}" | head -n 40 >&2
+  exit 1
+fi
+summary=""
+for prefix in "${prefixes[@]}"; do
+  n=$(awk -v p="$prefix" 'index($0, p) == 1' <<<"$symbols" | wc -l)
+  summary+=" $prefix: $n;"
+done
+echo "ok: $library (SONAME $soname): $count exported symbols, all public:$summary"
