@@ -483,7 +483,10 @@ void DataPlane::record(JobSchedule& job, const Error* error, SteadyClock::time_p
   } else {
     entry.error.clear();
   }
-  // (An op failed before its match, as by a timeout, was "matched" as it failed: failFronts.)
+  // Waiting for the other ranks starts no earlier than the previous op's end
+  // (before, the op was queued behind it; the timeout counts the same way).
+  // An op failed before its match, as by a timeout, was "matched" as it failed (failFronts).
+  first_submitted = std::min(std::max(first_submitted, job.collectives.finished), entry.started);
   job.stats.ended(entry.op, error != nullptr ? &error->code : nullptr, entry.unsharded_bytes,
                   std::chrono::nanoseconds(nanosBetween(first_submitted, entry.started)),
                   std::chrono::nanoseconds(nanosBetween(entry.started, now)));

@@ -49,7 +49,9 @@ struct OpStats {
   struct PerOp {
     std::array<std::uint64_t, kResults> ended{};
     std::uint64_t bytes = 0;  ///< of the ops that succeeded: a rank's unsharded copy of the group each
-    DurationHistogram wait;   ///< the first of this node's ranks submitting it .. the last (the match)
+    /// The first of this node's ranks submitting it (or the job's previous op
+    /// ending, when later) .. the last submitting it (the match).
+    DurationHistogram wait;
     DurationHistogram run;    ///< the match .. its end
   };
   std::array<PerOp, kOpCodes> ops{};

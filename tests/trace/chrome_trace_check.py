@@ -9,7 +9,8 @@ compared, through SQL, with the job's flight recorder as `dbufctl --json trace J
   track of its own (distinct tids);
 - on rank N's track exactly the slices the recorder implies: per op `#S OP GROUP` (category `run`,
   from the op's start to its end) and, when rank N submitted it, `wait #S OP GROUP` (category
-  `wait`, from its submission to the op's start), at the recorder's times (to 1 ns), with the op's
+  `wait`, from its submission, or the end of the job's previous op when that is later, to the op's
+  start), at the recorder's times (to 1 ns), with the op's
   sequence and result as args; nothing else;
 - every duration >= 0, every timestamp > 0, and no slice of positive duration nested in another
   (a rank's phases follow each other on its track).
@@ -85,6 +86,7 @@ def rows(result: dict) -> list[dict]:
 def expected_slices(recorder: dict) -> dict[tuple[str, str, int], dict]:
     """(thread name, category, sequence) -> the slice Perfetto must show, from the flight recorder."""
     expected = {}
+    previous_end = 0.0
     for op in recorder["ops"]:
         name = f"#{op['sequence']} {op['op']}" + (f" {op['group']}" if op.get("group") else "")
         start, end = op["start_seconds"] * 1e9, op["end_seconds"] * 1e9
@@ -93,10 +95,11 @@ def expected_slices(recorder: dict) -> dict[tuple[str, str, int], dict]:
             expected[(thread, "run", op["sequence"])] = {"name": name, "ts": start, "dur": max(0.0, end - start),
                                                          "result": op["result"]}
             if rank.get("submitted_seconds") is not None:
-                submitted = rank["submitted_seconds"] * 1e9
-                expected[(thread, "wait", op["sequence"])] = {"name": "wait " + name, "ts": submitted,
-                                                              "dur": max(0.0, start - submitted),
-                                                              "result": op["result"]}
+                # Queued behind the previous op is not waiting for the other ranks.
+                waited_from = min(max(rank["submitted_seconds"] * 1e9, previous_end), start)
+                expected[(thread, "wait", op["sequence"])] = {"name": "wait " + name, "ts": waited_from,
+                                                              "dur": start - waited_from, "result": op["result"]}
+        previous_end = max(previous_end, end)
     return expected
 
 

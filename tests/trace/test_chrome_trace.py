@@ -4,7 +4,8 @@ A real dbufd on a socket of its own, a real two-rank job (dbuf-mp-rank, the trai
 tests/multiprocess drives): three all-gathers, then a fourth that rank 1 never submits (it times
 out); while the job is attached, `dbufctl trace JOB --chrome FILE` and `dbufctl --json trace JOB`.
 Perfetto's trace processor (chrome_trace_check.py) must read the file as the run was, and must
-report each of a set of broken copies of it.
+report each of a set of broken copies of it. A second job prefetches, as FSDP does (each rank
+submits its next all-gather before the current one has run), through the Python client.
 
 Environment (tests/trace/CMakeLists.txt): DBUF_DAEMON, DBUFCTL, DBUF_MP_RANK (this build's), DBUF_NODE.
 """
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+import dbuf
 from chrome_trace_check import check, perfetto_sql, rows
+from dbuf.testing import Daemon
 
 JOB = "trace-job"
 OK_OPS = 3  # all-gathers both ranks run; then one that rank 1 never submits
@@ -208,6 +211,62 @@ BROKEN = {
     "truncated": (lambda text: text[: len(text) // 2], "could not parse broken.json: JSON trace file is incomplete"),
     "bad json": (lambda text: text.replace('"ph":', '"ph"', 1), "could not parse broken.json: Failure parsing JSON"),
 }
+
+
+def test_a_prefetching_job_keeps_each_ranks_phases_in_sequence(tmp_path):
+    """Rank 0 submits two all-gathers at once, rank 1 comes later: rank 0's second op waits queued behind
+    the first. Its wait starts at the first op's end, so a rank's phases never overlap (Perfetto would
+    drop them: slice_drop_overlapping_complete_event) and the check finds nothing."""
+    import threading
+
+    world, steps = 2, 4
+    specs = [dbuf.TensorSpec("w", (32, 16))]
+    ready = threading.Barrier(world + 1, timeout=60)
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    def rank(r: int, daemon: Daemon) -> None:
+        try:
+            client = dbuf.Client(daemon.socket, timeout=10.0)
+            client.attach("prefetch", r, world)
+            groups = [client.register_group(name, specs) for name in ("a", "b")]
+            for group in groups:
+                group.acquire_slot()
+            for _ in range(steps):
+                if r == 1:
+                    time.sleep(0.005)  # late: rank 0's two ops queue
+                pending = [group.all_gather(async_op=True) for group in groups]
+                for op in pending:
+                    op.wait()
+            ready.wait()
+            release.wait(60)
+            client.detach()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            ready.abort()
+
+    with Daemon(log_level="info") as daemon:
+        threads = [threading.Thread(target=rank, args=(r, daemon), daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        try:
+            ready.wait()
+            chrome = tmp_path / "prefetch.json"
+            assert dbufctl(Path(daemon.socket), "trace", "prefetch", "--chrome", str(chrome)).returncode == 0
+            answer = dbufctl(Path(daemon.socket), "--json", "trace", "prefetch")
+            assert answer.returncode == 0, answer.stderr
+        finally:
+            release.set()
+            for t in threads:
+                t.join(60)
+        assert not errors, errors
+    recorder = json.loads(answer.stdout)
+    ops = recorder["ops"]
+    assert len(ops) == 2 * steps and all(op["result"] == "ok" for op in ops)
+    # The pattern happened: rank 0 submitted an op before the previous one ended.
+    assert any(later["ranks"][0]["submitted_seconds"] < earlier["end_seconds"]
+               for earlier, later in zip(ops, ops[1:])), ops
+    assert check(chrome, recorder) == []
 
 
 @pytest.mark.parametrize("variant", BROKEN)

@@ -267,6 +267,13 @@ json chromeTrace(const json& answer) {
   json events = json::array();
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kPid}, {"args", {{"name", "job " + field(answer, "job")}}}});
   json named = json::object();
+  // A rank's wait starts at its submission or at the end of the job's
+  // previous op, whichever is later: an op submitted while the previous one
+  // ran was queued behind it, not waiting for the other ranks (the data
+  // plane's timeout counts the same way). Its submission stays in the args.
+  // So a rank's phases follow each other on its track: Perfetto drops
+  // complete events that overlap without nesting.
+  double previous_end = 0;
   for (const json& op : answer.value("ops", json::array())) {
     const std::string name = "#" + field(op, "sequence") + " " + field(op, "op") +
                              (field(op, "group").empty() ? "" : " " + field(op, "group"));
@@ -285,12 +292,16 @@ json chromeTrace(const json& answer) {
       }
       if (rank.contains("submitted_seconds") && rank["submitted_seconds"].is_number()) {
         const double submitted = rank["submitted_seconds"].get<double>();
+        const double waited_from = std::min(std::max(submitted, previous_end), start);
+        json wait_args = args;
+        wait_args["submitted_us"] = micros(submitted);
         events.push_back({{"ph", "X"}, {"cat", "wait"}, {"name", "wait " + name}, {"pid", kPid}, {"tid", tid},
-                          {"ts", micros(submitted)}, {"dur", micros(std::max(0.0, start - submitted))}, {"args", args}});
+                          {"ts", micros(waited_from)}, {"dur", micros(start - waited_from)}, {"args", wait_args}});
       }
       events.push_back({{"ph", "X"}, {"cat", "run"}, {"name", name}, {"pid", kPid}, {"tid", tid}, {"ts", micros(start)},
                         {"dur", micros(std::max(0.0, end - start))}, {"args", args}});
     }
+    previous_end = std::max(previous_end, end);
   }
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
 }
