@@ -4,7 +4,7 @@
 // ratios against the bare shared-memory ping-pong (the lower limit) hold for
 // this machine at this moment. Figures go to docs/.
 //
-//   bench_control [--iterations N] [--quick]
+//   bench_control [--iterations N] [--quick] [--baseline-dbufd PATH] [--rounds R]
 //
 //   1. bare shared-memory ping-pong: one atomic counter per side in a
 //      MAP_SHARED memfd, both spinning;
@@ -23,6 +23,14 @@
 //      sleeps in epoll on the session doorbell, the client on a futex).
 //      dbufd is $DBUFD, else the build's dbufd; the rows are skipped (with a
 //      line saying why) when it cannot be started.
+//
+//   7. through dbufd, a barrier of the 1-rank job: the smallest collective,
+//      matched, recorded (flight recorder, metrics) and completed by the data
+//      plane; with --baseline-dbufd PATH (a build of another revision, the
+//      same protocol) it runs in rounds alternating between that dbufd and
+//      this one (each its own daemon, both spinning 50 us after work, as
+//      shipped, on the responder's core) and prints each round's p50 and the
+//      ratio: what a change of the data plane costs the smallest op.
 //
 // --iterations N times N round trips on the spinning rows (default 200000)
 // and N / 10 on the blocking ones (default 20000); --quick is N = 20000.
@@ -481,69 +489,139 @@ Stats dbufRings(bool sleeping) {
   return stats;
 }
 
-/// Row 6: a real dbufd on the responder's core, this process a libdbuf
-/// Client of a 1-rank job; nullopt (and a line saying why) when dbufd cannot
-/// be started or attached to.
-std::optional<Stats> throughDbufd(bool sleeping) {
-  const char* name = sleeping ? "through dbufd, sleeping (busy_poll_us 0)" : "through dbufd, busy-poll (noop)";
-  dbuf::bench::DaemonSettings settings;
-  settings.busy_poll_us = sleeping ? 0 : 100000;
-  settings.cpu = config.peer_cpu;
-  const std::string executable = dbuf::bench::dbufdExecutable();
-  dbuf::bench::DaemonProcess daemon(executable, settings);
-  if (!daemon.ok()) {
-    std::printf("(%s: skipped, %s)\n", name, daemon.error().c_str());
-    return std::nullopt;
+/// A real dbufd on the responder's core with this process attached as the
+/// 1-rank job's client; `failed` says why not.
+struct AttachedDaemon {
+  AttachedDaemon(const std::string& executable, std::uint32_t busy_poll_us) {
+    dbuf::bench::DaemonSettings settings;
+    settings.busy_poll_us = busy_poll_us;
+    settings.cpu = config.peer_cpu;
+    daemon.emplace(executable, settings);
+    if (!daemon->ok()) {
+      failed = daemon->error();
+      return;
+    }
+    auto connected = dbuf::Client::connect({.socket_path = daemon->socket(), .timeout = std::chrono::milliseconds(10000)});
+    if (!connected) {
+      failed = "connect: " + connected.error().message;
+      return;
+    }
+    client.emplace(std::move(*connected));
+    if (auto attached = client->attach({.job = "bench-control", .rank = 0, .world_size = 1}); !attached) {
+      failed = "attach: " + attached.error().message;
+    }
   }
-  auto client = dbuf::Client::connect({.socket_path = daemon.socket(), .timeout = std::chrono::milliseconds(10000)});
-  if (!client) {
-    std::printf("(%s: skipped, connect: %s)\n", name, client.error().message.c_str());
-    return std::nullopt;
+  /// Detaches and stops the daemon; false (and a line) if either failed.
+  bool stop(const char* name) {
+    bool ok = true;
+    if (auto detached = client->detach(); !detached) {
+      std::fprintf(stderr, "bench_control: %s: detach: %s\n", name, detached.error().message.c_str());
+      ok = false;
+    }
+    if (!daemon->stop()) {
+      std::fprintf(stderr, "bench_control: %s: dbufd did not exit cleanly\n", name);
+      ok = false;
+    }
+    return ok;
   }
-  if (auto attached = client->attach({.job = "bench-control", .rank = 0, .world_size = 1}); !attached) {
-    std::printf("(%s: skipped, attach: %s)\n", name, attached.error().message.c_str());
-    return std::nullopt;
-  }
-  Stats stats = measure(name, sleeping ? config.blocking_iterations : config.busy_iterations, [&] {
-    auto handle = client->submitNoop();
-    if (!handle) die(std::string(name) + ": submitNoop: " + handle.error().message);
+  /// One round trip: a noop (the rings and the daemon's loop) or a barrier
+  /// (also the data plane's match, completion and recording).
+  void roundTrip(const char* name, bool barrier) {
+    auto handle = barrier ? client->submitBarrier() : client->submitNoop();
+    if (!handle) die(std::string(name) + ": submit: " + handle.error().message);
     auto done = client->wait(*handle);
     if (!done) die(std::string(name) + ": wait: " + done.error().message);
-  });
-  if (auto detached = client->detach(); !detached) {
-    std::fprintf(stderr, "bench_control: %s: detach: %s\n", name, detached.error().message.c_str());
-    ++failures;
   }
-  if (!daemon.stop()) {
-    std::fprintf(stderr, "bench_control: %s: dbufd did not exit cleanly\n", name);
-    ++failures;
+
+  std::optional<dbuf::bench::DaemonProcess> daemon;
+  std::optional<dbuf::Client> client;
+  std::string failed;
+};
+
+/// Rows 6 and 7: dbufd busy-polling (noop, barrier) or sleeping (noop);
+/// nullopt (and a line saying why) when dbufd cannot be started or attached to.
+std::optional<Stats> throughDbufd(bool sleeping, bool barrier) {
+  const char* name = sleeping  ? "through dbufd, sleeping (busy_poll_us 0)"
+                     : barrier ? "through dbufd, busy-poll (1-rank barrier)"
+                               : "through dbufd, busy-poll (noop)";
+  AttachedDaemon attached(dbuf::bench::dbufdExecutable(), sleeping ? 0 : 100000);
+  if (!attached.failed.empty()) {
+    std::printf("(%s: skipped, %s)\n", name, attached.failed.c_str());
+    return std::nullopt;
   }
+  Stats stats = measure(name, sleeping ? config.blocking_iterations : config.busy_iterations,
+                        [&] { attached.roundTrip(name, barrier); });
+  if (!attached.stop(name)) ++failures;
   return stats;
+}
+
+/// Row 7 against `baseline`'s dbufd, in `rounds` alternating rounds of
+/// config.busy_iterations barriers each. Returns false if it could not run.
+bool barrierAgainstBaseline(const std::string& baseline, std::size_t rounds) {
+  constexpr std::uint32_t kShippedBusyPollUs = 50;  // the idle one of the two sleeps within 50 us
+  AttachedDaemon mine(dbuf::bench::dbufdExecutable(), kShippedBusyPollUs);
+  AttachedDaemon theirs(baseline, kShippedBusyPollUs);
+  for (const AttachedDaemon* d : {&mine, &theirs}) {
+    if (!d->failed.empty()) {
+      std::printf("(barrier against %s: skipped, %s)\n", baseline.c_str(), d->failed.c_str());
+      return false;
+    }
+  }
+  std::printf("\n1-rank barrier through dbufd, %zu rounds of %zu, alternating: this build's dbufd vs %s\n", rounds,
+              config.busy_iterations, baseline.c_str());
+  std::printf("%-6s %14s %14s %8s\n", "round", "this p50 us", "baseline p50 us", "ratio");
+  std::vector<double> ratios;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const bool mine_first = round % 2 == 0;
+    Stats first = measure("first", config.busy_iterations,
+                          [&] { (mine_first ? mine : theirs).roundTrip("barrier", true); });
+    Stats second = measure("second", config.busy_iterations,
+                           [&] { (mine_first ? theirs : mine).roundTrip("barrier", true); });
+    const Stats& this_build = mine_first ? first : second;
+    const Stats& base = mine_first ? second : first;
+    ratios.push_back(this_build.p50_us / base.p50_us);
+    std::printf("%-6zu %14.3f %14.3f %8.3f\n", round, this_build.p50_us, base.p50_us, ratios.back());
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::printf("ratio (this / baseline) of the p50s: median %.3f, best %.3f, worst %.3f\n", ratios[ratios.size() / 2],
+              ratios.front(), ratios.back());
+  if (!mine.stop("barrier") || !theirs.stop("barrier (baseline)")) ++failures;
+  return true;
 }
 
 void usage(FILE* to) {
   std::fprintf(to,
-               "usage: bench_control [--iterations N] [--quick]\n"
-               "  --iterations N  round trips per spinning row (blocking rows: N / 10); default 200000\n"
-               "  --quick         same as --iterations 20000\n");
+               "usage: bench_control [--iterations N] [--quick] [--baseline-dbufd PATH] [--rounds R]\n"
+               "  --iterations N         round trips per spinning row (blocking rows: N / 10); default 200000\n"
+               "  --quick                same as --iterations 20000\n"
+               "  --baseline-dbufd PATH  also time the 1-rank barrier against this dbufd, alternating\n"
+               "  --rounds R             rounds of that comparison (default 9)\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t iterations = 200000;
+  std::size_t rounds = 9;
+  std::string baseline;
+  const auto count = [&](int& i, std::size_t& out) {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(argv[++i], &end, 10);
+    if (end == nullptr || *end != '\0' || value == 0) return false;
+    out = static_cast<std::size_t>(value);
+    return true;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       iterations = 20000;
-    } else if (arg == "--iterations" && i + 1 < argc) {
-      char* end = nullptr;
-      const unsigned long long value = std::strtoull(argv[++i], &end, 10);
-      if (end == nullptr || *end != '\0' || value == 0) {
+    } else if ((arg == "--iterations" || arg == "--rounds") && i + 1 < argc) {
+      if (!count(i, arg == "--rounds" ? rounds : iterations)) {
         usage(stderr);
         return 2;
       }
-      iterations = static_cast<std::size_t>(value);
+    } else if (arg == "--baseline-dbufd" && i + 1 < argc) {
+      baseline = argv[++i];
     } else if (arg == "--help" || arg == "-h") {
       usage(stdout);
       return 0;
@@ -576,14 +654,15 @@ int main(int argc, char** argv) {
   rows.push_back(dbufRings(true));
   std::optional<std::size_t> dbufd_busy;
   std::optional<std::size_t> dbufd_sleeping;
-  if (auto row = throughDbufd(false)) {
+  if (auto row = throughDbufd(false, false)) {
     dbufd_busy = rows.size();
     rows.push_back(*row);
   }
-  if (auto row = throughDbufd(true)) {
+  if (auto row = throughDbufd(true, false)) {
     dbufd_sleeping = rows.size();
     rows.push_back(*row);
   }
+  if (auto row = throughDbufd(false, true)) rows.push_back(*row);
 
   constexpr std::size_t kBare = 0;
   constexpr std::size_t kSocket = 1;
@@ -605,6 +684,7 @@ int main(int argc, char** argv) {
     std::printf("through dbufd, sleeping: p50 / bare p50 = %.2f; socket p50 / p50 = %.2f\n", overBare(*dbufd_sleeping),
                 belowSocket(*dbufd_sleeping));
   }
+  if (!baseline.empty() && !barrierAgainstBaseline(baseline, rounds)) ++failures;
   if (failures != 0) {
     std::fprintf(stderr, "bench_control: %d responder failure(s)\n", failures);
     return 1;

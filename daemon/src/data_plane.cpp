@@ -151,25 +151,28 @@ Result<std::size_t> DataPlane::takeSubmissions(JobSchedule& job, std::uint32_t r
   std::size_t taken = 0;
   // Take only what can be answered: every op taken has a completion entry
   // reserved, so the daemon never has to hold a completion back.
-  while (plane.rings.roomToAnswer()) {
+  RankSchedule& state = job.ranks[rank];
+  while (true) {
+    if (!plane.rings.roomToAnswer()) {
+      // As many of its ops outstanding as its rings hold: its next submit
+      // waits (or fails with kWouldBlock). Counted once per filling.
+      if (!state.rings_full) ++job.stats.ring_full;
+      state.rings_full = true;
+      break;
+    }
     ipc::Submission submission;
     const ipc::TakeResult result = plane.rings.take(submission);
-    if (result == ipc::TakeResult::kEmpty) break;
+    if (result == ipc::TakeResult::kEmpty) {
+      state.rings_full = false;
+      break;
+    }
     if (result == ipc::TakeResult::kCorrupt) {
       return makeError(ErrorCode::kInvalidArgument, "its submission ring indices are corrupt");
     }
     ++taken;
     enqueue(job, rank, submission, now);
   }
-  noteRingsFull(job, rank);
   return taken;
-}
-
-void DataPlane::noteRingsFull(JobSchedule& job, std::uint32_t rank) {
-  RankSchedule& state = job.ranks[rank];
-  const bool full = !state.plane->rings.roomToAnswer() && state.plane->rings.hasSubmission();
-  if (full && !state.rings_full) ++job.stats.ring_full;
-  state.rings_full = full;
 }
 
 void DataPlane::enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now) {

@@ -226,9 +226,6 @@ class DataPlane {
 
  private:
   static void armDoorbell(const std::shared_ptr<asio::posix::stream_descriptor>& doorbell);
-  /// Counts a filling of the rank's rings: submissions wait that cannot be
-  /// taken until its client reaps completions.
-  static void noteRingsFull(JobSchedule& job, std::uint32_t rank);
   void enqueue(JobSchedule& job, std::uint32_t rank, const ipc::Submission& submission, SteadyClock::time_point now);
   /// Checks the ranks' next ops (failing them, or finishing a barrier, at
   /// once); true when they can run.

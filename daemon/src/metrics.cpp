@@ -39,7 +39,7 @@ ClientMetric histogram(Labels labels, const DurationHistogram& observed) {
   ClientMetric metric;
   metric.label = std::move(labels);
   metric.histogram.sample_count = observed.count;
-  metric.histogram.sample_sum = observed.sum_s;
+  metric.histogram.sample_sum = observed.sumSeconds();
   std::uint64_t cumulative = 0;
   for (std::size_t i = 0; i < DurationHistogram::kBounds.size(); ++i) {
     cumulative += observed.buckets[i];
@@ -113,7 +113,7 @@ struct JobFamilies {
   MetricFamily queued = family("dbuf_job_queued_ops", "Collectives its ranks submitted that wait for the others",
                                MetricType::Gauge);
   MetricFamily ring_full = family("dbuf_job_ring_full_total",
-                                  "Times a rank's rings filled (it submitted faster than it reaped completions)",
+                                  "Times a rank's rings filled: as many ops outstanding as they hold (its next submit waits)",
                                   MetricType::Counter);
   MetricFamily ranks_lost = family("dbuf_job_ranks_lost_total",
                                    "Ranks whose connection ended while the job's collectives were queued or running",

@@ -23,21 +23,27 @@ struct DurationHistogram {
   /// the collective timeout.
   static constexpr std::array<double, 15> kBounds = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2,
                                                      0.1,  0.3,  1.0,  3.0,  10.0, 30.0, 100.0};
+  /// The same in nanoseconds: an op's end compares integers.
+  static constexpr std::array<std::int64_t, 15> kBoundsNs = {
+      10'000,        30'000,         100'000,        300'000,        1'000'000,
+      3'000'000,     10'000'000,     30'000'000,     100'000'000,    300'000'000,
+      1'000'000'000, 3'000'000'000,  10'000'000'000, 30'000'000'000, 100'000'000'000};
   std::array<std::uint64_t, kBounds.size()> buckets{};  ///< non-cumulative: bucket i is (bound i-1, bound i]
   std::uint64_t count = 0;
-  double sum_s = 0;
+  std::int64_t sum_ns = 0;
 
   void observe(std::chrono::nanoseconds duration) noexcept {
-    const double seconds = std::chrono::duration<double>(duration).count();
+    const std::int64_t ns = duration.count();
     ++count;
-    sum_s += seconds;
-    for (std::size_t i = 0; i < kBounds.size(); ++i) {
-      if (seconds <= kBounds[i]) {
+    sum_ns += ns;
+    for (std::size_t i = 0; i < kBoundsNs.size(); ++i) {
+      if (ns <= kBoundsNs[i]) {
         ++buckets[i];
         return;
       }
     }
   }
+  [[nodiscard]] double sumSeconds() const noexcept { return static_cast<double>(sum_ns) / 1e9; }
 };
 
 struct OpStats {
@@ -55,8 +61,9 @@ struct OpStats {
     DurationHistogram run;    ///< the match .. its end
   };
   std::array<PerOp, kOpCodes> ops{};
-  /// Times a rank's rings filled: it had submitted more while every
-  /// completion entry was taken (it was not reaping).
+  /// Times a rank's rings filled: as many of its ops outstanding (queued for
+  /// the other ranks, running, or answered and not reaped) as its rings hold,
+  /// so that its next submit waits (or fails with kWouldBlock).
   std::uint64_t ring_full = 0;
   /// Ranks whose connection ended while collectives of the job were queued
   /// or running (they failed for it).

@@ -114,6 +114,31 @@ def test_the_endpoint_counts_a_jobs_ops_by_kind_and_result(metrics_daemon):
     assert value(samples, "dbuf_build_info", backend="host") == 1
 
 
+def test_a_rank_that_fills_its_rings_is_counted_once_per_filling():
+    with Daemon(log_level="info", metrics={"listen": "127.0.0.1:0"}, rings={"entries": 16},
+                timeouts={"collective_ms": 10000}) as daemon:
+        url = metrics_url(daemon)
+        clients = [dbuf.Client(daemon.socket, timeout=10.0) for _ in range(2)]
+        run_threads(2, lambda r: clients[r].attach("ahead", r, 2))
+        job = {"tenant": "default", "dbuf_job": "ahead"}
+        for filling in (1, 2):
+            # Rank 0 runs 16 barriers ahead of rank 1: its rings (16 entries) are full until rank 1 comes.
+            ahead = [clients[0].barrier(async_op=True) for _ in range(16)]
+            deadline = time.monotonic() + 10
+            while value(scrape(url), "dbuf_job_queued_ops", **job) < 16:
+                assert time.monotonic() < deadline, "rank 0's barriers did not all reach dbufd"
+                time.sleep(0.01)
+            for _ in range(16):
+                clients[1].barrier()  # one at a time: rank 1's rings never fill
+            for op in ahead:
+                op.wait()
+            samples = scrape(url)
+            assert value(samples, "dbuf_job_ring_full_total", **job) == filling
+            assert value(samples, "dbuf_ops_total", **job, op="barrier", result="ok") == 16 * filling
+        for client in clients:
+            client.detach()
+
+
 def test_an_address_in_use_is_logged_and_dbufd_serves_on(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -139,6 +139,12 @@ TEST(Metrics, HistogramsAreCumulativeWithTheSampleCountAndSum) {
   EXPECT_NEAR(wait.sample_sum, 30.0001, 1e-9);
 }
 
+TEST(Metrics, TheBoundsInNanosecondsAreTheBoundsInSeconds) {
+  for (std::size_t i = 0; i < DurationHistogram::kBounds.size(); ++i) {
+    EXPECT_EQ(static_cast<double>(DurationHistogram::kBoundsNs[i]) / 1e9, DurationHistogram::kBounds[i]) << i;
+  }
+}
+
 TEST(Metrics, AnObservationAboveTheLastBoundCountsOnlyInInf) {
   DurationHistogram histogram;
   histogram.observe(std::chrono::seconds(1000));
