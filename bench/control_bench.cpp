@@ -501,7 +501,8 @@ struct AttachedDaemon {
       failed = daemon->error();
       return;
     }
-    auto connected = dbuf::Client::connect({.socket_path = daemon->socket(), .timeout = std::chrono::milliseconds(10000)});
+    auto connected =
+        dbuf::Client::connect({.socket_path = daemon->socket(), .timeout = std::chrono::milliseconds(10000)});
     if (!connected) {
       failed = "connect: " + connected.error().message;
       return;
@@ -573,10 +574,10 @@ bool barrierAgainstBaseline(const std::string& baseline, std::size_t rounds) {
   std::vector<double> ratios;
   for (std::size_t round = 0; round < rounds; ++round) {
     const bool mine_first = round % 2 == 0;
-    Stats first = measure("first", config.busy_iterations,
-                          [&] { (mine_first ? mine : theirs).roundTrip("barrier", true); });
-    Stats second = measure("second", config.busy_iterations,
-                           [&] { (mine_first ? theirs : mine).roundTrip("barrier", true); });
+    Stats first =
+        measure("first", config.busy_iterations, [&] { (mine_first ? mine : theirs).roundTrip("barrier", true); });
+    Stats second =
+        measure("second", config.busy_iterations, [&] { (mine_first ? theirs : mine).roundTrip("barrier", true); });
     const Stats& this_build = mine_first ? first : second;
     const Stats& base = mine_first ? second : first;
     ratios.push_back(this_build.p50_us / base.p50_us);

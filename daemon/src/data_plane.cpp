@@ -607,8 +607,8 @@ void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
   RankSchedule& gone = job.ranks[rank];
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
-  const bool ops_fail =
-      was_running || std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); });
+  const bool ops_fail = was_running || std::any_of(job.ranks.begin(), job.ranks.end(),
+                                                   [](const RankSchedule& r) { return !r.ops.empty(); });
   if (ops_fail) ++job.stats.ranks_lost;  // (a job's orderly end, rank by rank, loses nothing)
   // Queued GPU work may still touch the rank's memory, which goes next.
   if (job.collectives.executor) {

@@ -58,12 +58,13 @@ void addDaemon(const admin::DaemonView& view, std::vector<MetricFamily>& out) {
   MetricFamily info = family("dbuf_build_info", "dbufd's build and backend (always 1)", MetricType::Gauge);
   info.metric.push_back(gauge({{"version", DBUF_VERSION}, {"backend", view.backend}}, 1));
   out.push_back(std::move(info));
-  MetricFamily started = family("dbuf_start_time_seconds", "When dbufd started, since the Unix epoch", MetricType::Gauge);
+  MetricFamily started =
+      family("dbuf_start_time_seconds", "When dbufd started, since the Unix epoch", MetricType::Gauge);
   started.metric.push_back(gauge({}, view.started_unix_s));
   out.push_back(std::move(started));
-  MetricFamily busy = family("dbuf_loop_busy_seconds_total",
-                             "Time dbufd's loop spent working rather than waiting (rate(): its busy fraction)",
-                             MetricType::Counter);
+  MetricFamily busy =
+      family("dbuf_loop_busy_seconds_total",
+             "Time dbufd's loop spent working rather than waiting (rate(): its busy fraction)", MetricType::Counter);
   busy.metric.push_back(counter({}, view.loop_busy_s));
   out.push_back(std::move(busy));
   MetricFamily draining = family("dbuf_draining", "1 while dbufd refuses new jobs (dbufctl drain)", MetricType::Gauge);
@@ -107,27 +108,28 @@ void addTenants(const admin::DaemonView& view, std::vector<MetricFamily>& out) {
 /// scrape job's name).
 struct JobFamilies {
   MetricFamily memory = family("dbuf_job_memory_bytes", "Memory charged for a job", MetricType::Gauge);
-  MetricFamily ranks = family("dbuf_job_ranks",
-                              "A job's ranks on this node: attached; gone (lost while others stayed); detached",
-                              MetricType::Gauge);
-  MetricFamily queued = family("dbuf_job_queued_ops", "Collectives its ranks submitted that wait for the others",
-                               MetricType::Gauge);
-  MetricFamily ring_full = family("dbuf_job_ring_full_total",
-                                  "Times a rank's rings filled: as many ops outstanding as they hold (its next submit waits)",
-                                  MetricType::Counter);
-  MetricFamily ranks_lost = family("dbuf_job_ranks_lost_total",
-                                   "Ranks whose connection ended while the job's collectives were queued or running",
-                                   MetricType::Counter);
+  MetricFamily ranks =
+      family("dbuf_job_ranks", "A job's ranks on this node: attached; gone (lost while others stayed); detached",
+             MetricType::Gauge);
+  MetricFamily queued =
+      family("dbuf_job_queued_ops", "Collectives its ranks submitted that wait for the others", MetricType::Gauge);
+  MetricFamily ring_full = family(
+      "dbuf_job_ring_full_total",
+      "Times a rank's rings filled: as many ops outstanding as they hold (its next submit waits)", MetricType::Counter);
+  MetricFamily ranks_lost =
+      family("dbuf_job_ranks_lost_total",
+             "Ranks whose connection ended while the job's collectives were queued or running", MetricType::Counter);
   MetricFamily ops = family("dbuf_ops_total",
                             "Collectives that ended, by op and result (ok, or the error: timeout, conflict for a "
                             "mismatch, ...)",
                             MetricType::Counter);
-  MetricFamily bytes = family("dbuf_op_bytes_total",
-                              "Bytes of the collectives that succeeded: a rank's unsharded copy of the group each",
-                              MetricType::Counter);
-  MetricFamily wait = family("dbuf_op_wait_seconds",
-                             "From the first of this node's ranks submitting a collective to the last",
-                             MetricType::Histogram);
+  MetricFamily bytes =
+      family("dbuf_op_bytes_total",
+             "Bytes of the collectives that succeeded: a rank's unsharded copy of the group each", MetricType::Counter);
+  MetricFamily wait =
+      family("dbuf_op_wait_seconds",
+             "From the first of this node's ranks submitting a collective (or the previous one's end) to the last",
+             MetricType::Histogram);
   MetricFamily run = family("dbuf_op_run_seconds", "From a collective's match (every rank submitted) to its end",
                             MetricType::Histogram);
 
@@ -149,7 +151,8 @@ struct JobFamilies {
     }
     ranks.metric.push_back(gauge(with({{"state", "attached"}}), static_cast<double>(attached)));
     ranks.metric.push_back(gauge(with({{"state", "gone"}}), static_cast<double>(gone)));
-    ranks.metric.push_back(gauge(with({{"state", "detached"}}), static_cast<double>(job.ranks.size() - attached - gone)));
+    ranks.metric.push_back(
+        gauge(with({{"state", "detached"}}), static_cast<double>(job.ranks.size() - attached - gone)));
     queued.metric.push_back(gauge(labels, static_cast<double>(queued_ops)));
     ring_full.metric.push_back(counter(labels, static_cast<double>(job.op_stats.ring_full)));
     ranks_lost.metric.push_back(counter(labels, static_cast<double>(job.op_stats.ranks_lost)));
@@ -159,8 +162,8 @@ struct JobFamilies {
       const std::string op(ipc::toString(static_cast<ipc::OpCode>(code)));
       for (std::size_t result = 0; result < OpStats::kResults; ++result) {
         if (per_op.ended[result] == 0) continue;
-        ops.metric.push_back(counter(with({{"op", op}, {"result", resultLabel(result)}}),
-                                     static_cast<double>(per_op.ended[result])));
+        ops.metric.push_back(
+            counter(with({{"op", op}, {"result", resultLabel(result)}}), static_cast<double>(per_op.ended[result])));
       }
       if (code != static_cast<std::size_t>(ipc::OpCode::kBarrier)) {  // (a barrier moves no bytes)
         bytes.metric.push_back(counter(with({{"op", op}}), static_cast<double>(per_op.bytes)));

@@ -6,14 +6,14 @@
 // serves them. A scrape asks the loop for a snapshot: nothing on the data
 // plane's hot path is shared with the endpoint's threads.
 
+#include <prometheus/metric_family.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <prometheus/metric_family.h>
 
 #include "admin.hpp"
 #include "dbuf/common/result.hpp"

@@ -25,9 +25,9 @@ struct DurationHistogram {
                                                      0.1,  0.3,  1.0,  3.0,  10.0, 30.0, 100.0};
   /// The same in nanoseconds: an op's end compares integers.
   static constexpr std::array<std::int64_t, 15> kBoundsNs = {
-      10'000,        30'000,         100'000,        300'000,        1'000'000,
-      3'000'000,     10'000'000,     30'000'000,     100'000'000,    300'000'000,
-      1'000'000'000, 3'000'000'000,  10'000'000'000, 30'000'000'000, 100'000'000'000};
+      10'000,        30'000,        100'000,        300'000,        1'000'000,
+      3'000'000,     10'000'000,    30'000'000,     100'000'000,    300'000'000,
+      1'000'000'000, 3'000'000'000, 10'000'000'000, 30'000'000'000, 100'000'000'000};
   std::array<std::uint64_t, kBounds.size()> buckets{};  ///< non-cumulative: bucket i is (bound i-1, bound i]
   std::uint64_t count = 0;
   std::int64_t sum_ns = 0;
@@ -58,7 +58,7 @@ struct OpStats {
     /// The first of this node's ranks submitting it (or the job's previous op
     /// ending, when later) .. the last submitting it (the match).
     DurationHistogram wait;
-    DurationHistogram run;    ///< the match .. its end
+    DurationHistogram run;  ///< the match .. its end
   };
   std::array<PerOp, kOpCodes> ops{};
   /// Times a rank's rings filled: as many of its ops outstanding (queued for

@@ -55,6 +55,14 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
     return matching[0]
 
 
+def attached_group(daemon: Daemon, job: str, rank: int, world: int) -> tuple[dbuf.Client, dbuf.Group]:
+    client = dbuf.Client(daemon.socket, timeout=10.0)
+    client.attach(job, rank, world)
+    group = client.register_group("g", SPECS)
+    group.acquire_slot()
+    return client, group
+
+
 @pytest.fixture
 def metrics_daemon():
     with Daemon(log_level="info", metrics={"listen": "127.0.0.1:0"},
@@ -67,10 +75,7 @@ def test_the_endpoint_counts_a_jobs_ops_by_kind_and_result(metrics_daemon):
     world, gathers, scatters = 2, 7, 5
 
     def rank(r: int):
-        client = dbuf.Client(metrics_daemon.socket, timeout=10.0)
-        client.attach("counted", r, world)
-        group = client.register_group("g", SPECS)
-        group.acquire_slot()
+        client, group = attached_group(metrics_daemon, "counted", r, world)
         for _ in range(gathers):
             group.all_gather()
         for _ in range(scatters):
@@ -264,15 +269,13 @@ def test_a_real_prometheus_scrapes_dbufd_and_promql_counts_the_ops_run(metrics_d
     world, steps = 2, 12
 
     def rank(r: int):
-        client = dbuf.Client(metrics_daemon.socket, timeout=10.0)
-        client.attach("scraped", r, world)
-        group = client.register_group("g", SPECS)
-        group.acquire_slot()
+        client, group = attached_group(metrics_daemon, "scraped", r, world)
         for _ in range(steps):
             group.all_gather()
             group.reduce_scatter()
         ranks.ready.wait(60)
         ranks.release.wait(90)  # attached, so the job's series stay until Prometheus has seen them
+        client.detach()
 
     ranks = Ranks(world)
     ranks.start(rank)

@@ -132,8 +132,8 @@ TEST(Metrics, HistogramsAreCumulativeWithTheSampleCountAndSum) {
   ASSERT_EQ(waits.size(), 2u);  // barrier, allGather (in op code order)
   ASSERT_EQ(label(waits[1], "op"), "allGather");
   const auto& wait = waits[1].histogram;
-  EXPECT_EQ(wait.bucket[0].cumulative_count, 0u);  // <= 10 us
-  EXPECT_EQ(wait.bucket[1].cumulative_count, 5u);  // <= 30 us
+  EXPECT_EQ(wait.bucket[0].cumulative_count, 0u);   // <= 10 us
+  EXPECT_EQ(wait.bucket[1].cumulative_count, 5u);   // <= 30 us
   EXPECT_EQ(wait.bucket[12].cumulative_count, 5u);  // <= 10 s
   EXPECT_EQ(wait.bucket[13].cumulative_count, 6u);  // <= 30 s
   EXPECT_NEAR(wait.sample_sum, 30.0001, 1e-9);
