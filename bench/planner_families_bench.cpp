@@ -8,10 +8,14 @@
 // the models with a unit whose scan over sizes was cut short, and how the
 // plan time grows with the tensors of the largest unit.
 //
-//   bench_planner_families [--models N] [--seed S] [--quick] [--worst K]
+//   bench_planner_families [--models N] [--seed S] [--quick] [--worst K] [--only PREFIX]
+//                          [--devices V] [--node-budget N] [--search-total N]
 //
 // --models: how many (default 200); --quick: 40 models, V in {8, 1024};
-// --worst K: list the K worst models per configuration (default 3).
+// --worst K: list the K worst models per configuration (default 3);
+// --only, --devices: the models whose name starts with PREFIX, one V;
+// --node-budget, --search-total: the order search's budgets (SearchOptions),
+// to tell a gap the search leaves from one the bound leaves.
 // Exits 0 whatever the figures (the targets are not met yet: this measures).
 
 #include <algorithm>
@@ -42,10 +46,14 @@ struct Outcome {
   std::size_t scan_cut = 0;  // units whose scan over shard sizes ran out of budget (scan_complete false)
 };
 
+/// The search's budgets (SearchOptions), as given on the command line.
+dbuf::planner::SearchOptions search_options;
+
 Outcome plan(const GeneratedModel& model, std::int64_t devices, const GranularityRule& rule) {
   PlanOptions options;
   options.devices = devices;
   options.default_rule = rule;
+  options.search = search_options;
   auto planned = dbuf::planner::planModel(model.units, options);
   if (!planned) {
     std::fprintf(stderr, "%s, V=%lld: %s\n", model.name.c_str(), static_cast<long long>(devices),
@@ -137,6 +145,8 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 16;
   int worst = 3;
   bool quick = false;
+  std::string only;               // models whose name starts with this
+  std::int64_t only_devices = 0;  // one V
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -148,18 +158,30 @@ int main(int argc, char** argv) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (arg == "--worst" && i + 1 < argc) {
       worst = std::atoi(argv[++i]);
+    } else if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (arg == "--devices" && i + 1 < argc) {
+      only_devices = std::strtoll(argv[++i], nullptr, 10);
+    } else if (arg == "--node-budget" && i + 1 < argc) {
+      search_options.node_budget = std::strtoll(argv[++i], nullptr, 10);
+    } else if (arg == "--search-total" && i + 1 < argc) {
+      search_options.search_nodes_total = std::strtoll(argv[++i], nullptr, 10);
     } else {
-      std::fprintf(stderr, "usage: bench_planner_families [--models N] [--seed S] [--quick] [--worst K]\n");
+      std::fprintf(stderr,
+                   "usage: bench_planner_families [--models N] [--seed S] [--quick] [--worst K] [--only PREFIX]\n"
+                   "         [--devices V] [--node-budget N] [--search-total N]\n");
       return 2;
     }
   }
-  const std::vector<GeneratedModel> models = dbuf::bench::generateModels(seed, count);
+  std::vector<GeneratedModel> models = dbuf::bench::generateModels(seed, count);
+  std::erase_if(models, [&](const GeneratedModel& m) { return m.name.rfind(only, 0) != 0; });
   std::size_t moe = 0;
   for (const GeneratedModel& m : models) moe += m.moe ? 1 : 0;
   std::printf("%zu generated models (seed %llu): %zu MoE, %zu dense\n\n", models.size(),
               static_cast<unsigned long long>(seed), moe, models.size() - moe);
-  const std::vector<std::int64_t> device_counts =
-      quick ? std::vector<std::int64_t>{8, 1024} : std::vector<std::int64_t>{8, 64, 256, 1024};
+  const std::vector<std::int64_t> device_counts = only_devices > 0 ? std::vector<std::int64_t>{only_devices}
+                                                  : quick          ? std::vector<std::int64_t>{8, 1024}
+                                                                   : std::vector<std::int64_t>{8, 64, 256, 1024};
   const std::vector<std::string> rules{"element", "rows:32", "block:128x128"};
   std::printf("%5s %-13s %9s %9s %9s %9s %7s %8s %8s %8s %6s %8s %6s\n", "V", "rule", "gap p50", "gap p90", "gap p99",
               "gap max", ">0.2%", "ms p50", "ms p90", "ms max", ">20ms", "optimal", "cut");
