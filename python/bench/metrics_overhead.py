@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import threading
 import time
@@ -72,15 +71,6 @@ class Job:
             client.detach()
 
 
-def metrics_url(daemon: Daemon) -> str:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if found := re.search(r"metrics on (http://\S+)", daemon.log_text()):
-            return found.group(1)
-        time.sleep(0.05)
-    raise RuntimeError("dbufd logged no metrics URL:\n" + daemon.log_text())
-
-
 def scrape_forever(url: str, stop: threading.Event, scrapes: list[int]) -> None:
     while not stop.wait(0.1):
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -107,7 +97,7 @@ def main() -> None:
     }
     jobs = {name: Job(daemon, name) for name, daemon in daemons.items()}
     stop, scrapes = threading.Event(), [0]
-    scraper = threading.Thread(target=scrape_forever, args=(metrics_url(daemons["scraped"]), stop, scrapes),
+    scraper = threading.Thread(target=scrape_forever, args=(daemons["scraped"].metrics_url(), stop, scrapes),
                                daemon=True)
     scraper.start()
     try:

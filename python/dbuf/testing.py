@@ -14,6 +14,7 @@ everything else keeps its default.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -105,6 +106,16 @@ class Daemon:
 
     def log_text(self) -> str:
         return Path(self.log).read_text(errors="replace")
+
+    def metrics_url(self, timeout: float = 10.0) -> str:
+        """The Prometheus endpoint's URL (``metrics={"listen": ...}``; port 0: the one it took), as dbufd logs it
+        at level info: start the daemon with ``log_level="info"`` (or lower)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := re.search(r"metrics on (http://\S+)", self.log_text()):
+                return found.group(1)
+            time.sleep(0.05)
+        raise RuntimeError("dbufd logged no metrics URL (log level info? [metrics] listen?):\n" + self.log_text())
 
     def close(self) -> None:
         self.stop()

@@ -4,7 +4,6 @@ and a real Prometheus server (Debian's `prometheus`) scraping it, asked through 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import socket
 import subprocess
@@ -24,17 +23,6 @@ from dbuf.testing import Daemon
 
 SPECS = [dbuf.TensorSpec("w", (64, 32)), dbuf.TensorSpec("b", (32,))]
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def metrics_url(daemon: Daemon) -> str:
-    """The endpoint's URL, as dbufd logs it (port 0 in the config: any free one)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        found = re.search(r"metrics on (http://\S+)", daemon.log_text())
-        if found:
-            return found.group(1)
-        time.sleep(0.05)
-    raise AssertionError("dbufd logged no metrics URL:\n" + daemon.log_text())
 
 
 def scrape(url: str) -> dict[str, list]:
@@ -71,7 +59,7 @@ def metrics_daemon():
 
 
 def test_the_endpoint_counts_a_jobs_ops_by_kind_and_result(metrics_daemon):
-    url = metrics_url(metrics_daemon)
+    url = metrics_daemon.metrics_url()
     world, gathers, scatters = 2, 7, 5
 
     def rank(r: int):
@@ -122,7 +110,7 @@ def test_the_endpoint_counts_a_jobs_ops_by_kind_and_result(metrics_daemon):
 def test_a_rank_that_fills_its_rings_is_counted_once_per_filling():
     with Daemon(log_level="info", metrics={"listen": "127.0.0.1:0"}, rings={"entries": 16},
                 timeouts={"collective_ms": 10000}) as daemon:
-        url = metrics_url(daemon)
+        url = daemon.metrics_url()
         clients = [dbuf.Client(daemon.socket, timeout=10.0) for _ in range(2)]
         run_threads(2, lambda r: clients[r].attach("ahead", r, 2))
         job = {"tenant": "default", "dbuf_job": "ahead"}
@@ -265,7 +253,7 @@ class Prometheus:
 
 def test_a_real_prometheus_scrapes_dbufd_and_promql_counts_the_ops_run(metrics_daemon):
     assert Path(PROMETHEUS).exists(), "Debian's prometheus is not installed (scripts/install-deps.sh installs it)"
-    prometheus = Prometheus(metrics_url(metrics_daemon))
+    prometheus = Prometheus(metrics_daemon.metrics_url())
     world, steps = 2, 12
 
     def rank(r: int):
