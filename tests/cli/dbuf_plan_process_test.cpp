@@ -121,11 +121,39 @@ TEST(CliUsage, UnknownUnit) {
                  {kLlama, "'layers.99'"});
 }
 
+TEST(CliUsage, UnknownMergeMode) {
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "always"}), {"--merge", "'always'"});
+}
+
+TEST(CliUsage, MergeAutoNeedsABudgetAndABudgetNeedsMergeAuto) {
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "auto"}), {"--unsharded-budget"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--unsharded-budget", "1GiB"}), {"--merge auto"});
+}
+
+TEST(CliUsage, BadUnshardedBudget) {
+  for (const char* bad : {"0", "-1", "1.5GiB", "12XB", "lots", "99999999999999999999"}) {
+    expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "auto", "--unsharded-budget", bad}),
+                   {"--unsharded-budget", "'" + std::string(bad) + "'"});
+  }
+}
+
+TEST(CliUsage, UnitMergedIntoALargerOne) {
+  // At 1024 ranks with rows:32, Llama-3-8B's layers merge within 16 GiB.
+  expectBadInput(plan({"--model", kLlama, "--devices", "1024", "--granularity", "rows:32", "--merge", "auto",
+                       "--unsharded-budget", "16GiB", "--unit", "layers.5"}),
+                 {kLlama, "'layers.5' is merged into 'layers.0..final'"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "auto", "--unsharded-budget", "16GiB", "--unit",
+                       "layers.99"}),
+                 {kLlama, "no unit named 'layers.99'"});
+}
+
 TEST(CliUsage, HelpGoesToStdout) {
   const ChildResult result = plan({"--help"});
   expectOk(result);
   EXPECT_NE(result.out.find("usage: dbuf-plan"), std::string::npos);
   EXPECT_NE(result.out.find("--granularity"), std::string::npos);
+  EXPECT_NE(result.out.find("--merge MODE"), std::string::npos);
+  EXPECT_NE(result.out.find("--unsharded-budget BYTES"), std::string::npos);
 }
 
 // ------------------------------------------------------- model file errors --
@@ -390,6 +418,67 @@ TEST(CliTable, ExplainsBoundsFarAboveIdeal) {
   EXPECT_NE(result.out.find("more than 5% above ceil(N/V)"), std::string::npos);
   EXPECT_NE(result.out.find("forced by:"), std::string::npos);
   EXPECT_NE(result.out.find("merge "), std::string::npos);
+}
+
+// --merge auto: the report's units are the merged ones, followed by what
+// merging cost. Llama-3-8B at 1024 ranks with rows:32 is 3.88x of N unit by
+// unit; within 16 GiB it merges every layer and the final norm and head.
+const std::vector<std::string> kMergedLlama = {
+    "--model", kLlama, "--devices",          "1024", "--granularity", "rows:32",
+    "--merge", "auto", "--unsharded-budget", "16GiB"};
+
+TEST(CliJson, MergeAutoReportsTheMergedUnitsAndRoundTrips) {
+  std::vector<std::string> args = kMergedLlama;
+  args.insert(args.end(), {"--format", "json"});
+  const ChildResult result = plan(args);
+  expectOk(result);
+  const plan_io::PlanReport report = readJsonOutput(result);
+  expectValidPlan(report);
+  EXPECT_EQ(plan_io::writePlanJson(report), result.out);
+  ASSERT_TRUE(report.merge.has_value());
+  const plan_io::MergeReport& merge = *report.merge;
+  EXPECT_EQ(merge.budget_bytes, std::int64_t{16} << 30);
+  EXPECT_EQ(merge.units, 34);
+  ASSERT_EQ(merge.runs.size(), report.units.size());
+  std::int64_t next = 0;
+  for (std::size_t r = 0; r < merge.runs.size(); ++r) {
+    EXPECT_EQ(merge.runs[r].name, report.units[r].name);
+    EXPECT_EQ(merge.runs[r].first, next);
+    next += merge.runs[r].count;
+    EXPECT_EQ(merge.runs[r].allgather_elems, report.devices * report.units[r].shard_elems);
+    EXPECT_LE(merge.runs[r].unsharded_bytes, merge.budget_bytes);
+  }
+  EXPECT_EQ(next, 34);
+  EXPECT_LT(merge.runs.size(), 34u);
+  EXPECT_EQ(merge.allgather_elems, report.total.allgather_elems);
+  EXPECT_EQ(merge.numel, 8030261248);
+  EXPECT_TRUE(merge.within_target);
+  EXPECT_GT(merge.unmerged_inflation, 3.0);
+  EXPECT_GT(merge.peak_unsharded_bytes, merge.unmerged_peak_unsharded_bytes);
+  const Json root = Json::parse(result.out, nullptr, false);
+  expectLeadingKeys(root["merge"], {"budget_bytes", "units", "numel", "allgather_elems", "inflation",
+                                    "peak_unsharded_bytes", "within_target", "unmerged_allgather_elems",
+                                    "unmerged_inflation", "unmerged_peak_unsharded_bytes", "merge_ms", "runs"});
+  expectLeadingKeys(root["merge"]["runs"][0],
+                    {"name", "first", "count", "allgather_elems", "unsharded_bytes", "over_budget"});
+  // --merge none (the default) has no merge key.
+  const ChildResult plain = plan({"--model", kLlama, "--devices", "8", "--format", "json", "--merge", "none"});
+  expectOk(plain);
+  EXPECT_FALSE(Json::parse(plain.out, nullptr, false).contains("merge"));
+}
+
+TEST(CliTable, MergeAutoShowsTheMergedUnitsAndWhatMergingCost) {
+  std::vector<std::string> args = kMergedLlama;
+  args.push_back("--summary");
+  const ChildResult result = plan(args);
+  expectOk(result);
+  for (const char* needle : {"layers.0..final", "Merged with --merge auto under an unsharded budget of 16.00 GiB",
+                             "N without merging (within 1.05 N: yes)", "peak unsharded buffer per rank: "}) {
+    EXPECT_NE(result.out.find(needle), std::string::npos) << needle << "\n" << result.out;
+  }
+  // --unit takes a merged unit's name.
+  args.insert(args.end(), {"--unit", "layers.0..final"});
+  expectOk(plan(args));
 }
 
 bool looksLikeSvg(const std::string& text) {

@@ -164,7 +164,85 @@ TEST(CliReportJson, OnlyUnitRestrictsTheReport) {
   EXPECT_NE(none.error().message.find("'nope'"), std::string::npos);
 }
 
+/// `layers` copies of a unit of one [64, 32] matrix in two 32-row bands: too
+/// few blocks for 4 ranks alone (2x of N), balanced in pairs.
+std::vector<UnitSpec> bandedLayers(int layers) {
+  std::vector<UnitSpec> units;
+  for (int i = 0; i < layers; ++i) {
+    const std::string name = "layers." + std::to_string(i);
+    units.push_back({name, {tensor(name + ".w", {64, 32}, rows(32))}});
+  }
+  return units;
+}
+
+/// The report `dbuf-plan --merge auto` makes: the merged units' plans, and
+/// what the merge chose.
+PlanReport mergedReportOf(const std::vector<UnitSpec>& units, std::int64_t devices, std::int64_t budget) {
+  planner::PlanOptions options;
+  options.devices = devices;
+  auto merge = planner::planMerges(units, options, {.unsharded_budget_bytes = budget});
+  EXPECT_TRUE(merge.ok()) << (merge.ok() ? "" : merge.error().message);
+  if (!merge.ok()) return {};
+  auto plan = planner::planModel(planner::mergedUnits(units, *merge), options);
+  EXPECT_TRUE(plan.ok());
+  ReportOptions report_options;
+  report_options.model = "banded";
+  report_options.granularity = "element";
+  auto report = makeReport(*plan, report_options);
+  EXPECT_TRUE(report.ok());
+  report->merge = makeMergeReport(*merge);
+  return std::move(report).value();
+}
+
+TEST(CliReportJson, MergeRoundTripsAndMatchesTheUnits) {
+  const PlanReport report = mergedReportOf(bandedLayers(6), 4, 1 << 20);
+  ASSERT_TRUE(report.merge.has_value());
+  const MergeReport& merge = *report.merge;
+  EXPECT_EQ(merge.units, 6);
+  ASSERT_EQ(merge.runs.size(), 3u);
+  ASSERT_EQ(report.units.size(), 3u);
+  for (std::size_t r = 0; r < merge.runs.size(); ++r) {
+    EXPECT_EQ(merge.runs[r].name, report.units[r].name);
+    EXPECT_EQ(merge.runs[r].first, static_cast<std::int64_t>(2 * r));
+    EXPECT_EQ(merge.runs[r].count, 2);
+    EXPECT_EQ(merge.runs[r].allgather_elems, 4 * report.units[r].shard_elems);
+    EXPECT_EQ(merge.runs[r].unsharded_bytes, 2 * merge.runs[r].allgather_elems);  // bf16
+  }
+  EXPECT_EQ(report.units[0].name, "layers.0+layers.1");
+  EXPECT_EQ(merge.allgather_elems, report.total.allgather_elems);
+  EXPECT_TRUE(merge.within_target);
+  EXPECT_DOUBLE_EQ(merge.inflation, 1.0);
+  EXPECT_DOUBLE_EQ(merge.unmerged_inflation, 2.0);
+  const std::string text = writePlanJson(report);
+  EXPECT_NE(text.find("\"merge\": {\n    \"budget_bytes\": 1048576,"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"({"name": "layers.0+layers.1", "first": 0, "count": 2, )"), std::string::npos) << text;
+  auto read = readPlanJson(text);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  EXPECT_EQ(*read, report);
+  EXPECT_EQ(writePlanJson(*read), text);
+  expectReadError(replaced(text, "\"within_target\": true", "\"within_target\": 1"), "merge.within_target");
+  expectReadError(replaced(text, "\"first\": 2", "\"first\": \"2\""), "merge.runs[1].first");
+  // Without --merge auto there is no merge key.
+  EXPECT_EQ(writePlanJson(reportOf(smallModel(), 4)).find("\"merge\""), std::string::npos);
+}
+
 // ------------------------------------------------------------------ table --
+
+TEST(CliReportTable, MergeSummarySaysWhatMergingCost) {
+  const std::string table = writePlanTable(mergedReportOf(bandedLayers(6), 4, 1 << 20));
+  for (const char* needle :
+       {"layers.0+layers.1", "layers.4+layers.5", "Merged with --merge auto under an unsharded budget of 1.00 MiB",
+        "6 units as 3 (3 merges)", "1.0000x N merged, 2.0000x N without merging (within 1.05 N: yes)",
+        "peak unsharded buffer per rank: 8.00 KiB merged, 8.00 KiB without merging"}) {
+    EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
+  }
+  // A budget below one unit: nothing merges, every unit is named as above it.
+  const std::string tight = writePlanTable(mergedReportOf(bandedLayers(3), 4, 4096));
+  EXPECT_NE(tight.find("(within 1.05 N: no, the least volume within the budget)"), std::string::npos) << tight;
+  EXPECT_NE(tight.find("above the budget alone, kept unmerged: layers.0 (8.00 KiB), layers.1 (8.00 KiB)"),
+            std::string::npos)
+      << tight;
+}
 
 TEST(CliReportTable, RowsTotalsBaselinesAndDiagnosis) {
   const std::string table = writePlanTable(reportOf(smallModel(), 8));
@@ -267,6 +345,57 @@ TEST(CliArgs, Errors) {
   EXPECT_FALSE(parse({"--model=", "--devices", "8"}).ok());
   EXPECT_FALSE(parse({"--help", "--frob"}).ok());
   EXPECT_TRUE(parse({"--help"}).ok());
+}
+
+TEST(CliArgs, MergeAndItsBudget) {
+  auto none = parse({"--model", "m.json", "--devices", "8"});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->merge, "none");
+  EXPECT_EQ(none->unsharded_budget, 0);
+  auto merged = parse({"--model", "m.json", "--devices", "8", "--merge", "auto", "--unsharded-budget", "4GiB"});
+  ASSERT_TRUE(merged.ok()) << merged.error().message;
+  EXPECT_EQ(merged->merge, "auto");
+  EXPECT_EQ(merged->unsharded_budget, std::int64_t{4} << 30);
+  auto inline_form = parse({"--model", "m.json", "--devices", "8", "--merge=auto", "--unsharded-budget=512MiB"});
+  ASSERT_TRUE(inline_form.ok());
+  EXPECT_EQ(inline_form->unsharded_budget, std::int64_t{512} << 20);
+  const auto error = [](std::vector<std::string> args) {
+    auto parsed = parse(std::move(args));
+    return parsed.ok() ? std::string("accepted") : parsed.error().message;
+  };
+  EXPECT_NE(error({"--model", "m.json", "--devices", "8", "--merge", "always"}).find("--merge: 'always'"),
+            std::string::npos);
+  EXPECT_NE(error({"--model", "m.json", "--devices", "8", "--merge", "auto"}).find("needs --unsharded-budget"),
+            std::string::npos);
+  EXPECT_NE(error({"--model", "m.json", "--devices", "8", "--unsharded-budget", "1GiB"}).find("only with --merge"),
+            std::string::npos);
+  EXPECT_NE(error({"--model", "m.json", "--devices", "8", "--merge", "none", "--unsharded-budget", "1GiB"})
+                .find("only with --merge auto"),
+            std::string::npos);
+}
+
+TEST(CliArgs, ByteCounts) {
+  const auto bytes = [](const std::string& text) {
+    auto parsed = parseBytes("--unsharded-budget", text);
+    return parsed.ok() ? *parsed : -1;
+  };
+  EXPECT_EQ(bytes("1"), 1);
+  EXPECT_EQ(bytes("68719476736"), std::int64_t{64} << 30);
+  EXPECT_EQ(bytes("64GiB"), std::int64_t{64} << 30);
+  EXPECT_EQ(bytes("512MiB"), std::int64_t{512} << 20);
+  EXPECT_EQ(bytes("3KiB"), 3072);
+  EXPECT_EQ(bytes("2TiB"), std::int64_t{2} << 40);
+  EXPECT_EQ(bytes("80GB"), std::int64_t{80} * 1000 * 1000 * 1000);
+  EXPECT_EQ(bytes("5kB"), 5000);
+  EXPECT_EQ(bytes("7B"), 7);
+  for (const char* bad :
+       {"", "0", "0GiB", "-1", "+1", "GiB", "1.5GiB", "12XB", "1 GiB", "1gib", "8388608TiB", "99999999999999999999"}) {
+    auto parsed = parseBytes("--unsharded-budget", bad);
+    ASSERT_FALSE(parsed.ok()) << "accepted '" << bad << "'";
+    EXPECT_NE(parsed.error().message.find("--unsharded-budget: '" + std::string(bad) + "'"), std::string::npos)
+        << parsed.error().message;
+    EXPECT_NE(parsed.error().message.find("see --help"), std::string::npos);
+  }
 }
 
 TEST(CliArgs, RunCliReportsOneLine) {

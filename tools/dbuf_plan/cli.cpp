@@ -5,13 +5,16 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/plan_io/report.hpp"
 #include "dbuf/planner/granularity.hpp"
+#include "dbuf/planner/merge.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf::cli {
@@ -38,6 +41,18 @@ options:
                         table / json: report only this unit
   --ranks               json: add every tensor's per-rank slices
   --summary             table: one row per run of identical units
+  --merge MODE          none | auto (default: none). auto merges consecutive
+                        units of one dtype to bring the whole model's
+                        all-gather volume within 5% of N at the smallest peak
+                        unsharded buffer or, where the budget does not allow
+                        that, to the least volume. The report's units are
+                        then the merged ones ("A+B", "A..C"), and it ends
+                        with what merging cost
+  --unsharded-budget BYTES
+                        with --merge auto: most bytes per rank of a merged
+                        unit's unsharded buffer (V*S elements of its dtype),
+                        e.g. 68719476736, 64GiB or 512MiB; a unit larger
+                        alone is kept as it is
   --help                print this text
 
 exit status: 0 success, 2 bad input (the error line names the file, unit and
@@ -58,6 +73,11 @@ Result<std::int64_t> parseCount(std::string_view flag, const std::string& text, 
   return value;
 }
 
+std::string byteCountHelp(std::string_view flag, const std::string& text, const std::string& why) {
+  return std::string(flag) + ": '" + text + "' " + why +
+         " (a positive number of bytes, optionally with B, KiB, MiB, GiB, TiB, kB, KB, MB, GB or TB)";
+}
+
 /// Writes `text` to `path`; the error names the file and the reason.
 Result<void> writeFile(const std::string& path, const std::string& text) {
   errno = 0;
@@ -72,6 +92,33 @@ Result<void> writeFile(const std::string& path, const std::string& text) {
     return makeError(ErrorCode::kIo, path + ": cannot write output file: " + std::strerror(error));
   }
   return {};
+}
+
+/// --unit names a unit of the model file (checked before planning).
+Result<void> findUnit(const std::vector<planner::UnitSpec>& units, const CliOptions& options) {
+  if (options.unit.empty()) return {};
+  for (const planner::UnitSpec& unit : units) {
+    if (unit.name == options.unit) return {};
+  }
+  return makeError(ErrorCode::kNotFound, options.model + ": no unit named '" + options.unit + "'");
+}
+
+/// With --merge auto, --unit names a unit of the merged model: a model unit
+/// merged with others goes by the name of the run that holds it.
+Result<void> findMergedUnit(const std::vector<planner::UnitSpec>& units, const planner::MergePlan& plan,
+                            const CliOptions& options) {
+  if (options.unit.empty()) return {};
+  for (const planner::MergedRun& run : plan.runs) {
+    if (run.plan.name == options.unit) return {};
+  }
+  for (const planner::MergedRun& run : plan.runs) {
+    for (std::size_t u = run.first; u < run.first + run.count; ++u) {
+      if (units[u].name != options.unit) continue;
+      return makeError(ErrorCode::kNotFound, options.model + ": unit '" + options.unit + "' is merged into '" +
+                                                 run.plan.name + "' (--merge auto); --unit takes that name");
+    }
+  }
+  return makeError(ErrorCode::kNotFound, options.model + ": no unit named '" + options.unit + "'");
 }
 
 int fail(std::ostream& err, const Error& error) {
@@ -92,12 +139,8 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
 
   auto model = plan_io::loadModelFile(options.model);
   if (!model) return fail(err, model.error());
-  if (!options.unit.empty()) {
-    bool found = false;
-    for (const planner::UnitSpec& unit : model->units) found = found || unit.name == options.unit;
-    if (!found) {
-      return fail(err, makeError(ErrorCode::kNotFound, options.model + ": no unit named '" + options.unit + "'"));
-    }
+  if (options.merge != "auto") {  // with --merge auto, --unit names a merged unit: checked after merging
+    if (auto found = findUnit(model->units, options); !found) return fail(err, found.error());
   }
 
   // The planner checks this too, but cannot say which flag and dtype clash.
@@ -116,7 +159,17 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
   plan_options.devices = options.devices;
   plan_options.default_rule = *rule;
   plan_options.align_bytes = options.align_bytes;
-  auto plan = planner::planModel(model->units, plan_options);
+  // --merge auto: the units planned and reported are the merged ones.
+  std::optional<planner::MergePlan> merge;
+  std::vector<planner::UnitSpec> merged_units;
+  if (options.merge == "auto") {
+    auto merged = planner::planMerges(model->units, plan_options, {.unsharded_budget_bytes = options.unsharded_budget});
+    if (!merged) return fail(err, std::move(merged).error().withContext(options.model));
+    merged_units = planner::mergedUnits(model->units, *merged);
+    merge = std::move(*merged);
+    if (auto found = findMergedUnit(model->units, *merge, options); !found) return fail(err, found.error());
+  }
+  auto plan = planner::planModel(merge ? merged_units : model->units, plan_options);
   if (!plan) return fail(err, std::move(plan).error().withContext(options.model));
 
   plan_io::ReportOptions report_options;
@@ -128,6 +181,7 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
   if (options.format != "svg") report_options.only_unit = options.unit;
   auto report = plan_io::makeReport(*plan, report_options);
   if (!report) return fail(err, std::move(report).error().withContext(options.model));
+  if (merge) report->merge = plan_io::makeMergeReport(*merge);
 
   std::string text;
   if (options.format == "json") {
@@ -152,6 +206,43 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
 
 }  // namespace
 
+Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text) {
+  struct Unit {
+    std::string_view suffix;
+    std::int64_t factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},
+      {"B", 1},
+      {"KiB", std::int64_t{1} << 10},
+      {"MiB", std::int64_t{1} << 20},
+      {"GiB", std::int64_t{1} << 30},
+      {"TiB", std::int64_t{1} << 40},
+      {"kB", 1000},
+      {"KB", 1000},
+      {"MB", 1000 * 1000},
+      {"GB", std::int64_t{1000} * 1000 * 1000},
+      {"TB", std::int64_t{1000} * 1000 * 1000 * 1000},
+  };
+  std::int64_t number = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, number);
+  if (text.empty() || ptr == text.data() || text.front() == '-' || text.front() == '+') {
+    return usageError(byteCountHelp(flag, text, "is not a size"));
+  }
+  if (ec == std::errc::result_out_of_range) return usageError(byteCountHelp(flag, text, "is too large"));
+  const std::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
+  for (const Unit& unit : kUnits) {
+    if (unit.suffix != suffix) continue;
+    if (number <= 0) return usageError(byteCountHelp(flag, text, "is not positive"));
+    if (number > std::numeric_limits<std::int64_t>::max() / unit.factor) {
+      return usageError(byteCountHelp(flag, text, "is too large"));
+    }
+    return number * unit.factor;
+  }
+  return usageError(byteCountHelp(flag, text, "has an unknown unit"));
+}
+
 const char* usage() noexcept {
   return kUsage;
 }
@@ -169,7 +260,8 @@ Result<CliOptions> parseArgs(std::span<const std::string> args) {
     }
     const bool is_switch = flag == "--help" || flag == "-h" || flag == "--ranks" || flag == "--summary";
     const bool is_option = flag == "--model" || flag == "--devices" || flag == "--granularity" ||
-                           flag == "--align-bytes" || flag == "--format" || flag == "--output" || flag == "--unit";
+                           flag == "--align-bytes" || flag == "--format" || flag == "--output" || flag == "--unit" ||
+                           flag == "--merge" || flag == "--unsharded-budget";
     if (!is_switch && !is_option) {
       if (!flag.starts_with("-")) return usageError("unexpected argument '" + args[i] + "'");
       return usageError("unknown option '" + flag + "'");
@@ -218,6 +310,13 @@ Result<CliOptions> parseArgs(std::span<const std::string> args) {
       options.format = value;
     } else if (flag == "--output") {
       options.output = value;
+    } else if (flag == "--merge") {
+      if (value != "none" && value != "auto") return usageError("--merge: '" + value + "' is not one of none, auto");
+      options.merge = value;
+    } else if (flag == "--unsharded-budget") {
+      auto budget = parseBytes(flag, value);
+      if (!budget) return std::move(budget).error();
+      options.unsharded_budget = *budget;
     } else {
       options.unit = value;
     }
@@ -225,6 +324,12 @@ Result<CliOptions> parseArgs(std::span<const std::string> args) {
   if (options.help) return options;
   if (options.model.empty()) return usageError("missing --model FILE.json");
   if (!seen_devices) return usageError("missing --devices V");
+  if (options.merge == "auto" && options.unsharded_budget == 0) {
+    return usageError("--merge auto needs --unsharded-budget BYTES");
+  }
+  if (options.merge != "auto" && options.unsharded_budget != 0) {
+    return usageError("--unsharded-budget applies only with --merge auto");
+  }
   return options;
 }
 

@@ -10,6 +10,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "dbuf/common/result.hpp"
 
@@ -27,17 +28,24 @@ struct CliOptions {
   std::int64_t devices = 0;
   std::string granularity = "element";
   std::int64_t align_bytes = 16;
-  std::string format = "table";  ///< table, json or svg
-  std::string output;            ///< empty: stdout
-  std::string unit;              ///< svg: the unit to draw; table/json: report only this unit
-  bool ranks = false;            ///< json: per-rank slices of every tensor
-  bool summary = false;          ///< table: collapse runs of identical units
+  std::string format = "table";       ///< table, json or svg
+  std::string output;                 ///< empty: stdout
+  std::string unit;                   ///< svg: the unit to draw; table/json: report only this unit
+  bool ranks = false;                 ///< json: per-rank slices of every tensor
+  bool summary = false;               ///< table: collapse runs of identical units
+  std::string merge = "none";         ///< none or auto (merge consecutive units, planner/merge.hpp)
+  std::int64_t unsharded_budget = 0;  ///< --merge auto: bytes per rank of the largest unit's unsharded buffer
   bool help = false;
 };
 
 /// Parses the arguments after the program name. Accepts `--flag value` and
 /// `--flag=value`. Errors are one-line messages.
 [[nodiscard]] Result<CliOptions> parseArgs(std::span<const std::string> args);
+
+/// A size for `flag` (--unsharded-budget): a positive byte count, optionally
+/// with a unit, B, KiB, MiB, GiB, TiB (powers of 1024) or kB / KB, MB, GB, TB
+/// (powers of 1000), as dbufd's configuration writes sizes.
+[[nodiscard]] Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text);
 
 /// The usage text printed by --help.
 [[nodiscard]] const char* usage() noexcept;

@@ -73,6 +73,27 @@ Result<PlanReport> makeReport(const planner::ModelPlan& plan, const ReportOption
   return report;
 }
 
+MergeReport makeMergeReport(const planner::MergePlan& plan) {
+  MergeReport report;
+  report.budget_bytes = plan.budget_bytes;
+  report.units = plan.units;
+  report.numel = plan.numel;
+  report.allgather_elems = plan.allgather_elems;
+  report.inflation = plan.inflation();
+  report.peak_unsharded_bytes = plan.peak_unsharded_bytes;
+  report.within_target = plan.within_target;
+  report.unmerged_allgather_elems = plan.unmerged_allgather_elems;
+  report.unmerged_inflation = plan.unmergedInflation();
+  report.unmerged_peak_unsharded_bytes = plan.unmerged_peak_unsharded_bytes;
+  report.merge_ms = plan.merge_ms;
+  report.runs.reserve(plan.runs.size());
+  for (const planner::MergedRun& run : plan.runs) {
+    report.runs.push_back({run.plan.name, static_cast<std::int64_t>(run.first), static_cast<std::int64_t>(run.count),
+                           run.allgather_elems, run.unsharded_bytes, run.over_budget});
+  }
+  return report;
+}
+
 void recomputeTotals(PlanReport& report) {
   TotalReport& total = report.total;
   total.numel = 0;

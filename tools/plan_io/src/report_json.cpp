@@ -82,6 +82,34 @@ Json toJson(const UnitReport& unit) {
   return out;
 }
 
+Json toJson(const MergeReport& merge) {
+  Json out = Json::object();
+  out["budget_bytes"] = merge.budget_bytes;
+  out["units"] = merge.units;
+  out["numel"] = merge.numel;
+  out["allgather_elems"] = merge.allgather_elems;
+  out["inflation"] = merge.inflation;
+  out["peak_unsharded_bytes"] = merge.peak_unsharded_bytes;
+  out["within_target"] = merge.within_target;
+  out["unmerged_allgather_elems"] = merge.unmerged_allgather_elems;
+  out["unmerged_inflation"] = merge.unmerged_inflation;
+  out["unmerged_peak_unsharded_bytes"] = merge.unmerged_peak_unsharded_bytes;
+  out["merge_ms"] = merge.merge_ms;
+  Json runs = Json::array();
+  for (const MergeRunReport& run : merge.runs) {
+    Json entry = Json::object();
+    entry["name"] = run.name;
+    entry["first"] = run.first;
+    entry["count"] = run.count;
+    entry["allgather_elems"] = run.allgather_elems;
+    entry["unsharded_bytes"] = run.unsharded_bytes;
+    entry["over_budget"] = run.over_budget;
+    runs.push_back(std::move(entry));
+  }
+  out["runs"] = std::move(runs);
+  return out;
+}
+
 Json toJson(const PlanReport& report) {
   Json out = Json::object();
   out["devices"] = report.devices;
@@ -99,6 +127,7 @@ Json toJson(const PlanReport& report) {
   out["total"] = std::move(total);
   out["model"] = report.model;
   out["align_bytes"] = report.align_bytes;
+  if (report.merge) out["merge"] = toJson(*report.merge);
   return out;
 }
 
@@ -372,6 +401,44 @@ bool readUnit(Reader& reader, const Json& node, const std::string& path, UnitRep
          readDiagnosis(reader, node, path, out.diagnosis);
 }
 
+bool readMerge(Reader& reader, const Json& root, std::optional<MergeReport>& out) {
+  if (!root.contains("merge")) return true;
+  const Json* node = reader.object(root, "merge", "");
+  if (node == nullptr) return false;
+  MergeReport merge;
+  const std::string where = "merge";
+  if (!reader.integer(*node, "budget_bytes", where, merge.budget_bytes) ||
+      !reader.integer(*node, "units", where, merge.units) || !reader.integer(*node, "numel", where, merge.numel) ||
+      !reader.integer(*node, "allgather_elems", where, merge.allgather_elems) ||
+      !reader.number(*node, "inflation", where, merge.inflation) ||
+      !reader.integer(*node, "peak_unsharded_bytes", where, merge.peak_unsharded_bytes) ||
+      !reader.boolean(*node, "within_target", where, merge.within_target) ||
+      !reader.integer(*node, "unmerged_allgather_elems", where, merge.unmerged_allgather_elems) ||
+      !reader.number(*node, "unmerged_inflation", where, merge.unmerged_inflation) ||
+      !reader.integer(*node, "unmerged_peak_unsharded_bytes", where, merge.unmerged_peak_unsharded_bytes) ||
+      !reader.number(*node, "merge_ms", where, merge.merge_ms)) {
+    return false;
+  }
+  const Json* runs = reader.array(*node, "runs", where);
+  if (runs == nullptr) return false;
+  for (std::size_t i = 0; i < runs->size(); ++i) {
+    const std::string at = Reader::index(Reader::join(where, "runs"), i);
+    const Json& entry = (*runs)[i];
+    if (!entry.is_object()) return reader.fail(at, "expected an object");
+    MergeRunReport run;
+    if (!reader.string(entry, "name", at, run.name) || !reader.integer(entry, "first", at, run.first) ||
+        !reader.integer(entry, "count", at, run.count) ||
+        !reader.integer(entry, "allgather_elems", at, run.allgather_elems) ||
+        !reader.integer(entry, "unsharded_bytes", at, run.unsharded_bytes) ||
+        !reader.boolean(entry, "over_budget", at, run.over_budget)) {
+      return false;
+    }
+    merge.runs.push_back(std::move(run));
+  }
+  out = std::move(merge);
+  return true;
+}
+
 bool readReport(Reader& reader, const Json& root, PlanReport& out) {
   if (!root.is_object()) return reader.fail("(top level)", "expected an object");
   if (!reader.integer(root, "devices", "", out.devices) || !reader.string(root, "granularity", "", out.granularity) ||
@@ -392,7 +459,7 @@ bool readReport(Reader& reader, const Json& root, PlanReport& out) {
          reader.number(*total, "lower_bound_inflation", "total", out.total.lower_bound_inflation) &&
          reader.number(*total, "plan_ms", "total", out.total.plan_ms) &&
          reader.string(root, "model", "", out.model, false) &&
-         reader.integer(root, "align_bytes", "", out.align_bytes, false);
+         reader.integer(root, "align_bytes", "", out.align_bytes, false) && readMerge(reader, root, out.merge);
 }
 
 }  // namespace

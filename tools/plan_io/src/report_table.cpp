@@ -3,6 +3,7 @@
 // first so every column can be sized to its widest cell.
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -125,7 +126,8 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
     if (diagnosis.merge_units) {
       fixes.push_back("merge " + std::to_string(*diagnosis.merge_units) + " consecutive units into one");
     }
-    if (diagnosis.finer_rule) fixes.push_back("granularity " + *diagnosis.finer_rule + " for every tensor with coarser blocks");
+    if (diagnosis.finer_rule)
+      fixes.push_back("granularity " + *diagnosis.finer_rule + " for every tensor with coarser blocks");
     if (diagnosis.hsdp_devices) {
       fixes.push_back("HSDP with shard groups of " + std::to_string(*diagnosis.hsdp_devices) + " devices");
     }
@@ -142,6 +144,36 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
   } else {
     out += "Units whose lower bound is more than 5% above ceil(N/V), for any layout:\n" + text;
   }
+}
+
+std::string bytesText(std::int64_t bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  auto value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 2) + " " + kUnits[unit];
+}
+
+/// The `--merge auto` summary: what merging cost and what it bought.
+void writeMerge(const MergeReport& merge, std::string& out) {
+  const std::int64_t merged_away = merge.units - static_cast<std::int64_t>(merge.runs.size());
+  out += "\nMerged with --merge auto under an unsharded budget of " + bytesText(merge.budget_bytes) + " (" +
+         std::to_string(merge.budget_bytes) + " bytes) per rank: " + std::to_string(merge.units) + " units as " +
+         std::to_string(merge.runs.size()) + " (" + std::to_string(merged_away) + " merges), planned in " +
+         timeText(merge.merge_ms * 1000.0) + "\n";
+  out += "  all-gather volume: " + inflationText(merge.inflation) + " N merged, " +
+         inflationText(merge.unmerged_inflation) + " N without merging (within 1.05 N: " +
+         (merge.within_target ? "yes" : "no, the least volume within the budget") + ")\n";
+  out += "  peak unsharded buffer per rank: " + bytesText(merge.peak_unsharded_bytes) + " merged, " +
+         bytesText(merge.unmerged_peak_unsharded_bytes) + " without merging\n";
+  std::vector<std::string> over;
+  for (const MergeRunReport& run : merge.runs) {
+    if (run.over_budget) over.push_back(run.name + " (" + bytesText(run.unsharded_bytes) + ")");
+  }
+  if (!over.empty()) out += "  above the budget alone, kept unmerged: " + listNames(over, 4) + "\n";
 }
 
 }  // namespace
@@ -259,6 +291,7 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
   out += render(total);
   out += "\n";
   writeDiagnoses(report, runs, out);
+  if (report.merge) writeMerge(*report.merge, out);
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dbuf/common/result.hpp"
+#include "dbuf/planner/merge.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf::plan_io {
@@ -75,7 +76,7 @@ struct UnitReport {
   std::string strategy;
   bool scan_complete = true;    ///< every smaller size was tried with the fixed orders
   bool proven_optimal = false;  ///< S is optimal over all orders (see planner SearchResult)
-  double inflation = 0;  ///< devices * shard_elems / numel
+  double inflation = 0;         ///< devices * shard_elems / numel
   std::optional<DiagnosisReport> diagnosis;
   friend bool operator==(const UnitReport&, const UnitReport&) = default;
 };
@@ -89,6 +90,37 @@ struct TotalReport {
   friend bool operator==(const TotalReport&, const TotalReport&) = default;
 };
 
+/// One run of consecutive model units planned as one unit (`--merge auto`).
+struct MergeRunReport {
+  std::string name;                  ///< the unit's name in `units` (planner::mergedName)
+  std::int64_t first = 0;            ///< index of its first unit in the model file
+  std::int64_t count = 1;            ///< model units it holds
+  std::int64_t allgather_elems = 0;  ///< devices * shard_elems
+  std::int64_t unsharded_bytes = 0;  ///< allgather_elems * element size
+  bool over_budget = false;          ///< a single unit above the budget, kept
+  friend bool operator==(const MergeRunReport&, const MergeRunReport&) = default;
+};
+
+/// What `--merge auto --unsharded-budget BYTES` chose (planner::MergePlan),
+/// for the whole model, against the same model without merging.
+struct MergeReport {
+  std::int64_t budget_bytes = 0;
+  std::int64_t units = 0;  ///< units of the model file
+  std::int64_t numel = 0;
+  std::int64_t allgather_elems = 0;
+  double inflation = 0;  ///< allgather_elems / numel
+  std::int64_t peak_unsharded_bytes = 0;
+  bool within_target = false;  ///< allgather_elems <= 1.05 numel
+  std::int64_t unmerged_allgather_elems = 0;
+  double unmerged_inflation = 0;
+  std::int64_t unmerged_peak_unsharded_bytes = 0;
+  double merge_ms = 0;
+  std::vector<MergeRunReport> runs;  ///< every run, in model order
+  friend bool operator==(const MergeReport&, const MergeReport&) = default;
+};
+
+[[nodiscard]] MergeReport makeMergeReport(const planner::MergePlan& plan);
+
 struct PlanReport {
   std::int64_t devices = 1;
   std::string granularity = "element";  ///< the default rule, as written
@@ -98,6 +130,8 @@ struct PlanReport {
   // Extra keys.
   std::string model;
   std::int64_t align_bytes = 16;
+  /// Set with `--merge auto`: `units` are then the merged units.
+  std::optional<MergeReport> merge;
   friend bool operator==(const PlanReport&, const PlanReport&) = default;
 };
 
