@@ -28,6 +28,8 @@ from ._dbuf import (
     Client,
     Group,
     GroupPlan,
+    MergedRun,
+    MergePlan,
     Op,
     OpResult,
     PlacedTensor,
@@ -36,6 +38,7 @@ from ._dbuf import (
     TensorSpec,
     TensorView,
     UnitPlan,
+    plan_merges,
     plan_model,
     plan_unit,
 )
@@ -74,6 +77,8 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "IoError",
+    "MergePlan",
+    "MergedRun",
     "NotFoundError",
     "Op",
     "OpResult",
@@ -88,6 +93,7 @@ __all__ = [
     "UnitPlan",
     "WouldBlockError",
     "cuda_built",
+    "plan_merges",
     "plan_model",
     "plan_unit",
 ]

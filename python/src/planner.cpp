@@ -1,6 +1,7 @@
 // The planner, for Python: plan a unit (or a model's units) offline, with the
-// quality report and the diagnosis every plan carries. dbuf.torch's
-// automatic wrap policy uses it to choose its units.
+// quality report and the diagnosis every plan carries, and choose units to
+// merge under an unsharded budget. dbuf.torch's automatic wrap policy uses it
+// to choose its units.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "dbuf/planner/merge.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
 namespace dbuf::python {
@@ -75,6 +77,38 @@ void bindResults(nb::module_& m) {
                                                                      {"megatron", p.baselines.megatron.shard_elems}};
           },
           "(name, S) of FSDP2, FSDP1, ZeRO-3 and Megatron-FSDP on the same unit");
+
+  nb::class_<planner::MergedRun>(m, "MergedRun", "Consecutive units planned as one unit (plan_merges).")
+      .def_ro("first", &planner::MergedRun::first, "index of its first unit")
+      .def_ro("count", &planner::MergedRun::count, "units it holds")
+      .def_prop_ro(
+          "name", [](const planner::MergedRun& r) { return r.plan.name; },
+          "the unit's own name alone, 'A+B' for two, 'A..C' (first and last) for three or more")
+      .def_ro("numel", &planner::MergedRun::numel, "N of the run")
+      .def_ro("shard_elems", &planner::MergedRun::shard_elems, "S of the merged plan")
+      .def_ro("allgather_elems", &planner::MergedRun::allgather_elems, "V*S")
+      .def_ro("unsharded_bytes", &planner::MergedRun::unsharded_bytes, "V*S times the element size")
+      .def_ro("over_budget", &planner::MergedRun::over_budget, "a single unit above the budget on its own, kept")
+      .def_ro("plan", &planner::MergedRun::plan, "the merged unit's plan (its tensors those of its units, in order)");
+
+  nb::class_<planner::MergePlan>(m, "MergePlan",
+                                 "Which consecutive units to merge under an unsharded budget, and what it costs.")
+      .def_ro("runs", &planner::MergePlan::runs, "every run, in model order")
+      .def_ro("budget_bytes", &planner::MergePlan::budget_bytes)
+      .def_ro("units", &planner::MergePlan::units, "units of the model")
+      .def_ro("numel", &planner::MergePlan::numel, "N of the whole model")
+      .def_ro("allgather_elems", &planner::MergePlan::allgather_elems, "sum over runs of V*S")
+      .def_ro("peak_unsharded_bytes", &planner::MergePlan::peak_unsharded_bytes, "the largest run's unsharded bytes")
+      .def_ro("within_target", &planner::MergePlan::within_target, "allgather_elems <= 1.05 N")
+      .def_ro("unmerged_allgather_elems", &planner::MergePlan::unmerged_allgather_elems,
+              "sum of V*S with every unit alone")
+      .def_ro("unmerged_peak_unsharded_bytes", &planner::MergePlan::unmerged_peak_unsharded_bytes,
+              "the largest unit's unsharded bytes, without merging")
+      .def_ro("over_budget_units", &planner::MergePlan::over_budget_units, "single units above the budget")
+      .def_ro("merge_ms", &planner::MergePlan::merge_ms, "wall time of the choice, planning included")
+      .def_prop_ro("merges", &planner::MergePlan::merges, "units merged away: units - runs")
+      .def_prop_ro("inflation", &planner::MergePlan::inflation, "allgather_elems / N")
+      .def_prop_ro("unmerged_inflation", &planner::MergePlan::unmergedInflation, "the same without merging");
 }
 
 }  // namespace
@@ -113,6 +147,28 @@ void bindPlanner(nb::module_& m) {
       },
       "units"_a, "devices"_a, nb::kw_only(), "granularity"_a = "element", "align_bytes"_a = 16, "dtype"_a = "bf16",
       "Plans consecutive units (name, tensors) with diagnoses where a unit cannot get within 5% of ceil(N/V).");
+  m.def(
+      "plan_merges",
+      [](const std::vector<std::pair<std::string, std::vector<TensorSpec>>>& units, std::int64_t devices,
+         std::int64_t unsharded_budget, const std::string& granularity, std::int64_t align_bytes,
+         const std::string& dtype, std::int64_t max_run_units) {
+        std::vector<planner::UnitSpec> specs;
+        for (const auto& [name, tensors] : units) specs.push_back(unitSpec(name, tensors, dtype));
+        const planner::PlanOptions options = planOptions(devices, granularity, align_bytes);
+        std::optional<Result<planner::MergePlan>> merged;
+        {
+          const nb::gil_scoped_release no_gil;
+          merged.emplace(planner::planMerges(
+              specs, options, {.unsharded_budget_bytes = unsharded_budget, .max_run_units = max_run_units}));
+        }
+        return unwrap(std::move(*merged));
+      },
+      "units"_a, "devices"_a, nb::kw_only(), "unsharded_budget"_a, "granularity"_a = "element", "align_bytes"_a = 16,
+      "dtype"_a = "bf16", "max_run_units"_a = 0,
+      "Chooses consecutive units (name, tensors) to merge into one, with unsharded_budget the most bytes per rank "
+      "of a merged unit's unsharded buffer (V*S elements of dtype): within 5% of N at the smallest peak where some "
+      "partition gets there, else the least volume. A unit alone is always allowed (over_budget says when it "
+      "exceeds the budget). max_run_units: most units a run may hold (0: no limit).");
 }
 
 }  // namespace dbuf::python

@@ -36,6 +36,34 @@ def test_a_unit_too_coarse_for_its_ranks_is_diagnosed():
     assert first.diagnosis.merge_units is None or first.diagnosis.merge_units > 1
 
 
+def test_plan_merges_merges_layers_that_cannot_balance_alone_within_the_budget():
+    # 32 bands of 32 rows per layer, 256 ranks: alone 8x of N; all 8 layers
+    # merged fill every rank with one band (8 MiB of bf16 unsharded, like one
+    # layer alone).
+    layers = [(f"layer{i}", [dbuf.TensorSpec(f"layer{i}.w", (1024, 512))]) for i in range(8)]
+    merged = dbuf.plan_merges(layers, 256, unsharded_budget=8 << 20, granularity="rows:32")
+    assert isinstance(merged, dbuf.MergePlan)
+    assert [(run.first, run.count) for run in merged.runs] == [(0, 8)]
+    (run,) = merged.runs
+    assert isinstance(run, dbuf.MergedRun) and run.name == "layer0..layer7" and not run.over_budget
+    assert run.plan.shard_elems == run.shard_elems
+    assert [t.name for t in run.plan.tensors] == [f"layer{i}.w" for i in range(8)]
+    assert merged.within_target and merged.merges == 7
+    assert merged.inflation == 1.0 and merged.unmerged_inflation == 8.0
+    assert merged.peak_unsharded_bytes == run.unsharded_bytes == 8 << 20 == merged.unmerged_peak_unsharded_bytes
+    # Below one layer's buffer nothing merges; every layer is kept, over the budget.
+    tight = dbuf.plan_merges(layers, 256, unsharded_budget=4 << 20, granularity="rows:32")
+    assert [run.count for run in tight.runs] == [1] * 8 and all(run.over_budget for run in tight.runs)
+    assert not tight.within_target and tight.inflation == 8.0 and tight.over_budget_units == 8
+    # max_run_units bounds a run: pairs at most, 4x.
+    pairs = dbuf.plan_merges(layers, 256, unsharded_budget=8 << 20, granularity="rows:32", max_run_units=2)
+    assert [run.count for run in pairs.runs] == [2] * 4 and pairs.inflation == 4.0
+    with pytest.raises(dbuf.InvalidArgumentError, match="budget"):
+        dbuf.plan_merges(layers, 256, unsharded_budget=0)
+    with pytest.raises(dbuf.InvalidArgumentError, match="no units"):
+        dbuf.plan_merges([], 256, unsharded_budget=1)
+
+
 def test_bad_rules_and_shapes_raise():
     with pytest.raises(dbuf.InvalidArgumentError):
         dbuf.plan_unit([dbuf.TensorSpec("w", (4, 4))], 4, granularity="stripes:3")

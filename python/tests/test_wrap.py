@@ -1,4 +1,4 @@
-"""dbuf.torch.auto_wrap: units chosen with the planner's diagnosis, registered with a real dbufd."""
+"""dbuf.torch.auto_wrap: units chosen by the planner (diagnosis or budget), registered with a real dbufd."""
 
 from __future__ import annotations
 
@@ -52,6 +52,56 @@ def test_max_merge_bounds_a_unit(daemon):
     for chosen in run_threads(4, rank):
         assert [m for m, _ in chosen] == [(f"blocks.{i}",) for i in range(4)]
         assert all(inflation == 2.0 for _, inflation in chosen)
+
+
+def test_an_unsharded_budget_merges_with_the_smallest_buffer_that_balances(daemon):
+    # fp32 parameters at 4 ranks: a block alone or a pair has S = one band,
+    # 16 KiB unsharded (2x of N alone, 1x in pairs); four merged would be
+    # 1x too, at 32 KiB. Within 1 MiB the smallest buffer within 5% is pairs.
+    world = 4
+
+    def rank(r: int):
+        torch.manual_seed(0)
+        units = dt.auto_wrap(
+            Stack(6), granularity="rows:32", unsharded_budget=1 << 20, session=session_of(daemon, r, world)
+        )
+        return [(u.modules, round(u.inflation, 3), u.merged_because) for u in units]
+
+    chosen = run_threads(world, rank)
+    assert all(c == chosen[0] for c in chosen)
+    blocks = chosen[0][:-1]
+    assert [modules for modules, _, _ in blocks] == [
+        ("blocks.0", "blocks.1"),
+        ("blocks.2", "blocks.3"),
+        ("blocks.4", "blocks.5"),
+    ]
+    assert all(inflation == 1.0 for _, inflation, _ in blocks)
+    assert all(why is not None and "unsharded_budget=1048576" in why for _, _, why in blocks)
+    assert chosen[0][-1][0] == ("",)
+
+
+def test_a_budget_below_one_block_keeps_every_block_alone(daemon):
+    def rank(r: int):
+        torch.manual_seed(0)
+        session = session_of(daemon, r, 4)
+        units = dt.auto_wrap(Stack(4), granularity="rows:32", unsharded_budget=8 << 10, session=session)
+        return [(u.modules, u.inflation, u.merged_because) for u in units[:-1]]
+
+    for chosen in run_threads(4, rank):
+        assert [m for m, _, _ in chosen] == [(f"blocks.{i}",) for i in range(4)]
+        assert all(inflation == 2.0 and why is None for _, inflation, why in chosen)
+
+
+def test_max_merge_still_bounds_a_unit_under_a_budget(daemon):
+    def rank(r: int):
+        torch.manual_seed(0)
+        units = dt.auto_wrap(
+            Stack(4), granularity="rows:32", unsharded_budget=1 << 20, max_merge=1, session=session_of(daemon, r, 4)
+        )
+        return [u.modules for u in units[:-1]]
+
+    for chosen in run_threads(4, rank):
+        assert chosen == [(f"blocks.{i}",) for i in range(4)]
 
 
 def test_blocks_that_balance_stay_one_unit_each(daemon):

@@ -7,8 +7,12 @@ planned as consecutive units at the job's world size (``dbuf.plan_model``);
 where the planner's diagnosis says a block cannot get within 5% of ``N/V`` on
 its own (coarse blocks at many ranks), it names how many consecutive blocks
 merged would, and those become one unit (FSDP2's grouped ``fully_shard([...])``),
-up to ``max_merge`` blocks. The rest of the model's parameters form the root
-unit.
+up to ``max_merge`` blocks. With ``unsharded_budget`` (bytes per rank of a
+unit's unsharded buffer) the runs come from ``dbuf.plan_merges`` instead: the
+consecutive blocks to merge so that the list's all-gather volume is within 5%
+of ``N`` at the smallest unsharded buffer, or, where the budget does not allow
+that, the least volume within it. The rest of the model's parameters form the
+root unit.
 """
 
 from __future__ import annotations
@@ -61,12 +65,46 @@ def _specs(module: nn.Module, granularity: Granularity) -> list[dbuf.TensorSpec]
     return specs
 
 
+def _diagnosed_runs(plans: list[dbuf.UnitPlan], max_merge: int | None) -> list[tuple[int, int, str | None]]:
+    """(first, count, why) from each block's diagnosis: merge as many as it names, up to max_merge."""
+    runs: list[tuple[int, int, str | None]] = []
+    i = 0
+    while i < len(plans):
+        diagnosis = plans[i].diagnosis
+        count, reason = 1, None
+        if diagnosis is not None and diagnosis.merge_units is not None and diagnosis.merge_units > 1:
+            count = diagnosis.merge_units
+            reason = (
+                f"alone {plans[i].inflation:.3f}x of N (blocks of {', '.join(diagnosis.forcing_tensors)}); "
+                f"{count} merged get within 5%"
+            )
+        count = min(count, len(plans) - i, max_merge or len(plans))
+        runs.append((i, count, reason))
+        i += count
+    return runs
+
+
+def _budgeted_runs(merges: dbuf.MergePlan, budget: int) -> list[tuple[int, int, str | None]]:
+    """(first, count, why) of the runs plan_merges chose under the budget."""
+    runs: list[tuple[int, int, str | None]] = []
+    for run in merges.runs:
+        reason = None
+        if run.count > 1:
+            reason = (
+                f"{run.count} merged within unsharded_budget={budget} bytes ({run.unsharded_bytes} bytes unsharded): "
+                f"the blocks {merges.unmerged_inflation:.3f}x of N one by one, {merges.inflation:.3f}x merged"
+            )
+        runs.append((run.first, run.count, reason))
+    return runs
+
+
 def auto_wrap(
     model: nn.Module,
     *,
     granularity: Granularity = "element",
     mp_policy: Any = None,
     max_merge: int | None = None,
+    unsharded_budget: int | None = None,
     world_size: int | None = None,
     session: Session | None = None,
     **fully_shard_kwargs: Any,
@@ -78,6 +116,12 @@ def auto_wrap(
         mp_policy: as for fully_shard (its param_dtype is the dtype planned).
         max_merge: most blocks one unit may hold (a bound on unsharded memory:
             a unit's slot holds its blocks' parameters and gradients).
+        unsharded_budget: bytes per rank of a unit's unsharded buffer (V*S
+            elements of the dtype planned). When given, the blocks to merge
+            come from ``dbuf.plan_merges`` under this budget (within 5% of N
+            at the smallest buffer where the budget allows, else the least
+            volume) instead of each block's diagnosis; a block larger alone
+            stays alone. max_merge still bounds a unit's blocks.
         world_size: ranks to plan for (default: the session's).
     Returns the units chosen, root last, with their all-gather inflation.
     """
@@ -92,23 +136,24 @@ def auto_wrap(
     for _, blocks in _block_lists(model):
         dtype = param_dtype or next(blocks[0][1].parameters()).dtype
         units = [(name, _specs(block, granularity)) for name, block in blocks]
-        plans = dbuf.plan_model(units, devices, granularity=default_rule, dtype=dbuf_dtype(dtype))
-        i = 0
-        while i < len(blocks):
-            diagnosis = plans[i].diagnosis
-            count, reason = 1, None
-            if diagnosis is not None and diagnosis.merge_units is not None and diagnosis.merge_units > 1:
-                count = diagnosis.merge_units
-                reason = (
-                    f"alone {plans[i].inflation:.3f}x of N (blocks of {', '.join(diagnosis.forcing_tensors)}); "
-                    f"{count} merged get within 5%"
-                )
-            count = min(count, len(blocks) - i, max_merge or len(blocks))
-            group = blocks[i : i + count]
+        if unsharded_budget is None:
+            plans = dbuf.plan_model(units, devices, granularity=default_rule, dtype=dbuf_dtype(dtype))
+            runs = _diagnosed_runs(plans, max_merge)
+        else:
+            merges = dbuf.plan_merges(
+                units,
+                devices,
+                unsharded_budget=unsharded_budget,
+                granularity=default_rule,
+                dtype=dbuf_dtype(dtype),
+                max_run_units=max_merge or 0,
+            )
+            runs = _budgeted_runs(merges, unsharded_budget)
+        for first, count, reason in runs:
+            group = blocks[first : first + count]
             modules = [module for _, module in group]
             fully_shard(modules if count > 1 else modules[0], **kwargs)
             chosen.append(WrappedUnit(tuple(name for name, _ in group), _inflation(session.units[-1]), reason))
-            i += count
     fully_shard(model, **kwargs)
     chosen.append(WrappedUnit(("",), _inflation(session.units[-1]), None))
     return chosen
