@@ -41,7 +41,7 @@ while IFS= read -r symbol; do
 done <<<"$symbols"
 
 for required in 'dbuf_connect' 'dbuf_group_view' 'dbuf_run' 'dbuf::Client::connect(' 'dbuf::Group::unshard(' \
-                'dbuf::planner::planUnit(' 'dbuf::planner::GranularityRule::parse('; do
+                'dbuf::planner::planUnit(' 'dbuf::planner::GranularityRule::parse(' 'dbuf::planner::planMerges('; do
   grep -qF -- "$required" <<<"$symbols" || die "$required is not exported"
 done
 
