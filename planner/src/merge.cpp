@@ -10,8 +10,8 @@
 //   - for each number of merges m in turn, the least volume with exactly m
 //     merges (a run of k units adds k - 1), stopping at the first m whose
 //     least volume reaches the target;
-// and a binary search over caps (a larger cap never hurts: the runs allowed
-// only grow), the peak being the smallest cap at which the target is reached.
+// and a search over caps (a larger cap never hurts: the runs allowed only
+// grow), the peak being the smallest cap at which the target is reached.
 //
 // S of a run is known exactly only after planning it (the layout search).
 // Its proven lower bound (computeLowerBound on the concatenated problem) is
@@ -320,12 +320,12 @@ class Merger {
   }
 
   /// The smallest cap on a run's bytes at which some partition reaches
-  /// `goal`, or nullopt when none does even without a cap. A search over the
-  /// runs' sizes known at its start (the smallest first, doubling the step,
-  /// then halving: the caps probed stay small, and so do the runs planned),
-  /// with an exact answer at every probe. Planning during the search may
-  /// reveal a run smaller than the cap found, so the cap just below it is
-  /// probed too, and the search repeated when that reaches as well.
+  /// `goal`, or nullopt when none does even without a cap. The runs' sizes
+  /// known at the start are probed from the smallest up, each with an exact
+  /// answer, so no probe has a cap above the answer (a larger cap lets longer
+  /// runs in, and planning them is what costs). Planning during the probes
+  /// may reveal a run smaller than the cap found, so the cap just below it is
+  /// probed too, and the probes repeated when that reaches as well.
   Result<std::optional<std::int64_t>> smallestPeak(std::int64_t goal) {
     const auto reaches = [&](std::int64_t cap) -> Result<bool> {
       auto found = exactFewest(cap, goal);
@@ -340,29 +340,19 @@ class Merger {
       caps.push_back(kInf);  // sizes may grow as runs are planned: the last probe has no cap
       std::sort(caps.begin(), caps.end());
       caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
-      std::size_t low = 0, high = 0, step = 1;  // caps[low - 1] does not reach; caps[high] is probed next
-      for (;;) {
-        auto ok = reaches(caps[high]);
-        if (!ok) return std::move(ok).error();
-        if (*ok) break;
-        if (high + 1 == caps.size()) return std::optional<std::int64_t>{};
-        low = high + 1;
-        high = std::min(high + step, caps.size() - 1);
-        step *= 2;
-      }
-      while (low < high) {  // caps[high] reaches
-        const std::size_t middle = low + (high - low) / 2;
-        auto ok = reaches(caps[middle]);
+      std::optional<std::int64_t> found;
+      for (const std::int64_t cap : caps) {
+        auto ok = reaches(cap);
         if (!ok) return std::move(ok).error();
         if (*ok) {
-          high = middle;
-        } else {
-          low = middle + 1;
+          found = cap;
+          break;
         }
       }
-      auto below = reaches(caps[high] - 1);
+      if (!found) return found;
+      auto below = reaches(*found - 1);
       if (!below) return std::move(below).error();
-      if (!*below) return std::optional<std::int64_t>{caps[high]};
+      if (!*below) return found;
     }
   }
 
