@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -91,6 +92,7 @@ void syntheticComparison(int units, std::int64_t devices) {
     auto ours = dbuf::planner::planUnit(unit, options);
     PlanOptions fixed = options;
     fixed.search.strategies = {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending};
+    fixed.search.scan_work = std::numeric_limits<std::int64_t>::max();  // every size: each order's own optimum
     auto three = dbuf::planner::planUnit(unit, fixed);
     const auto bound = static_cast<double>(ours->lower_bound_elems);
     ours_gap += static_cast<double>(ours->shard_elems) / bound - 1;
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
         auto ours = dbuf::planner::planModel(model->units, options);
         PlanOptions fixed = options;
         fixed.search.strategies = {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending};
+    fixed.search.scan_work = std::numeric_limits<std::int64_t>::max();  // every size: each order's own optimum
         auto three = dbuf::planner::planModel(model->units, fixed);
         if (!ours || !three) {
           std::fprintf(stderr, "planning failed\n");

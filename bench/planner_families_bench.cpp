@@ -9,13 +9,13 @@
 // plan time grows with the tensors of the largest unit.
 //
 //   bench_planner_families [--models N] [--seed S] [--quick] [--worst K] [--only PREFIX]
-//                          [--devices V] [--node-budget N] [--search-total N]
+//                          [--devices V] [--node-budget N] [--scan-work N] [--beam-width N]
 //
 // --models: how many (default 200); --quick: 40 models, V in {8, 1024};
 // --worst K: list the K worst models per configuration (default 3);
 // --only, --devices: the models whose name starts with PREFIX, one V;
-// --node-budget, --search-total: the order search's budgets (SearchOptions),
-// to tell a gap the search leaves from one the bound leaves.
+// --node-budget, --scan-work, --beam-width: the search's budgets
+// (SearchOptions), to tell a gap the search leaves from one the bound leaves.
 // Exits 0 whatever the figures (the targets are not met yet: this measures).
 
 #include <algorithm>
@@ -164,12 +164,14 @@ int main(int argc, char** argv) {
       only_devices = std::strtoll(argv[++i], nullptr, 10);
     } else if (arg == "--node-budget" && i + 1 < argc) {
       search_options.node_budget = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--search-total" && i + 1 < argc) {
-      search_options.search_nodes_total = std::strtoll(argv[++i], nullptr, 10);
+    } else if (arg == "--scan-work" && i + 1 < argc) {
+      search_options.scan_work = std::strtoll(argv[++i], nullptr, 10);
+    } else if (arg == "--beam-width" && i + 1 < argc) {
+      search_options.beam_width = std::strtoll(argv[++i], nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: bench_planner_families [--models N] [--seed S] [--quick] [--worst K] [--only PREFIX]\n"
-                   "         [--devices V] [--node-budget N] [--search-total N]\n");
+                   "         [--devices V] [--node-budget N] [--scan-work N] [--beam-width N]\n");
       return 2;
     }
   }

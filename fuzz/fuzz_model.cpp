@@ -73,10 +73,8 @@ void plan(const std::vector<UnitSpec>& units, std::int64_t devices, std::string_
   PlanOptions options;
   options.devices = devices;
   options.default_rule = GranularityRule::parse(rule).value();
-  options.search.max_scan_steps = 2000;
   options.search.node_budget = 200;
-  options.search.search_nodes_total = 2000;
-  options.search.leading_searches = 2;
+  options.search.scan_work = 20000;
   auto planned = planModel(units, options);
   if (planned) {
     checkPlan(units, *planned, devices);

@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 #include <unordered_map>
 #include <utility>
 
@@ -13,9 +14,9 @@
 namespace dbuf::planner {
 namespace {
 
-/// Items with the same (numel, granularity) are interchangeable; the order
-/// search chooses among classes, not items, which keeps a node O(classes) and
-/// the memo small even for MoE units with hundreds of identical experts.
+/// Items with the same (numel, granularity) are interchangeable; the searches
+/// choose among classes, not items, which keeps a step O(classes) and the
+/// state space small even for MoE units with hundreds of identical experts.
 struct ItemClass {
   LayoutItem item;
   std::vector<std::uint32_t> members;  // in declaration order
@@ -30,11 +31,21 @@ std::vector<ItemClass> classify(const LayoutProblem& problem) {
     if (inserted) classes.push_back({item, {}});
     classes[it->second].members.push_back(i);
   }
-  // Largest first, so ties in the search favour big tensors (as in first-fit
+  // Largest first, so ties in the searches favour big tensors (as in first-fit
   // decreasing), leaving small ones to fill gaps late.
   std::stable_sort(classes.begin(), classes.end(),
                    [](const ItemClass& x, const ItemClass& y) { return x.item.numel > y.item.numel; });
   return classes;
+}
+
+/// Offsets of the items from a sequence of (class, offset) placements: the
+/// k-th placement of a class goes to its k-th member.
+std::vector<std::int64_t> offsetsOf(const LayoutProblem& problem, const std::vector<ItemClass>& classes,
+                                    const std::vector<std::pair<std::size_t, std::int64_t>>& placements) {
+  std::vector<std::int64_t> offsets(problem.items.size(), 0);
+  std::vector<std::size_t> next(classes.size(), 0);
+  for (const auto& [cls, offset] : placements) offsets[classes[cls].members[next[cls]++]] = offset;
+  return offsets;
 }
 
 /// Depth-first search over orders for one shard size, on item classes.
@@ -50,7 +61,8 @@ std::vector<ItemClass> classify(const LayoutProblem& problem) {
 /// Built once per problem, run once per shard size; not thread-safe.
 class OrderSearch {
  public:
-  explicit OrderSearch(const LayoutProblem& problem) : problem_(problem), classes_(classify(problem)) {
+  OrderSearch(const LayoutProblem& problem, const std::vector<ItemClass>& classes)
+      : problem_(problem), classes_(classes) {
     // State = mixed-radix number: digit c counts the placed members of class c.
     std::uint64_t states = 1;
     for (const ItemClass& item_class : classes_) {
@@ -76,34 +88,11 @@ class OrderSearch {
     nodes_used_ = node_budget - std::max<std::int64_t>(budget_, 0);
     if (exact) *exact = budget_ >= 0;
     if (!found) return std::nullopt;
-    std::vector<std::int64_t> offsets(problem_.items.size(), 0);
-    std::vector<std::size_t> next(classes_.size(), 0);
-    for (const auto& [cls, offset] : path_) offsets[classes_[cls].members[next[cls]++]] = offset;
-    return offsets;
+    return offsetsOf(problem_, classes_, path_);
   }
 
   /// Nodes visited by the last run.
   [[nodiscard]] std::int64_t nodesUsed() const noexcept { return nodes_used_; }
-
-  /// Lengths of the blocks (with alignment) of the classes that carry most of
-  /// the bytes: shard sizes that are multiples of these let those classes
-  /// straddle every boundary without a gap.
-  [[nodiscard]] std::vector<std::int64_t> heavyPeriods(std::size_t count) const {
-    std::vector<std::pair<std::int64_t, std::int64_t>> mass_period;
-    for (const ItemClass& item_class : classes_) {
-      const std::int64_t period = lcm64(problem_.align_elems, item_class.item.granularity);
-      if (period <= problem_.align_elems) continue;
-      const auto mass = item_class.item.numel * static_cast<std::int64_t>(item_class.members.size());
-      mass_period.emplace_back(mass, period);
-    }
-    std::sort(mass_period.rbegin(), mass_period.rend());
-    std::vector<std::int64_t> periods;
-    for (const auto& [mass, period] : mass_period) {
-      if (periods.size() == count) break;
-      if (std::find(periods.begin(), periods.end(), period) == periods.end()) periods.push_back(period);
-    }
-    return periods;
-  }
 
  private:
   struct Child {
@@ -148,7 +137,7 @@ class OrderSearch {
   }
 
   const LayoutProblem& problem_;
-  std::vector<ItemClass> classes_;
+  const std::vector<ItemClass>& classes_;
   std::vector<std::uint64_t> radix_;
   bool memo_possible_ = true;
   std::vector<Child> children_;  // one row of classes_.size() per depth
@@ -162,26 +151,486 @@ class OrderSearch {
   std::int64_t nodes_used_ = 0;
 };
 
-/// Shard sizes at which the (comparatively expensive) order search runs:
-/// every size while its total spend is small, then the first few above the
-/// lower bound and those where a heavy class straddles boundaries cleanly.
-/// The fixed orders run at every size.
-class SearchSchedule {
+/// Beam search over orders for one shard size: the order search's states
+/// (multisets of placed classes, each with its earliest end), expanded depth
+/// by depth, keeping the `width` states that have wasted least so far (end
+/// minus the elements placed). Where the depth-first search spends its budget
+/// backtracking near the bottom of one descent, the beam keeps alternatives
+/// at every depth, which is what units of hundreds of tensors need. Not exact;
+/// cost O(items x width x classes) per size.
+class BeamSearch {
  public:
-  SearchSchedule(std::vector<std::int64_t> periods, const SearchOptions& options)
-      : periods_(std::move(periods)), leading_(options.leading_searches), node_cap_(options.search_nodes_total) {}
-
-  [[nodiscard]] bool worthSearching(std::int64_t shard, std::int64_t sizes_tried) const {
-    if (nodes_spent_ < node_cap_ || sizes_tried <= leading_) return true;
-    return std::any_of(periods_.begin(), periods_.end(), [&](std::int64_t period) { return shard % period == 0; });
+  BeamSearch(const LayoutProblem& problem, const std::vector<ItemClass>& classes, std::size_t width)
+      : problem_(problem), classes_(classes), width_(width) {
+    // Zobrist-style keys: a multiset's key is the sum of its classes' keys.
+    // A collision only merges two states (the beam loses one), never breaks a
+    // layout, which is rebuilt from parent links.
+    std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (std::size_t c = 0; c < classes_.size(); ++c) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      keys_.push_back(x);
+    }
   }
-  void spent(std::int64_t nodes) { nodes_spent_ += nodes; }
+
+  std::optional<std::vector<std::int64_t>> run(std::int64_t shard) {
+    const std::size_t class_count = classes_.size();
+    const std::int64_t capacity = problem_.devices * shard;
+    const std::int64_t total = totalNumel(problem_);
+    levels_.assign(problem_.items.size() + 1, {});
+    levels_[0].push_back(Node{});
+    placed_.assign(class_count, 0);  // row per beam entry of the current level
+    for (std::size_t depth = 0; depth < problem_.items.size(); ++depth) {
+      candidates_.clear();
+      index_of_.clear();
+      const std::vector<Node>& level = levels_[depth];
+      for (std::uint32_t b = 0; b < level.size(); ++b) {
+        const Node& node = level[b];
+        for (std::size_t c = 0; c < class_count; ++c) {
+          if (placed_[b * class_count + c] == classes_[c].members.size()) continue;
+          const LayoutItem& item = classes_[c].item;
+          const auto offset = earliestFeasibleOffset(node.end, item, shard, problem_.align_elems);
+          if (!offset) continue;
+          const Node child{node.key + keys_[c],          *offset + item.numel, node.placed + item.numel, *offset, b,
+                           static_cast<std::uint32_t>(c)};
+          ++work_;
+          if (child.end + (total - child.placed) > capacity) continue;  // cannot finish from here
+          const auto [it, inserted] = index_of_.try_emplace(child.key, candidates_.size());
+          if (inserted) {
+            candidates_.push_back(child);
+          } else if (candidates_[it->second].end > child.end) {
+            candidates_[it->second] = child;
+          }
+        }
+      }
+      if (candidates_.empty()) return std::nullopt;
+      keepLeastWasteful();
+      advance(depth);
+    }
+    std::vector<std::pair<std::size_t, std::int64_t>> placements(problem_.items.size());
+    std::uint32_t entry = 0;
+    for (std::size_t depth = problem_.items.size(); depth > 0; --depth) {
+      const Node& node = levels_[depth][entry];
+      placements[depth - 1] = {node.cls, node.offset};
+      entry = node.parent;
+    }
+    return offsetsOf(problem_, classes_, placements);
+  }
+
+  /// Candidate states generated so far, over every run.
+  [[nodiscard]] std::int64_t work() const noexcept { return work_; }
 
  private:
-  std::vector<std::int64_t> periods_;
-  std::int64_t leading_;
-  std::int64_t node_cap_;
-  std::int64_t nodes_spent_ = 0;
+  struct Node {
+    std::uint64_t key = 0;
+    std::int64_t end = 0;
+    std::int64_t placed = 0;  // elements placed
+    std::int64_t offset = 0;  // of the last item placed
+    std::uint32_t parent = 0;
+    std::uint32_t cls = 0;
+  };
+
+  void keepLeastWasteful() {
+    if (candidates_.size() <= width_) return;
+    const auto wastes_less = [](const Node& x, const Node& y) {
+      const std::int64_t wx = x.end - x.placed;
+      const std::int64_t wy = y.end - y.placed;
+      return wx != wy ? wx < wy : x.key < y.key;  // the key breaks ties deterministically
+    };
+    std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(width_) - 1,
+                     candidates_.end(), wastes_less);
+    candidates_.resize(width_);
+  }
+
+  void advance(std::size_t depth) {
+    const std::size_t class_count = classes_.size();
+    next_placed_.assign(candidates_.size() * class_count, 0);
+    for (std::size_t i = 0; i < candidates_.size(); ++i) {
+      const Node& node = candidates_[i];
+      std::copy_n(placed_.begin() + static_cast<std::ptrdiff_t>(node.parent * class_count), class_count,
+                  next_placed_.begin() + static_cast<std::ptrdiff_t>(i * class_count));
+      ++next_placed_[i * class_count + node.cls];
+    }
+    placed_.swap(next_placed_);
+    levels_[depth + 1] = candidates_;
+  }
+
+  const LayoutProblem& problem_;
+  const std::vector<ItemClass>& classes_;
+  std::size_t width_;
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::vector<Node>> levels_;
+  std::vector<Node> candidates_;
+  std::unordered_map<std::uint64_t, std::size_t> index_of_;
+  std::vector<std::size_t> placed_;
+  std::vector<std::size_t> next_placed_;
+  std::int64_t work_ = 0;
+};
+
+/// Beam states per depth when SearchOptions::beam_width is 0: as many as keep
+/// one run near kBeamWork candidate states, within [4, 64].
+constexpr std::int64_t kBeamWork = 20000;
+
+std::size_t beamWidth(const LayoutProblem& problem, std::size_t classes, std::int64_t requested) {
+  if (requested > 0) return static_cast<std::size_t>(requested);
+  const auto per_state = static_cast<std::int64_t>(problem.items.size() * std::max<std::size_t>(classes, 1));
+  return static_cast<std::size_t>(std::clamp<std::int64_t>(kBeamWork / per_state, 4, 64));
+}
+
+/// What the portfolio made of one shard size.
+struct Attempt {
+  std::optional<std::vector<std::int64_t>> offsets;
+  Strategy strategy = Strategy::kGivenOrder;
+  bool refuted = false;   ///< an exact order search proved that no order fits
+  bool searched = false;  ///< the order search ran
+};
+
+/// The strategies of SearchOptions::strategies, tried at one size at a time.
+class Portfolio {
+ public:
+  Portfolio(const LayoutProblem& problem, const SearchOptions& options)
+      : problem_(problem),
+        options_(options),
+        classes_(classify(problem)),
+        order_search_(problem, classes_),
+        beam_(problem, classes_, beamWidth(problem, classes_.size(), options.beam_width)) {
+    strategies_ = options.strategies;
+    if (strategies_.empty()) {
+      strategies_ = {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending,
+                     Strategy::kOrderSearch, Strategy::kBeamSearch};
+    }
+    for (const Strategy strategy : strategies_) {
+      if (strategy == Strategy::kOrderSearch) has_order_search_ = true;
+      if (strategy == Strategy::kBeamSearch) has_beam_ = true;
+      if (strategy != Strategy::kOrderSearch && strategy != Strategy::kBeamSearch) {
+        fixed_.emplace_back(strategy, fixedOrder(problem, strategy));
+      }
+    }
+  }
+
+  [[nodiscard]] bool hasBeam() const noexcept { return has_beam_; }
+  [[nodiscard]] const std::vector<ItemClass>& classes() const noexcept { return classes_; }
+
+  /// Work spent so far: items placed by the fixed orders, order-search nodes
+  /// times classes, beam candidates.
+  [[nodiscard]] std::int64_t work() const noexcept { return work_ + beam_.work(); }
+
+  /// The fixed orders, then the order search (unless it has run out of
+  /// nodes before and `insist` is false), then (if `with_beam`) the beam.
+  Attempt at(std::int64_t shard, bool with_beam, bool insist = false) {
+    Attempt attempt;
+    if (auto found = fixedOrdersAt(shard)) return *found;
+    if (has_order_search_ && (order_search_useful_ || insist)) {
+      bool exact = false;
+      attempt.offsets = order_search_.run(shard, options_.node_budget, &exact);
+      work_ += order_search_.nodesUsed() * static_cast<std::int64_t>(classes_.size());
+      attempt.strategy = Strategy::kOrderSearch;
+      attempt.searched = true;
+      attempt.refuted = exact && !attempt.offsets;
+      // Once it runs out of nodes the state space is too large for it to
+      // prove anything; the beam is the better heuristic from then on.
+      order_search_useful_ = order_search_useful_ && (exact || attempt.offsets || !has_beam_);
+      if (attempt.offsets) return attempt;
+    }
+    if (with_beam && has_beam_) {
+      attempt.offsets = beam_.run(shard);
+      attempt.strategy = Strategy::kBeamSearch;
+    }
+    return attempt;
+  }
+
+  /// The fixed orders alone (cheap: O(items) each).
+  std::optional<Attempt> fixedOrdersAt(std::int64_t shard) {
+    for (const auto& [strategy, order] : fixed_) {
+      work_ += static_cast<std::int64_t>(order.size());
+      if (auto offsets = placeInOrder(problem_, order, shard)) return Attempt{std::move(offsets), strategy, false};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const LayoutProblem& problem_;
+  const SearchOptions& options_;
+  std::vector<Strategy> strategies_;
+  std::vector<ItemClass> classes_;
+  std::vector<std::pair<Strategy, std::vector<std::uint32_t>>> fixed_;
+  OrderSearch order_search_;
+  BeamSearch beam_;
+  bool has_order_search_ = false;
+  bool has_beam_ = false;
+  bool order_search_useful_ = true;
+  std::int64_t work_ = 0;
+};
+
+/// Sizes that are multiples of some tensors' block length (with alignment),
+/// each period applying below a size limit.
+class PeriodicSizes {
+ public:
+  explicit PeriodicSizes(const LayoutProblem& problem) : problem_(problem) {}
+
+  void add(std::int64_t period, std::int64_t below) {
+    for (auto& [known, limit] : periods_) {
+      if (known == period) {
+        limit = std::max(limit, below);
+        return;
+      }
+    }
+    periods_.emplace_back(period, below);
+  }
+
+  [[nodiscard]] bool contains(std::int64_t shard) const {
+    return std::any_of(periods_.begin(), periods_.end(),
+                       [&](const auto& p) { return shard % p.first == 0 && shard < p.second; });
+  }
+
+  /// Smallest placeable member in [from, to), or `to`.
+  [[nodiscard]] std::int64_t next(std::int64_t from, std::int64_t to) const {
+    while (from < to) {
+      std::int64_t candidate = to;
+      for (const auto& [period, below] : periods_) {
+        const std::int64_t multiple = roundUp(from, period);
+        if (multiple < below) candidate = std::min(candidate, multiple);
+      }
+      if (candidate >= to) return to;
+      if (nextPlaceableShard(problem_, candidate) == candidate) return candidate;
+      from = candidate + problem_.align_elems;
+    }
+    return to;
+  }
+
+ private:
+  const LayoutProblem& problem_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> periods_;  // (period, sizes below which it applies)
+};
+
+/// Sizes at which feasibility may jump down: feasibility over all orders is
+/// monotone in S (a layout at S, shard by shard, is one at any larger S:
+/// each shard's content still fits, every cut stays on a block edge) except
+/// where a tensor may span a whole shard, which needs S to be a multiple of
+/// its block. Blocks dividing the alignment allow that at every S (and a
+/// layout using it still carries over: such a tensor can be cut anywhere), so
+/// only coarser blocks make exceptional sizes: multiples of lcm(a, g) shorter
+/// than the tensor.
+PeriodicSizes exceptionalSizes(const LayoutProblem& problem) {
+  PeriodicSizes sizes(problem);
+  for (const LayoutItem& item : problem.items) {
+    const std::int64_t period = lcm64(problem.align_elems, item.granularity);
+    if (period > problem.align_elems) sizes.add(period, item.numel);
+  }
+  return sizes;
+}
+
+/// Sizes where the classes carrying most of the bytes straddle every
+/// boundary on a block edge without a gap (multiples of their blocks): where
+/// the searches find layouts that bisection, landing between them, misses.
+/// One set per class, heaviest first.
+std::vector<PeriodicSizes> heavySizes(const LayoutProblem& problem, const std::vector<ItemClass>& classes,
+                                      std::size_t count) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> mass_period;
+  for (const ItemClass& item_class : classes) {
+    const std::int64_t period = lcm64(problem.align_elems, item_class.item.granularity);
+    if (period <= problem.align_elems) continue;
+    mass_period.emplace_back(item_class.item.numel * static_cast<std::int64_t>(item_class.members.size()), period);
+  }
+  std::sort(mass_period.rbegin(), mass_period.rend());
+  std::vector<PeriodicSizes> sets;
+  for (std::size_t i = 0; i < mass_period.size() && sets.size() < count; ++i) {
+    if (i > 0 && mass_period[i].second == mass_period[i - 1].second) continue;
+    sets.emplace_back(problem).add(mass_period[i].second, std::numeric_limits<std::int64_t>::max());
+  }
+  return sets;
+}
+
+/// What the exact order search refuted, and the proven bound that follows.
+class Refutations {
+ public:
+  Refutations(const LayoutProblem& problem, const PeriodicSizes& exceptional)
+      : problem_(problem), exceptional_(exceptional) {}
+
+  void add(std::int64_t shard) {
+    refuted_.insert(shard);
+    if (!exceptional_.contains(shard)) monotone_ = std::max(monotone_, shard);
+  }
+
+  /// Smallest size >= `bound` that nothing rules out: not refuted itself,
+  /// and not an ordinary size at or below an ordinary refuted one.
+  [[nodiscard]] std::int64_t provenBound(std::int64_t bound) const {
+    std::int64_t shard = bound;
+    for (;;) {
+      if (refuted_.count(shard) != 0) {
+        shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
+      } else if (shard <= monotone_ && !exceptional_.contains(shard)) {
+        const std::int64_t past = nextPlaceableShard(problem_, monotone_ + problem_.align_elems);
+        shard = exceptional_.next(shard, past);
+      } else {
+        return shard;
+      }
+    }
+  }
+
+ private:
+  const LayoutProblem& problem_;
+  const PeriodicSizes& exceptional_;
+  std::set<std::int64_t> refuted_;
+  std::int64_t monotone_ = 0;
+};
+
+/// The search over sizes (see search.hpp). One per solveLayout call.
+class SizeSearch {
+ public:
+  SizeSearch(const LayoutProblem& problem, const SearchOptions& options)
+      : problem_(problem),
+        options_(options),
+        portfolio_(problem, options),
+        exceptional_(exceptionalSizes(problem)),
+        heavy_(heavySizes(problem, portfolio_.classes(), 3)),
+        refutations_(problem, exceptional_),
+        bound_(computeLowerBound(problem).shard_elems) {}
+
+  SearchResult run() {
+    if (!scanUpward(options_.scan_work)) probe();
+    // Without the beam scanUpward went on, coarser, until something fitted.
+    if (portfolio_.hasBeam() && searched_to_ < best_->layout.shard_elems) {
+      // The order search has not seen every size below the result.
+      bisect();
+      tryPeriodicSizes();
+    }
+    scanFixedOrdersBelowBest();
+    return finish();
+  }
+
+ private:
+  /// Every placeable size upwards from the bound with the fixed orders and
+  /// the order search, until one fits or `work` runs out. Without the beam
+  /// to jump with, it goes on past the budget with a doubling step (sizes
+  /// get skipped: the scan is no longer complete).
+  bool scanUpward(std::int64_t work) {
+    std::int64_t step = problem_.align_elems;
+    for (scanned_to_ = bound_;; scanned_to_ = nextPlaceableShard(problem_, scanned_to_ + step)) {
+      if (attempt(scanned_to_, false)) {
+        scanned_to_ += problem_.align_elems;
+        searched_to_ = std::min(searched_to_, scanned_to_);
+        return true;
+      }
+      if (!last_searched_) searched_to_ = std::min(searched_to_, scanned_to_);
+      if (portfolio_.work() <= work) continue;
+      if (portfolio_.hasBeam()) {
+        scanned_to_ = nextPlaceableShard(problem_, scanned_to_ + problem_.align_elems);
+        searched_to_ = std::min(searched_to_, scanned_to_);
+        return false;
+      }
+      complete_ = false;
+      step *= 2;
+    }
+  }
+
+  /// Sizes growing geometrically from the end of the scan until one fits.
+  void probe() {
+    std::int64_t step = std::max(problem_.align_elems, roundUp(bound_ >> 12, problem_.align_elems));
+    for (std::int64_t shard = scanned_to_;; shard = nextPlaceableShard(problem_, shard + step), step *= 2) {
+      if (attempt(shard, true)) return;
+      probed_below_ = shard;
+    }
+  }
+
+  /// Halves the interval between the last size that failed and the best, at
+  /// ordinary sizes (where feasibility is monotone).
+  void bisect() {
+    std::int64_t low = probed_below_ > 0 ? probed_below_ : searched_to_ - problem_.align_elems;
+    for (;;) {
+      const std::int64_t above = low + problem_.align_elems;
+      const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best_->layout.shard_elems - low) / 2));
+      const std::int64_t next = middle < best_->layout.shard_elems ? middle : ordinaryAtOrAbove(above);
+      if (next >= best_->layout.shard_elems) return;
+      if (!attempt(next, true)) low = next;
+    }
+  }
+
+  /// Heavy sizes below the best, the heaviest class's first (each success
+  /// narrows the range for the next), then the exceptional ones upwards:
+  /// where the heavy classes pack without gaps, and where feasibility may
+  /// jump down. The order search runs at each, whatever it did elsewhere.
+  void tryPeriodicSizes() {
+    const std::int64_t limit = portfolio_.work() + options_.scan_work;
+    std::vector<PeriodicSizes> sets = heavy_;
+    sets.push_back(exceptional_);
+    for (const PeriodicSizes& sizes : sets) {
+      for (std::int64_t shard = sizes.next(searched_to_, best_->layout.shard_elems); shard < best_->layout.shard_elems;
+           shard = sizes.next(shard + problem_.align_elems, best_->layout.shard_elems)) {
+        if (portfolio_.work() > limit) {
+          complete_ = false;
+          return;
+        }
+        if (attempt(shard, true, true)) break;
+      }
+    }
+  }
+
+  /// Every size left below the best with the fixed orders (their feasibility
+  /// is not monotone), as far as the budget goes: when it gets there the
+  /// result is never above any of their optima.
+  void scanFixedOrdersBelowBest() {
+    const std::int64_t limit = portfolio_.work() + options_.scan_work;
+    for (std::int64_t shard = scanned_to_; shard < best_->layout.shard_elems;
+         shard = nextPlaceableShard(problem_, shard + problem_.align_elems)) {
+      if (portfolio_.work() > limit) {
+        complete_ = false;
+        return;
+      }
+      if (auto found = portfolio_.fixedOrdersAt(shard)) {
+        record(shard, std::move(*found));
+        return;
+      }
+    }
+  }
+
+  std::int64_t ordinaryAtOrAbove(std::int64_t shard) const {
+    shard = nextPlaceableShard(problem_, roundUp(shard, problem_.align_elems));
+    while (exceptional_.contains(shard)) shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
+    return shard;
+  }
+
+  bool attempt(std::int64_t shard, bool with_beam, bool insist = false) {
+    ++sizes_tried_;
+    Attempt found = portfolio_.at(shard, with_beam, insist);
+    last_searched_ = found.searched;
+    if (found.refuted) refutations_.add(shard);
+    if (!found.offsets) return false;
+    record(shard, std::move(found));
+    return true;
+  }
+
+  void record(std::int64_t shard, Attempt found) {
+    if (best_ && best_->layout.shard_elems <= shard) return;
+    best_ = SearchResult{};
+    best_->layout = Layout{shard, std::move(*found.offsets)};
+    best_->strategy = found.strategy;
+  }
+
+  SearchResult finish() {
+    SearchResult result = std::move(*best_);
+    result.shard_sizes_tried = sizes_tried_;
+    result.scan_complete = complete_;
+    result.proven_bound_elems = std::min(refutations_.provenBound(bound_), result.layout.shard_elems);
+    result.proven_optimal = result.proven_bound_elems == result.layout.shard_elems;
+    return result;
+  }
+
+  const LayoutProblem& problem_;
+  const SearchOptions& options_;
+  Portfolio portfolio_;
+  PeriodicSizes exceptional_;
+  std::vector<PeriodicSizes> heavy_;
+  Refutations refutations_;
+  std::int64_t bound_;
+  std::optional<SearchResult> best_;
+  std::int64_t scanned_to_ = 0;  // every size below was tried by the fixed orders
+  std::int64_t searched_to_ = std::numeric_limits<std::int64_t>::max();  // ... and by the order search
+  bool last_searched_ = false;
+  std::int64_t probed_below_ = 0;
+  std::int64_t sizes_tried_ = 0;
+  bool complete_ = true;
 };
 
 }  // namespace
@@ -196,6 +645,8 @@ std::string_view toString(Strategy strategy) noexcept {
       return "granularity-desc";
     case Strategy::kOrderSearch:
       return "order-search";
+    case Strategy::kBeamSearch:
+      return "beam-search";
   }
   return "unknown";
 }
@@ -216,57 +667,18 @@ std::vector<std::uint32_t> fixedOrder(const LayoutProblem& problem, Strategy str
 
 std::optional<std::vector<std::int64_t>> placeBySearch(const LayoutProblem& problem, std::int64_t shard_elems,
                                                        std::int64_t node_budget, bool* exact) {
-  return OrderSearch(problem).run(shard_elems, node_budget, exact);
+  const std::vector<ItemClass> classes = classify(problem);
+  return OrderSearch(problem, classes).run(shard_elems, node_budget, exact);
+}
+
+std::optional<std::vector<std::int64_t>> placeByBeam(const LayoutProblem& problem, std::int64_t shard_elems,
+                                                     std::int64_t width) {
+  const std::vector<ItemClass> classes = classify(problem);
+  return BeamSearch(problem, classes, beamWidth(problem, classes.size(), width)).run(shard_elems);
 }
 
 SearchResult solveLayout(const LayoutProblem& problem, const SearchOptions& options) {
-  std::vector<Strategy> portfolio = options.strategies;
-  if (portfolio.empty()) {
-    portfolio = {Strategy::kOrderSearch, Strategy::kGivenOrder, Strategy::kSizeDescending,
-                 Strategy::kGranularityDescending};
-  }
-  std::vector<std::vector<std::uint32_t>> orders;  // empty for kOrderSearch, which orders per S
-  orders.reserve(portfolio.size());
-  for (const Strategy strategy : portfolio) {
-    orders.push_back(strategy == Strategy::kOrderSearch ? std::vector<std::uint32_t>{} : fixedOrder(problem, strategy));
-  }
-  OrderSearch order_search(problem);
-  SearchSchedule schedule(order_search.heavyPeriods(3), options);
-
-  SearchResult result;
-  const std::int64_t lower_bound = computeLowerBound(problem).shard_elems;
-  bool smaller_sizes_refuted = true;  // an exact order search failed at every size tried so far
-  std::int64_t shard = lower_bound;
-  std::int64_t step = problem.align_elems;
-  for (;;) {
-    ++result.shard_sizes_tried;
-    bool refuted = false;
-    for (std::size_t s = 0; s < portfolio.size(); ++s) {
-      std::optional<std::vector<std::int64_t>> offsets;
-      if (portfolio[s] != Strategy::kOrderSearch) {
-        offsets = placeInOrder(problem, orders[s], shard);
-      } else if (schedule.worthSearching(shard, result.shard_sizes_tried)) {
-        bool exact = false;
-        offsets = order_search.run(shard, options.node_budget, &exact);
-        schedule.spent(order_search.nodesUsed());
-        refuted = exact && !offsets;
-      }
-      if (offsets) {
-        result.layout = Layout{shard, std::move(*offsets)};
-        result.strategy = portfolio[s];
-        result.proven_optimal = shard == lower_bound || smaller_sizes_refuted;
-        return result;
-      }
-    }
-    smaller_sizes_refuted = smaller_sizes_refuted && refuted;
-    if (result.shard_sizes_tried >= options.max_scan_steps) {
-      // Out of budget: keep going, but coarser. Still valid; sizes get skipped.
-      result.scan_complete = false;
-      smaller_sizes_refuted = false;
-      step *= 2;
-    }
-    shard = nextPlaceableShard(problem, shard + step);
-  }
+  return SizeSearch(problem, options).run();
 }
 
 }  // namespace dbuf::planner

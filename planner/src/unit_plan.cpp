@@ -236,7 +236,8 @@ Result<UnitPlan> planLayout(const UnitSpec& unit, const LayoutProblem& problem, 
   plan.dtype = unit.tensors.front().dtype;
   plan.numel = totalNumel(problem);
   plan.shard_elems = found.layout.shard_elems;
-  plan.lower_bound_elems = computeLowerBound(problem).shard_elems;
+  plan.placement_bound_elems = computeLowerBound(problem).shard_elems;
+  plan.lower_bound_elems = found.proven_bound_elems;
   plan.brief_lower_bound_elems = briefLowerBound(problem);
   plan.ideal_elems = ceilDiv(plan.numel, options.devices);
   plan.padding_elems = options.devices * plan.shard_elems - plan.numel;
@@ -358,7 +359,7 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
     } else {
       plan.baselines = model.units[source[u]].baselines;
     }
-    if (boundIsFar(plan.lower_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnoser.diagnose(u);
+    if (boundIsFar(plan.placement_bound_elems, plan.numel, plan.devices)) plan.diagnosis = diagnoser.diagnose(u);
   }
   return model;
 }

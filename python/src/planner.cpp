@@ -57,7 +57,10 @@ void bindResults(nb::module_& m) {
       .def_ro("devices", &planner::UnitPlan::devices)
       .def_ro("numel", &planner::UnitPlan::numel, "N")
       .def_ro("shard_elems", &planner::UnitPlan::shard_elems, "S")
-      .def_ro("lower_bound_elems", &planner::UnitPlan::lower_bound_elems, "the proven lower bound of S")
+      .def_ro("lower_bound_elems", &planner::UnitPlan::lower_bound_elems,
+              "the proven lower bound of S (the placement bound, raised past sizes the exact search refuted)")
+      .def_ro("placement_bound_elems", &planner::UnitPlan::placement_bound_elems,
+              "what each tensor's placeability alone proves")
       .def_ro("ideal_elems", &planner::UnitPlan::ideal_elems, "ceil(N / V)")
       .def_ro("padding_elems", &planner::UnitPlan::padding_elems, "V*S - N")
       .def_ro("split_blocks", &planner::UnitPlan::split_blocks, "always 0")

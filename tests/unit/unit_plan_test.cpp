@@ -164,7 +164,9 @@ void expectConsistentPlan(const UnitSpec& unit, const PlanOptions& options, cons
   EXPECT_EQ(plan.numel, totalNumel(*problem));
   EXPECT_EQ(plan.ideal_elems, (plan.numel + options.devices - 1) / options.devices);
   EXPECT_EQ(plan.padding_elems, options.devices * plan.shard_elems - plan.numel);
-  EXPECT_EQ(plan.lower_bound_elems, computeLowerBound(*problem).shard_elems);
+  EXPECT_EQ(plan.placement_bound_elems, computeLowerBound(*problem).shard_elems);
+  EXPECT_GE(plan.lower_bound_elems, plan.placement_bound_elems);
+  EXPECT_EQ(plan.proven_optimal, plan.lower_bound_elems == plan.shard_elems);
   EXPECT_EQ(plan.brief_lower_bound_elems, briefLowerBound(*problem));
   EXPECT_GE(plan.shard_elems, plan.lower_bound_elems);
   EXPECT_EQ(plan.split_blocks, 0);
@@ -330,7 +332,8 @@ TEST_P(BundledModel, EveryPlanValidAndNoWorseThanFixedOrders) {
         ASSERT_EQ(describeViolation(*problem, layout), "") << plan.name;
         ASSERT_EQ(plan.split_blocks, 0);
         ASSERT_GE(plan.shard_elems, plan.lower_bound_elems);
-        ASSERT_EQ(plan.lower_bound_elems, computeLowerBound(*problem).shard_elems);
+        ASSERT_EQ(plan.placement_bound_elems, computeLowerBound(*problem).shard_elems);
+        ASSERT_GE(plan.lower_bound_elems, plan.placement_bound_elems);
         // Slices: contiguous, covering, cut only on block edges.
         for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
           const PlannedTensor& planned = plan.tensors[i];
@@ -479,7 +482,7 @@ TEST(PlanModel, DiagnosesCoarseBlocksAtManyRanks) {
   std::size_t diagnosed = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const UnitPlan& plan = model->units[u];
-    const bool far = static_cast<double>(plan.lower_bound_elems) > 1.05 * static_cast<double>(plan.ideal_elems);
+    const bool far = static_cast<double>(plan.placement_bound_elems) > 1.05 * static_cast<double>(plan.ideal_elems);
     ASSERT_EQ(plan.diagnosis.has_value(), far) << plan.name;
     if (!far) continue;
     ++diagnosed;

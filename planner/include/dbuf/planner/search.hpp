@@ -4,12 +4,22 @@
 /// whose earliest-feasible placement fits in V*S.
 ///
 /// For a fixed order and S, earliest placement is optimal (`placeInOrder`), so
-/// the search is over orders and over S. Shard sizes are visited in increasing
-/// order, skipping every size some item rules out on its own
-/// (`nextPlaceableShard`); at each size a portfolio of orders is tried and the
-/// first that fits wins. The portfolio always contains the paper's three fixed
-/// orders (given, size descending, granularity descending), so the result is
-/// never worse than the best of them.
+/// the search is over orders and over S, on placeable sizes only
+/// (`nextPlaceableShard`), in three steps:
+///  1. sizes upwards from the lower bound, each tried with the paper's three
+///     fixed orders (given, size descending, granularity descending) and the
+///     order search, until one fits or a work budget is spent (small units are
+///     solved exactly here);
+///  2. then sizes growing geometrically until the beam search (or another
+///     strategy) fits one, and bisection between the last failure and it.
+///     Over all orders feasibility is monotone in S except at the sizes where
+///     a tensor may span a whole shard (multiples of its block), so bisection
+///     runs on the other sizes and those exceptional ones below the result are
+///     tried one by one;
+///  3. the fixed orders at every size left below the result, as far as the
+///     budget goes (`scan_complete`: the result is never above their optima).
+/// Sizes the exact order search refutes raise the proven bound: a refuted
+/// ordinary size rules out every ordinary size below it.
 
 #include <cstdint>
 #include <optional>
@@ -25,25 +35,26 @@ enum class Strategy : std::uint8_t {
   kGivenOrder,             ///< the order the tensors were declared in
   kSizeDescending,         ///< largest tensors first (stable)
   kGranularityDescending,  ///< coarsest blocks first (stable)
-  kOrderSearch,            ///< depth-first search over orders for each S, see search.cpp
+  kOrderSearch,            ///< depth-first search over orders for each S, exact within its budget
+  kBeamSearch,             ///< beam search over orders for each S, see search.cpp
 };
 
 [[nodiscard]] std::string_view toString(Strategy strategy) noexcept;
 
 struct SearchOptions {
-  /// Shard sizes tried one by one before the scan starts doubling its step.
-  /// Beyond the budget the result is still valid but may skip a smaller
-  /// feasible size (`SearchResult::scan_complete` turns false).
-  std::int64_t max_scan_steps = 1000000;
-  /// Nodes the order search may visit per shard size.
+  /// Nodes the order search may visit per shard size; within it the search is
+  /// exact for that size (and a failure refutes it).
   std::int64_t node_budget = 4000;
-  /// The order search runs at every size until it has spent this many nodes
-  /// in total on the unit (small units are searched exactly at every size);
-  /// after that, only at the first `leading_searches` sizes above the lower
-  /// bound and where a heavy class's block length divides S.
-  std::int64_t search_nodes_total = 200000;
-  std::int64_t leading_searches = 16;
-  /// Restrict the portfolio to these strategies (empty: all).
+  /// Work (items placed by the fixed orders, order-search nodes times
+  /// classes, beam states) the scan upwards from the bound may spend before
+  /// the search probes and bisects; the same again for the exceptional sizes
+  /// and again for the fixed orders' scan below the result. About 4 ns each.
+  std::int64_t scan_work = 200000;
+  /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
+  /// within [4, 64].
+  std::int64_t beam_width = 0;
+  /// Restrict the portfolio to these strategies (empty: all). Without
+  /// kBeamSearch the scan upwards goes on past its budget with a doubling step.
   std::vector<Strategy> strategies;
 };
 
@@ -54,13 +65,14 @@ struct SearchResult {
   /// Every placeable size below the result was tried with the fixed orders of
   /// the portfolio, so the result is no larger than any of their optima.
   bool scan_complete = true;
-  /// The result is optimal over all orders: it equals the lower bound, or the
-  /// order search ran to completion (exact) at every size below it and found
-  /// nothing.
+  /// No layout exists below this size: the lower bound (bounds.hpp), raised
+  /// past the sizes the exact order search refuted. At most the result.
+  std::int64_t proven_bound_elems = 0;
+  /// The result is optimal over all orders (it equals `proven_bound_elems`).
   bool proven_optimal = false;
 };
 
-/// Orders of the fixed strategies (not kOrderSearch, which depends on S).
+/// Orders of the fixed strategies (not the searches, which depend on S).
 [[nodiscard]] std::vector<std::uint32_t> fixedOrder(const LayoutProblem& problem, Strategy strategy);
 
 /// Best layout over the portfolio. Always succeeds for a non-empty problem with
@@ -74,5 +86,10 @@ struct SearchResult {
 [[nodiscard]] std::optional<std::vector<std::int64_t>> placeBySearch(const LayoutProblem& problem,
                                                                      std::int64_t shard_elems, std::int64_t node_budget,
                                                                      bool* exact = nullptr);
+
+/// The beam search alone for one S (`width` 0: chosen as for SearchOptions).
+/// Returns offsets when a layout fits in V*S; never proves that none does.
+[[nodiscard]] std::optional<std::vector<std::int64_t>> placeByBeam(const LayoutProblem& problem,
+                                                                   std::int64_t shard_elems, std::int64_t width = 0);
 
 }  // namespace dbuf::planner

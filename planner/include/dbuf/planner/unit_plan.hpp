@@ -23,7 +23,7 @@ namespace dbuf::planner {
 
 struct PlanOptions {
   std::int64_t devices = 1;
-  GranularityRule default_rule;  ///< applied to 2D+ tensors without their own rule
+  GranularityRule default_rule;   ///< applied to 2D+ tensors without their own rule
   std::int64_t align_bytes = 16;  ///< 1..4096, a multiple of the element size
   SearchOptions search;
 };
@@ -65,10 +65,13 @@ struct UnitPlan {
   std::int64_t devices = 1;
   std::int64_t align_elems = 1;
   DType dtype = DType::kBF16;
-  std::int64_t numel = 0;                    ///< N
-  std::int64_t shard_elems = 0;              ///< S
-  std::int64_t lower_bound_elems = 0;        ///< proven bound (bounds.hpp), >= the brief's
-  std::int64_t brief_lower_bound_elems = 0;  ///< the design brief's formula, for comparison
+  std::int64_t numel = 0;        ///< N
+  std::int64_t shard_elems = 0;  ///< S
+  /// Proven bound: no layout has a smaller S. The placement bound, raised past
+  /// the sizes the exact order search refuted (SearchResult::proven_bound_elems).
+  std::int64_t lower_bound_elems = 0;
+  std::int64_t placement_bound_elems = 0;    ///< what each tensor's placeability alone proves (bounds.hpp)
+  std::int64_t brief_lower_bound_elems = 0;  ///< the design brief's formula, <= the placement bound
   std::int64_t ideal_elems = 0;              ///< ceil(N / V)
   std::int64_t padding_elems = 0;            ///< V*S - N
   std::int64_t split_blocks = 0;             ///< always 0 for a valid plan
@@ -78,7 +81,7 @@ struct UnitPlan {
   double plan_us = 0;                  ///< layout planning (problem, bound, search); not baselines or diagnosis
   std::vector<PlannedTensor> tensors;  ///< in declaration order
   Baselines baselines;
-  std::optional<BoundDiagnosis> diagnosis;  ///< set when lower bound > 1.05 * ceil(N/V)
+  std::optional<BoundDiagnosis> diagnosis;  ///< set when the placement bound > 1.05 * ceil(N/V)
 
   [[nodiscard]] double inflation() const noexcept {
     return static_cast<double>(devices * shard_elems) / static_cast<double>(numel);
