@@ -340,6 +340,20 @@ class Portfolio {
     return attempt;
   }
 
+  /// The order search alone with its own node budget; `nodes` is charged
+  /// what it used.
+  Attempt exactlyAt(std::int64_t shard, std::int64_t& nodes) {
+    Attempt attempt;
+    bool exact = false;
+    attempt.offsets = order_search_.run(shard, nodes, &exact);
+    nodes -= order_search_.nodesUsed();
+    work_ += order_search_.nodesUsed() * static_cast<std::int64_t>(classes_.size());
+    attempt.strategy = Strategy::kOrderSearch;
+    attempt.searched = true;
+    attempt.refuted = exact && !attempt.offsets;
+    return attempt;
+  }
+
   /// The fixed orders alone (cheap: O(items) each).
   std::optional<Attempt> fixedOrdersAt(std::int64_t shard) {
     for (const auto& [strategy, order] : fixed_) {
@@ -497,6 +511,7 @@ class SizeSearch {
       tryPeriodicSizes();
     }
     scanFixedOrdersBelowBest();
+    closeTheProof();
     return finish();
   }
 
@@ -582,6 +597,26 @@ class SizeSearch {
         record(shard, std::move(*found));
         return;
       }
+    }
+  }
+
+  /// With SearchOptions::proof_nodes, the order search on the smallest size
+  /// nothing rules out yet, again and again, until the proven bound meets
+  /// the result (or the nodes run out). A layout it finds there is the new,
+  /// optimal, result.
+  void closeTheProof() {
+    std::int64_t nodes = options_.proof_nodes;
+    while (nodes > 0) {
+      const std::int64_t shard = refutations_.provenBound(bound_);
+      if (shard >= best_->layout.shard_elems) return;
+      ++sizes_tried_;
+      Attempt found = portfolio_.exactlyAt(shard, nodes);
+      if (found.offsets) {
+        record(shard, std::move(found));
+        return;
+      }
+      if (!found.refuted) return;
+      refutations_.add(shard);
     }
   }
 

@@ -17,7 +17,9 @@
 ///     runs on the other sizes and those exceptional ones below the result are
 ///     tried one by one;
 ///  3. the fixed orders at every size left below the result, as far as the
-///     budget goes (`scan_complete`: the result is never above their optima).
+///     budget goes (`scan_complete`: the result is never above their optima);
+///  4. with `proof_nodes`, the exact order search on the sizes still open
+///     between the proven bound and the result.
 /// Sizes the exact order search refutes raise the proven bound: a refuted
 /// ordinary size rules out every ordinary size below it.
 
@@ -50,6 +52,11 @@ struct SearchOptions {
   /// the search probes and bisects; the same again for the exceptional sizes
   /// and again for the fixed orders' scan below the result. About 4 ns each.
   std::int64_t scan_work = 200000;
+  /// Nodes the order search may spend, after the search, on the sizes
+  /// between the proven bound and the result that nothing rules out yet,
+  /// smallest first: to prove the result optimal (or find a smaller one).
+  /// 0: none (a proof can take far longer than the plan).
+  std::int64_t proof_nodes = 0;
   /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
   /// within [4, 64].
   std::int64_t beam_width = 0;
