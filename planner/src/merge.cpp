@@ -57,21 +57,6 @@ std::int64_t satMul(std::int64_t a, std::int64_t b) noexcept {
   return b != 0 && a > kInf / b ? kInf : a * b;
 }
 
-/// Identical dtypes, shapes, granularities and expert flags give identical
-/// plans and baselines, names aside (as planModel's cache).
-std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
-  std::string key;
-  const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
-  append(static_cast<std::int64_t>(unit.tensors.front().dtype));
-  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
-    append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
-    for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
-    append(problem.items[i].granularity);
-    append(isExpertParameter(unit.tensors[i].name) ? 1 : 0);
-  }
-  return key;
-}
-
 double millisSince(std::chrono::steady_clock::time_point started) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 }

@@ -20,21 +20,6 @@ bool boundIsFar(std::int64_t lower_bound, std::int64_t numel, std::int64_t devic
   return static_cast<double>(lower_bound) > kDiagnosisThreshold * static_cast<double>(ceilDiv(numel, devices));
 }
 
-/// Identical shapes, granularities and expert flags give identical plans and
-/// baselines (names aside). The key is the raw bytes of those.
-std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
-  std::string key;
-  const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
-  append(static_cast<std::int64_t>(unit.tensors.front().dtype));
-  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
-    append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
-    for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
-    append(problem.items[i].granularity);
-    append(isExpertParameter(unit.tensors[i].name) ? 1 : 0);  // Megatron buckets them apart
-  }
-  return key;
-}
-
 std::int64_t boundOf(const UnitSpec& unit, const PlanOptions& options) {
   auto problem = buildProblem(unit, options);
   return problem ? computeLowerBound(*problem).shard_elems : 0;
@@ -184,6 +169,19 @@ class Diagnoser {
 };
 
 }  // namespace
+
+std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
+  std::string key;
+  const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
+  append(static_cast<std::int64_t>(unit.tensors.front().dtype));
+  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
+    append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
+    for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
+    append(problem.items[i].granularity);
+    append(isExpertParameter(unit.tensors[i].name) ? 1 : 0);  // Megatron buckets them apart
+  }
+  return key;
+}
 
 Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options) {
   if (options.devices <= 0 || options.devices > kMaxDevices) {

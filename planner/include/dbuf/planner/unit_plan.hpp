@@ -95,6 +95,11 @@ struct UnitPlan {
 /// elements). Errors name the unit and the tensor.
 [[nodiscard]] Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options);
 
+/// Identical dtypes, shapes, granularities and expert flags give identical
+/// plans and baselines, names aside: the raw bytes of those, as a cache key
+/// (`problem` is the unit's, from buildProblem).
+[[nodiscard]] std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem);
+
 /// Plans one unit: layout, lower bound, baselines. `diagnosis` is not filled
 /// here (it needs the neighbouring units; see `planModel`).
 [[nodiscard]] Result<UnitPlan> planUnit(const UnitSpec& unit, const PlanOptions& options);
