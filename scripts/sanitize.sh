@@ -110,5 +110,10 @@ done_=$(date +%s)
 grep -E "tests passed|tests failed|^\s+[0-9]+ - |Total Test time" "$dir/sanitize-test.log" || true
 summary=$(grep -E "tests passed" "$dir/sanitize-test.log" | tail -n 1)
 if ((rc == 0)); then status=PASS; else status=FAIL; fi
+if ((rc != 0)); then
+  # The failed tests' own output (--output-on-failure puts it after each
+  # one's result line), so a CI log that keeps only stdout says why.
+  awk '/^ *[0-9]+\/[0-9]+ Test +#/ { show = ($0 !~ / Passed /) } show' "$dir/sanitize-test.log" | tail -n 300
+fi
 echo "sanitize.sh [$kind]: $status: ${summary:-no ctest summary}; build $((built - start)) s, tests $((done_ - built)) s, total $((done_ - start)) s (log: $dir/sanitize-test.log)"
 exit $rc

@@ -42,6 +42,7 @@
 #include "dbuf/common/result.hpp"
 #include "soak_stats.hpp"
 #include "support/child_process.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 
@@ -52,6 +53,12 @@ using dbuf::testing::Child;
 using std::chrono::milliseconds;
 
 constexpr std::int64_t kMs = 1'000'000;  // ns
+
+/// A deadline that only stops a hung process (dbufd starting or stopping, a
+/// rank exiting, dbufd settling): longer under the sanitizers, where
+/// everything is slower. Never a time the soak measures.
+milliseconds hangLimit(int ms) { return dbuf::testing::sanitizerScaled(milliseconds(ms)); }
+std::int64_t hangLimitNs(int ms) { return hangLimit(ms).count() * kMs; }
 
 // ---------------------------------------------------------------- arguments
 
@@ -246,13 +253,13 @@ class Daemon {
     config_ = dir.write("dbufd.toml", config.str());
   }
 
-  /// Starts dbufd; the ms until it accepted, or nullopt if it did not within 10 s.
+  /// Starts dbufd; the ms until it accepted, or nullopt if it did not within hangLimit(10 s).
   std::optional<double> start() {
     const std::int64_t started = monotonicNs();
     Child::Options options;
     options.stderr_path = log_;
     process_ = std::make_unique<Child>(executable_, std::vector<std::string>{"--config", config_}, options);
-    while (monotonicNs() - started < 10'000 * kMs) {
+    while (monotonicNs() - started < hangLimitNs(10'000)) {
       if (process_->waitExit(milliseconds(0))) return std::nullopt;
       if (accepts(socket_)) return static_cast<double>(monotonicNs() - started) / kMs;
       std::this_thread::sleep_for(milliseconds(1));
@@ -267,7 +274,7 @@ class Daemon {
   void kill9() { process_->killAndReap(); }
   int terminate() {
     process_->signal(SIGTERM);
-    return process_->waitExit(milliseconds(10000)).value_or(-1);
+    return process_->waitExit(hangLimit(10'000)).value_or(-1);
   }
   [[nodiscard]] const std::string& socket() const noexcept { return socket_; }
   [[nodiscard]] const std::string& log() const noexcept { return log_; }
@@ -499,12 +506,12 @@ class Soak {
       job.ranks[r].rank = r;
       startRank(job, job.ranks[r], std::max<std::int64_t>(options_.max_elements, 1 << 20));
     }
-    const std::int64_t deadline = monotonicNs() + 10'000 * kMs;
+    const std::int64_t deadline = monotonicNs() + hangLimitNs(10'000);
     while (monotonicNs() < deadline && job.ranks[0].stats->ops[0].load() + job.ranks[0].stats->ops[1].load() < 5) {
       std::this_thread::sleep_for(milliseconds(20));
     }
     stopJob(job);
-    waitIdle(ProcessSample{}, 10'000);
+    waitIdle(ProcessSample{}, hangLimit(10'000));
   }
 
   void soakWithChaos() {
@@ -533,7 +540,7 @@ class Soak {
     }
   }
 
-  /// SIGTERM to every rank of the job; each must exit within 10 s.
+  /// SIGTERM to every rank of the job; each must exit within hangLimit(10 s).
   void stopJob(SoakJob& job) {
     for (RankProcess& rank : job.ranks) {
       if (rank.child) rank.child->signal(SIGTERM);
@@ -541,10 +548,11 @@ class Soak {
     }
     for (RankProcess& rank : job.ranks) {
       if (!rank.child) continue;
-      if (const auto status = rank.child->waitExit(milliseconds(10000))) {
+      if (const auto status = rank.child->waitExit(hangLimit(10'000))) {
         exited(job, rank, *status, true);
       } else {
-        problem(job.id + " rank " + std::to_string(rank.rank) + " hung: no exit 10 s after SIGTERM");
+        problem(job.id + " rank " + std::to_string(rank.rank) + " hung: no exit " +
+                std::to_string(hangLimit(10'000).count()) + " ms after SIGTERM");
         rank.child->killAndReap();
         retire(rank);
       }
@@ -557,8 +565,8 @@ class Soak {
 
   /// Polls until the daemon holds no memfd and as many fds and mappings as
   /// at `baseline` (zero fields: only no memfd).
-  bool waitIdle(const ProcessSample& baseline, int timeout_ms) {
-    const std::int64_t deadline = monotonicNs() + timeout_ms * kMs;
+  bool waitIdle(const ProcessSample& baseline, milliseconds timeout) {
+    const std::int64_t deadline = monotonicNs() + timeout.count() * kMs;
     for (;;) {
       const ProcessSample now = daemon_.sample();
       const bool idle = now.memfds == 0 && (baseline.fds == 0 || (now.fds == baseline.fds && now.maps == baseline.maps));
@@ -571,7 +579,7 @@ class Soak {
   void checkBackToBaseline(const ProcessSample& baseline) {
     if (!daemon_.alive()) return;
     // Persistent jobs are kept for the grace period (1 s) once all their ranks are gone.
-    const bool idle = waitIdle(baseline, 10'000);
+    const bool idle = waitIdle(baseline, hangLimit(10'000));
     final_ = daemon_.sample();
     if (!idle) {
       dir_.write("dbufd-maps-baseline.log", baseline_maps_);
@@ -591,8 +599,8 @@ class Soak {
 
   void killDaemonUnderLoad() {
     startJobs();
-    // Load: every job has done a few ops (or 10 s passed).
-    const std::int64_t deadline = monotonicNs() + 10'000 * kMs;
+    // Load: every job has done a few ops (or hangLimit(10 s) passed).
+    const std::int64_t deadline = monotonicNs() + hangLimitNs(10'000);
     const auto busy = [&] {
       return std::all_of(jobs_.begin(), jobs_.end(), [](const SoakJob& job) {
         const RankStats& s = *job.ranks[0].stats;
@@ -607,7 +615,7 @@ class Soak {
     std::vector<double> latencies;
     for (SoakJob& job : jobs_) {
       for (RankProcess& rank : job.ranks) {
-        const auto status = rank.child->waitExit(milliseconds(5000));
+        const auto status = rank.child->waitExit(hangLimit(5'000));
         const std::string who = job.id + " rank " + std::to_string(rank.rank);
         if (!status) {
           problem(who + " hung after dbufd was killed");
