@@ -17,12 +17,14 @@
 #include <vector>
 
 #include "dbuf/plan_io/model_file.hpp"
+#include "support/plan_options.hpp"
 #include "support/text.hpp"
 
 namespace dbuf::planner {
 namespace {
 
 using dbuf::testing::contains;
+using dbuf::planner::testing::optionsFor;
 
 TensorSpec tensor(std::string name, std::vector<std::int64_t> shape, const std::string& rule = "",
                   DType dtype = DType::kBF16) {
@@ -36,16 +38,6 @@ TensorSpec tensor(std::string name, std::vector<std::int64_t> shape, const std::
     if (parsed) spec.granularity = *parsed;
   }
   return spec;
-}
-
-PlanOptions optionsFor(std::int64_t devices, const std::string& rule = "element", std::int64_t align_bytes = 16) {
-  PlanOptions options;
-  options.devices = devices;
-  auto parsed = GranularityRule::parse(rule);
-  EXPECT_TRUE(parsed.ok()) << rule;
-  if (parsed) options.default_rule = *parsed;
-  options.align_bytes = align_bytes;
-  return options;
 }
 
 /// `count` layers of one [rows, 32] matrix in bands of 32 rows (and a vector

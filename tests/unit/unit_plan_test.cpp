@@ -13,12 +13,14 @@
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/planner/bounds.hpp"
 #include "support/oracle.hpp"
+#include "support/plan_options.hpp"
 #include "support/text.hpp"
 
 namespace dbuf::planner {
 namespace {
 
 namespace t = dbuf::planner::testing;
+using dbuf::planner::testing::optionsFor;
 
 TensorSpec tensor(std::string name, std::vector<std::int64_t> shape, DType dtype = DType::kBF16) {
   TensorSpec spec;
@@ -36,16 +38,6 @@ TensorSpec withRule(TensorSpec spec, const std::string& rule) {
 }
 
 UnitSpec toyUnit() { return UnitSpec{"toy", {tensor("A", {5, 4}), tensor("B", {3, 2}), tensor("C", {7})}}; }
-
-PlanOptions optionsFor(std::int64_t devices, const std::string& rule = "element", std::int64_t align_bytes = 16) {
-  PlanOptions options;
-  options.devices = devices;
-  auto parsed = GranularityRule::parse(rule);
-  EXPECT_TRUE(parsed.ok()) << rule;
-  if (parsed) options.default_rule = *parsed;
-  options.align_bytes = align_bytes;
-  return options;
-}
 
 using dbuf::testing::contains;
 
