@@ -268,6 +268,111 @@ class BeamSearch {
   std::int64_t work_ = 0;
 };
 
+/// Every order at once for one S: a dynamic program over all multisets of
+/// placed classes, each keeping the earliest end any order of it reaches
+/// (by fact 1 of docs/planner.md the only one that matters). Exact, with
+/// no budget inside a run: it visits every multiset, so it is only built for
+/// units with at most kExhaustiveStates of them (a MoE layer of 64 experts
+/// and a few attention classes has about 500,000). The multisets are numbered
+/// in mixed radix (digit c: placed members of class c), so a multiset's
+/// predecessors have smaller numbers and one pass in order computes them all.
+class ExhaustiveSearch {
+ public:
+  /// Multisets (and 8-byte ends) it may hold: 32 MiB.
+  static constexpr std::int64_t kExhaustiveStates = std::int64_t{1} << 22;
+
+  ExhaustiveSearch(const LayoutProblem& problem, const std::vector<ItemClass>& classes)
+      : problem_(problem), classes_(classes) {
+    std::int64_t states = 1;
+    for (const ItemClass& item_class : classes_) {
+      stride_.push_back(states);
+      const auto digits = static_cast<std::int64_t>(item_class.members.size()) + 1;
+      states = states > kExhaustiveStates / digits ? kExhaustiveStates + 1 : states * digits;
+    }
+    states_ = states;
+  }
+
+  /// Multisets of a run (over kExhaustiveStates: too many, run() must not be called).
+  [[nodiscard]] std::int64_t states() const noexcept { return states_; }
+  /// Placements a run tries, for budgets.
+  [[nodiscard]] std::int64_t cost() const noexcept { return states_ * static_cast<std::int64_t>(classes_.size()); }
+
+  /// A layout at `shard` if any order has one; nullopt proves none does.
+  std::optional<std::vector<std::int64_t>> run(std::int64_t shard) {
+    constexpr std::int64_t kUnreachable = std::numeric_limits<std::int64_t>::max();
+    const std::size_t class_count = classes_.size();
+    const std::int64_t capacity = problem_.devices * shard;
+    const std::int64_t total = totalNumel(problem_);
+    end_.assign(static_cast<std::size_t>(states_), kUnreachable);
+    end_[0] = 0;
+    std::vector<std::int64_t> placed_of(class_count, 0);  // the current multiset's digits
+    std::int64_t placed = 0;                               // its elements
+    for (std::int64_t state = 1; state < states_; ++state) {
+      placed += increment(placed_of);
+      std::int64_t best = kUnreachable;
+      for (std::size_t c = 0; c < class_count; ++c) {
+        if (placed_of[c] == 0) continue;
+        const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
+        if (before == kUnreachable) continue;
+        const LayoutItem& item = classes_[c].item;
+        if (const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems)) {
+          best = std::min(best, *offset + item.numel);
+        }
+      }
+      // The rest, back to back at the least, must still fit.
+      if (best != kUnreachable && best + (total - placed) <= capacity) end_[static_cast<std::size_t>(state)] = best;
+    }
+    if (end_.back() == kUnreachable) return std::nullopt;
+    return offsetsOf(problem_, classes_, walkBack(shard));
+  }
+
+ private:
+  /// Next multiset in mixed radix; returns the change in elements placed.
+  std::int64_t increment(std::vector<std::int64_t>& digits) const {
+    std::int64_t change = 0;
+    for (std::size_t c = 0; c < digits.size(); ++c) {
+      const std::int64_t numel = classes_[c].item.numel;
+      if (digits[c] < static_cast<std::int64_t>(classes_[c].members.size())) {
+        ++digits[c];
+        return change + numel;
+      }
+      change -= digits[c] * numel;
+      digits[c] = 0;
+    }
+    return change;
+  }
+
+  /// The placements of one order reaching the full multiset's end, rebuilt
+  /// from the ends (a predecessor whose earliest placement gives this end).
+  std::vector<std::pair<std::size_t, std::int64_t>> walkBack(std::int64_t shard) const {
+    std::vector<std::pair<std::size_t, std::int64_t>> placements;
+    std::vector<std::int64_t> digits;
+    for (const ItemClass& item_class : classes_) digits.push_back(static_cast<std::int64_t>(item_class.members.size()));
+    for (std::int64_t state = states_ - 1; state > 0;) {
+      for (std::size_t c = 0; c < classes_.size(); ++c) {
+        if (digits[c] == 0) continue;
+        const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
+        if (before == std::numeric_limits<std::int64_t>::max()) continue;
+        const LayoutItem& item = classes_[c].item;
+        const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems);
+        if (!offset || *offset + item.numel != end_[static_cast<std::size_t>(state)]) continue;
+        placements.emplace_back(c, *offset);
+        --digits[c];
+        state -= stride_[c];
+        break;
+      }
+    }
+    std::reverse(placements.begin(), placements.end());
+    return placements;
+  }
+
+  const LayoutProblem& problem_;
+  const std::vector<ItemClass>& classes_;
+  std::vector<std::int64_t> stride_;
+  std::int64_t states_ = 1;
+  std::vector<std::int64_t> end_;
+};
+
 /// Beam states per depth when SearchOptions::beam_width is 0: as many as keep
 /// one run near kBeamWork candidate states, within [4, 64].
 constexpr std::int64_t kBeamWork = 20000;
@@ -340,14 +445,15 @@ class Portfolio {
     return attempt;
   }
 
-  /// The order search alone with its own node budget; `nodes` is charged
-  /// what it used.
-  Attempt exactlyAt(std::int64_t shard, std::int64_t& nodes) {
+  /// The order search alone within `work` (nodes times classes), which is
+  /// charged what it used.
+  Attempt exactlyAt(std::int64_t shard, std::int64_t& work) {
     Attempt attempt;
     bool exact = false;
-    attempt.offsets = order_search_.run(shard, nodes, &exact);
-    nodes -= order_search_.nodesUsed();
-    work_ += order_search_.nodesUsed() * static_cast<std::int64_t>(classes_.size());
+    const auto classes = static_cast<std::int64_t>(std::max<std::size_t>(classes_.size(), 1));
+    attempt.offsets = order_search_.run(shard, std::max<std::int64_t>(work / classes, 1), &exact);
+    work -= order_search_.nodesUsed() * classes;
+    work_ += order_search_.nodesUsed() * classes;
     attempt.strategy = Strategy::kOrderSearch;
     attempt.searched = true;
     attempt.refuted = exact && !attempt.offsets;
@@ -426,9 +532,11 @@ class PeriodicSizes {
 /// layout using it still carries over: such a tensor can be cut anywhere), so
 /// only coarser blocks make exceptional sizes: multiples of lcm(a, g) shorter
 /// than the tensor.
-PeriodicSizes exceptionalSizes(const LayoutProblem& problem) {
+/// (`items`: the problem's, or a relaxation's; the sizes stay those placeable
+/// in `problem`.)
+PeriodicSizes exceptionalSizes(const LayoutProblem& problem, const std::vector<LayoutItem>& items) {
   PeriodicSizes sizes(problem);
-  for (const LayoutItem& item : problem.items) {
+  for (const LayoutItem& item : items) {
     const std::int64_t period = lcm64(problem.align_elems, item.granularity);
     if (period > problem.align_elems) sizes.add(period, item.numel);
   }
@@ -456,38 +564,52 @@ std::vector<PeriodicSizes> heavySizes(const LayoutProblem& problem, const std::v
   return sets;
 }
 
-/// What the exact order search refuted, and the proven bound that follows.
+/// What the exact searches refuted, and the proven bound that follows.
 class Refutations {
  public:
-  Refutations(const LayoutProblem& problem, const PeriodicSizes& exceptional)
-      : problem_(problem), exceptional_(exceptional) {}
-
-  void add(std::int64_t shard) {
-    refuted_.insert(shard);
-    if (!exceptional_.contains(shard)) monotone_ = std::max(monotone_, shard);
+  Refutations(const LayoutProblem& problem, const PeriodicSizes& exceptional) : problem_(problem) {
+    rules_.push_back({0, exceptional});
   }
 
-  /// Smallest size >= `bound` that nothing rules out: not refuted itself,
-  /// and not an ordinary size at or below an ordinary refuted one.
+  /// No layout at `shard`: nor at any ordinary size below it, if it is ordinary.
+  void add(std::int64_t shard) {
+    refuted_.insert(shard);
+    Rule& ordinary = rules_.front();
+    if (!ordinary.exceptions.contains(shard)) ordinary.up_to = std::max(ordinary.up_to, shard);
+  }
+
+  /// No layout at any size up to `up_to` but `exceptions` (what a relaxation
+  /// of the problem, monotone outside its own exceptional sizes, refuted).
+  void ruleOut(std::int64_t up_to, const PeriodicSizes& exceptions) {
+    if (up_to > 0) rules_.push_back({up_to, exceptions});
+  }
+
+  /// Smallest size >= `bound` that nothing rules out.
   [[nodiscard]] std::int64_t provenBound(std::int64_t bound) const {
     std::int64_t shard = bound;
     for (;;) {
       if (refuted_.count(shard) != 0) {
         shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
-      } else if (shard <= monotone_ && !exceptional_.contains(shard)) {
-        const std::int64_t past = nextPlaceableShard(problem_, monotone_ + problem_.align_elems);
-        shard = exceptional_.next(shard, past);
-      } else {
-        return shard;
+        continue;
       }
+      const auto covering = std::find_if(rules_.begin(), rules_.end(), [&](const Rule& rule) {
+        return shard <= rule.up_to && !rule.exceptions.contains(shard);
+      });
+      if (covering == rules_.end()) return shard;
+      const std::int64_t past = nextPlaceableShard(problem_, covering->up_to + problem_.align_elems);
+      shard = covering->exceptions.next(shard, past);
     }
   }
 
  private:
+  struct Rule {
+    std::int64_t up_to;
+    PeriodicSizes exceptions;
+  };
+
   const LayoutProblem& problem_;
-  const PeriodicSizes& exceptional_;
   std::set<std::int64_t> refuted_;
-  std::int64_t monotone_ = 0;
+  std::vector<Rule> rules_;  // the first: the problem's own ordinary sizes
 };
 
 /// The search over sizes (see search.hpp). One per solveLayout call.
@@ -497,7 +619,7 @@ class SizeSearch {
       : problem_(problem),
         options_(options),
         portfolio_(problem, options),
-        exceptional_(exceptionalSizes(problem)),
+        exceptional_(exceptionalSizes(problem, problem.items)),
         heavy_(heavySizes(problem, portfolio_.classes(), 3)),
         refutations_(problem, exceptional_),
         bound_(computeLowerBound(problem).shard_elems) {}
@@ -511,7 +633,9 @@ class SizeSearch {
       tryPeriodicSizes();
     }
     scanFixedOrdersBelowBest();
-    closeTheProof();
+    std::int64_t proof_work = options_.proof_work;
+    proveExhaustively(proof_work);
+    closeTheProof(proof_work);
     return finish();
   }
 
@@ -600,17 +724,77 @@ class SizeSearch {
     }
   }
 
-  /// With SearchOptions::proof_nodes, the order search on the smallest size
+  /// With SearchOptions::proof_work, where the unit has few enough class
+  /// multisets: bisection with the exhaustive search between the proven
+  /// bound and the result, on a relaxation of the problem whose exceptional
+  /// sizes there are few (so bisection covers the range), then those sizes
+  /// one by one. A relaxation refuting a size refutes it for the problem;
+  /// where there is none, a layout found is the new result.
+  void proveExhaustively(std::int64_t& work) {
+    const std::int64_t open = refutations_.provenBound(bound_);
+    if (open >= best_->layout.shard_elems) return;
+    const LayoutProblem relaxed = relaxedBetween(open, best_->layout.shard_elems);
+    const bool relaxes = !std::equal(
+        relaxed.items.begin(), relaxed.items.end(), problem_.items.begin(),
+        [](const LayoutItem& x, const LayoutItem& y) { return x.granularity == y.granularity; });
+    const std::vector<ItemClass> classes = classify(relaxed);
+    ExhaustiveSearch search(relaxed, classes);
+    if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
+    const PeriodicSizes exceptions = exceptionalSizes(problem_, relaxed.items);
+    // A size at which `search` runs: false once the work runs out.
+    const auto decide = [&](std::int64_t shard, bool& fits) {
+      if (work < search.cost()) return false;
+      work -= search.cost();
+      ++sizes_tried_;
+      auto offsets = search.run(shard);
+      fits = offsets.has_value();
+      if (!fits) refutations_.add(shard);
+      if (fits && !relaxes) record(shard, Attempt{std::move(offsets), Strategy::kExhaustiveSearch, false, false});
+      return true;
+    };
+    std::int64_t refuted = 0;  // every size up to it but `exceptions` is ruled out
+    std::int64_t low = open - problem_.align_elems;
+    std::int64_t high = best_->layout.shard_elems;
+    for (bool fits = false;;) {
+      const std::int64_t middle =
+          ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptions);
+      if (middle >= high || !decide(middle, fits)) break;
+      (fits ? high : low) = middle;
+      if (!fits) refuted = middle;
+    }
+    refutations_.ruleOut(refuted, exceptions);
+    const std::int64_t until = std::min(best_->layout.shard_elems, refuted + problem_.align_elems);
+    bool fits = false;
+    for (std::int64_t shard = exceptions.next(open, until); shard < until && decide(shard, fits) && !fits;
+         shard = exceptions.next(shard + problem_.align_elems, until)) {
+    }
+  }
+
+  /// The problem with the blocks of the tensors that make more than
+  /// kExceptionalChecks exceptional sizes in [from, to) relaxed to one element
+  /// (every layout stays valid; their exceptional sizes go).
+  LayoutProblem relaxedBetween(std::int64_t from, std::int64_t to) const {
+    constexpr std::int64_t kExceptionalChecks = 8;
+    LayoutProblem relaxed = problem_;
+    for (LayoutItem& item : relaxed.items) {
+      const std::int64_t period = lcm64(problem_.align_elems, item.granularity);
+      const std::int64_t below = std::min(to, item.numel);
+      if (period <= problem_.align_elems || below <= from) continue;
+      if ((below - 1) / period - (from - 1) / period > kExceptionalChecks) item.granularity = 1;
+    }
+    return relaxed;
+  }
+
+  /// With SearchOptions::proof_work, the order search on the smallest size
   /// nothing rules out yet, again and again, until the proven bound meets
-  /// the result (or the nodes run out). A layout it finds there is the new,
+  /// the result (or the work runs out). A layout it finds there is the new,
   /// optimal, result.
-  void closeTheProof() {
-    std::int64_t nodes = options_.proof_nodes;
-    while (nodes > 0) {
+  void closeTheProof(std::int64_t& work) {
+    while (work > 0) {
       const std::int64_t shard = refutations_.provenBound(bound_);
       if (shard >= best_->layout.shard_elems) return;
       ++sizes_tried_;
-      Attempt found = portfolio_.exactlyAt(shard, nodes);
+      Attempt found = portfolio_.exactlyAt(shard, work);
       if (found.offsets) {
         record(shard, std::move(found));
         return;
@@ -620,9 +804,11 @@ class SizeSearch {
     }
   }
 
-  std::int64_t ordinaryAtOrAbove(std::int64_t shard) const {
+  /// Smallest placeable size >= `shard` not in `exceptional` (default: the problem's).
+  std::int64_t ordinaryAtOrAbove(std::int64_t shard) const { return ordinaryAtOrAbove(shard, exceptional_); }
+  std::int64_t ordinaryAtOrAbove(std::int64_t shard, const PeriodicSizes& exceptional) const {
     shard = nextPlaceableShard(problem_, roundUp(shard, problem_.align_elems));
-    while (exceptional_.contains(shard)) shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
+    while (exceptional.contains(shard)) shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
     return shard;
   }
 
@@ -682,6 +868,8 @@ std::string_view toString(Strategy strategy) noexcept {
       return "order-search";
     case Strategy::kBeamSearch:
       return "beam-search";
+    case Strategy::kExhaustiveSearch:
+      return "exhaustive-search";
   }
   return "unknown";
 }
@@ -710,6 +898,13 @@ std::optional<std::vector<std::int64_t>> placeByBeam(const LayoutProblem& proble
                                                      std::int64_t width) {
   const std::vector<ItemClass> classes = classify(problem);
   return BeamSearch(problem, classes, beamWidth(problem, classes.size(), width)).run(shard_elems);
+}
+
+ExhaustiveOutcome placeExhaustively(const LayoutProblem& problem, std::int64_t shard_elems) {
+  const std::vector<ItemClass> classes = classify(problem);
+  ExhaustiveSearch search(problem, classes);
+  if (search.states() > ExhaustiveSearch::kExhaustiveStates) return {};
+  return {true, search.run(shard_elems)};
 }
 
 SearchResult solveLayout(const LayoutProblem& problem, const SearchOptions& options) {

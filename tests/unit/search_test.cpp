@@ -331,22 +331,108 @@ TEST(SolveLayout, ProvenBoundNeverPassesTheOptimum) {
   EXPECT_GT(raised, 100);
 }
 
-// With nodes to spend on the proof, even a search starved of every other
+// With work to spend on the proof, even a search starved of every other
 // budget ends proven optimal on instances this small: the proof refutes the
-// open sizes one by one, or finds the optimum at one of them.
-TEST(SolveLayout, ProofNodesCloseTheGap) {
+// open sizes, or finds the optimum at one of them.
+TEST(SolveLayout, ProofWorkClosesTheGap) {
   std::mt19937_64 rng(0x5ea50011);
   for (int trial = 0; trial < 2000; ++trial) {
     const LayoutProblem problem = t::randomProblem(rng, trial % 2 ? kBinPacking : t::GeneratorOptions{.max_items = 7});
     SearchOptions options;
     options.scan_work = 1;
     options.node_budget = 2;
-    options.proof_nodes = std::int64_t{1} << 40;
+    options.proof_work = std::int64_t{1} << 40;
     const SearchResult found = solveLayout(problem, options);
     ASSERT_EQ(describeViolation(problem, found.layout), "") << t::describe(problem);
     ASSERT_TRUE(found.proven_optimal) << t::describe(problem);
     ASSERT_EQ(found.layout.shard_elems, t::oracleShard(problem)) << t::describe(problem);
   }
+}
+
+// Larger sizes, where the proof relaxes the blocks of tensors with many
+// exceptional sizes in its range: what it proves is never past the optimum,
+// and most results end proven optimal.
+TEST(SolveLayout, ProofsThroughRelaxationsAreSound) {
+  std::mt19937_64 rng(0x5ea50012);
+  int proven = 0;
+  constexpr int kTrials = 300;
+  // Tensors longer than a shard, blocks that do not divide the alignment:
+  // many exceptional sizes between the placement bound and the optimum.
+  const auto draw = [&](std::int64_t low, std::int64_t high) {
+    return std::uniform_int_distribution<std::int64_t>(low, high)(rng);
+  };
+  for (int trial = 0; trial < kTrials; ++trial) {
+    // Classes of identical tensors longer than a shard with coarse blocks
+    // (like experts: the placement bound is loose), and one or two long
+    // tensors with fine blocks, which make an exceptional size every few.
+    LayoutProblem problem{{}, draw(8, 16), trial % 4 == 0 ? 2 : 1};
+    for (std::int64_t c = draw(1, 2); c > 0; --c) {
+      const std::int64_t numel = draw(150, 400);
+      const LayoutItem item{numel, draw(numel / 4, numel / 2)};
+      problem.items.insert(problem.items.end(), static_cast<std::size_t>(draw(2, 6)), item);
+    }
+    problem.items.insert(problem.items.end(), static_cast<std::size_t>(draw(1, 2)), LayoutItem{draw(300, 900), draw(2, 3)});
+    SearchOptions options;
+    options.scan_work = 1;
+    options.node_budget = 2;
+    options.proof_work = std::int64_t{1} << 40;
+    const SearchResult found = solveLayout(problem, options);
+    const std::int64_t optimum = t::oracleShard(problem);
+    ASSERT_EQ(describeViolation(problem, found.layout), "") << t::describe(problem);
+    ASSERT_LE(found.proven_bound_elems, optimum) << t::describe(problem);
+    ASSERT_TRUE(!found.proven_optimal || found.layout.shard_elems == optimum) << t::describe(problem);
+    proven += found.proven_optimal ? 1 : 0;
+  }
+  EXPECT_GT(proven, kTrials * 9 / 10);
+}
+
+// The exhaustive search decides every size exactly: a layout (valid) where
+// some order fits, none where none does.
+TEST(PlaceExhaustively, AgreesWithTheOracle) {
+  std::mt19937_64 rng(0x5ea50013);
+  int refuted = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const LayoutProblem problem = t::randomProblem(rng, trial % 2 ? kBinPacking : t::GeneratorOptions{.max_items = 6});
+    const std::int64_t optimum = t::oracleShard(problem);
+    const std::int64_t from = std::max(problem.align_elems, optimum - 6 * problem.align_elems);
+    for (std::int64_t shard = from; shard <= optimum + 6 * problem.align_elems; shard += problem.align_elems) {
+      const ExhaustiveOutcome outcome = placeExhaustively(problem, shard);
+      ASSERT_TRUE(outcome.decided);
+      ASSERT_EQ(outcome.offsets.has_value(), t::anyOrderFits(problem, shard)) << t::describe(problem) << " S=" << shard;
+      if (outcome.offsets) {
+        ASSERT_EQ(t::checkLayout(problem, shard, *outcome.offsets), "") << t::describe(problem) << " S=" << shard;
+      }
+      refuted += outcome.offsets ? 0 : 1;
+    }
+  }
+  EXPECT_GT(refuted, 1000);
+}
+
+// A MoE layer like those of the generated families at V = 256 (64 experts
+// cut in 8 by tensor parallelism, expert blocks of 128 rows): every expert
+// matrix is longer than a shard, the placement bound is 20% below the
+// optimum, and the search alone cannot prove it. The exhaustive proof does,
+// in well under a second.
+TEST(SolveLayout, ExhaustiveProofClosesAMoELayer) {
+  LayoutProblem problem{{}, 256, 8};
+  const auto add = [&](std::int64_t numel, std::int64_t granularity, int count) {
+    for (int i = 0; i < count; ++i) problem.items.push_back({numel, granularity});
+  };
+  add(196608, 1, 1);           // attention norms and the router, roughly
+  add(1179648, 1, 3);          // q, k, v: 384 x 3072
+  add(1179648, 384, 1);        // o: 3072 x 384, cut by tensor parallelism in columns
+  add(1228800, 393216, 128);   // gate, up: 400 x 3072, blocks of 128 rows
+  add(1228800, 51200, 64);     // down: 3072 x 400
+  add(3072, 1, 2);
+  const SearchResult plain = solveLayout(problem);
+  EXPECT_FALSE(plain.proven_optimal);
+  SearchOptions options;
+  options.proof_work = std::int64_t{1} << 30;
+  const SearchResult proved = solveLayout(problem, options);
+  ASSERT_EQ(describeViolation(problem, proved.layout), "");
+  EXPECT_TRUE(proved.proven_optimal);
+  EXPECT_LE(proved.layout.shard_elems, plain.layout.shard_elems);
+  EXPECT_GT(proved.proven_bound_elems, plain.proven_bound_elems + plain.proven_bound_elems / 10);
 }
 
 // The beam search alone: valid whenever it answers, and it answers where the
@@ -395,6 +481,7 @@ TEST(FixedOrder, StrategyNames) {
   EXPECT_EQ(toString(Strategy::kGranularityDescending), "granularity-desc");
   EXPECT_EQ(toString(Strategy::kOrderSearch), "order-search");
   EXPECT_EQ(toString(Strategy::kBeamSearch), "beam-search");
+  EXPECT_EQ(toString(Strategy::kExhaustiveSearch), "exhaustive-search");
 }
 
 }  // namespace

@@ -18,9 +18,10 @@
 ///     tried one by one;
 ///  3. the fixed orders at every size left below the result, as far as the
 ///     budget goes (`scan_complete`: the result is never above their optima);
-///  4. with `proof_nodes`, the exact order search on the sizes still open
-///     between the proven bound and the result.
-/// Sizes the exact order search refutes raise the proven bound: a refuted
+///  4. with `proof_work`, the exhaustive search (bisecting) and the exact
+///     order search on the sizes still open between the proven bound and the
+///     result.
+/// Sizes the exact searches refute raise the proven bound: a refuted
 /// ordinary size rules out every ordinary size below it.
 
 #include <cstdint>
@@ -39,6 +40,7 @@ enum class Strategy : std::uint8_t {
   kGranularityDescending,  ///< coarsest blocks first (stable)
   kOrderSearch,            ///< depth-first search over orders for each S, exact within its budget
   kBeamSearch,             ///< beam search over orders for each S, see search.cpp
+  kExhaustiveSearch,       ///< every order at once for one S (proofs only, SearchOptions::proof_work)
 };
 
 [[nodiscard]] std::string_view toString(Strategy strategy) noexcept;
@@ -52,11 +54,15 @@ struct SearchOptions {
   /// the search probes and bisects; the same again for the exceptional sizes
   /// and again for the fixed orders' scan below the result. About 4 ns each.
   std::int64_t scan_work = 200000;
-  /// Nodes the order search may spend, after the search, on the sizes
-  /// between the proven bound and the result that nothing rules out yet,
-  /// smallest first: to prove the result optimal (or find a smaller one).
-  /// 0: none (a proof can take far longer than the plan).
-  std::int64_t proof_nodes = 0;
+  /// Work (as for scan_work) spent, after the search, on the sizes between
+  /// the proven bound and the result that nothing rules out yet: to prove
+  /// the result optimal (or find a smaller one). First the exhaustive search
+  /// (a dynamic program over every multiset of placed classes; units with up
+  /// to 4 M of them; a run costs multisets x classes), bisecting, then the
+  /// order search on the smallest open size, again and again. 0: none (a
+  /// proof can take far longer than the plan: about a second for a MoE
+  /// layer of 64 experts).
+  std::int64_t proof_work = 0;
   /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
   /// within [4, 64].
   std::int64_t beam_width = 0;
@@ -93,6 +99,15 @@ struct SearchResult {
 [[nodiscard]] std::optional<std::vector<std::int64_t>> placeBySearch(const LayoutProblem& problem,
                                                                      std::int64_t shard_elems, std::int64_t node_budget,
                                                                      bool* exact = nullptr);
+
+/// The exhaustive search alone for one S: `decided` false when the unit has
+/// more than 4 M multisets of placed classes (it did not run); otherwise
+/// `offsets` is a layout, or nullopt, which proves that no order fits.
+struct ExhaustiveOutcome {
+  bool decided = false;
+  std::optional<std::vector<std::int64_t>> offsets;
+};
+[[nodiscard]] ExhaustiveOutcome placeExhaustively(const LayoutProblem& problem, std::int64_t shard_elems);
 
 /// The beam search alone for one S (`width` 0: chosen as for SearchOptions).
 /// Returns offsets when a layout fits in V*S; never proves that none does.
