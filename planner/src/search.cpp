@@ -402,30 +402,50 @@ class Portfolio {
         beam_(problem, classes_, beamWidth(problem, classes_.size(), options.beam_width)) {
     strategies_ = options.strategies;
     if (strategies_.empty()) {
-      strategies_ = {Strategy::kGivenOrder, Strategy::kSizeDescending, Strategy::kGranularityDescending,
-                     Strategy::kOrderSearch, Strategy::kBeamSearch};
+      strategies_ = {Strategy::kGivenOrder,  Strategy::kSizeDescending, Strategy::kGranularityDescending,
+                     Strategy::kOrderSearch, Strategy::kBeamSearch,     Strategy::kExhaustiveSearch};
     }
     for (const Strategy strategy : strategies_) {
-      if (strategy == Strategy::kOrderSearch) has_order_search_ = true;
-      if (strategy == Strategy::kBeamSearch) has_beam_ = true;
-      if (strategy != Strategy::kOrderSearch && strategy != Strategy::kBeamSearch) {
-        fixed_.emplace_back(strategy, fixedOrder(problem, strategy));
+      switch (strategy) {
+        case Strategy::kOrderSearch:
+          has_order_search_ = true;
+          break;
+        case Strategy::kBeamSearch:
+          has_beam_ = true;
+          break;
+        case Strategy::kExhaustiveSearch:
+          exhaustive_.emplace(problem, classes_);
+          if (exhaustive_->cost() > options.exhaustive_work) exhaustive_.reset();
+          break;
+        default:
+          fixed_.emplace_back(strategy, fixedOrder(problem, strategy));
       }
     }
   }
 
-  [[nodiscard]] bool hasBeam() const noexcept { return has_beam_; }
+  /// A strategy that settles a size on its own (the beam, or the exhaustive
+  /// search where the unit is small enough for it): the size search may jump.
+  [[nodiscard]] bool canProbe() const noexcept { return has_beam_ || exhaustive_.has_value(); }
   [[nodiscard]] const std::vector<ItemClass>& classes() const noexcept { return classes_; }
 
   /// Work spent so far: items placed by the fixed orders, order-search nodes
   /// times classes, beam candidates.
   [[nodiscard]] std::int64_t work() const noexcept { return work_ + beam_.work(); }
 
-  /// The fixed orders, then the order search (unless it has run out of
+  /// The fixed orders, then the exhaustive search where it is cheap enough
+  /// (it decides the size), else the order search (unless it has run out of
   /// nodes before and `insist` is false), then (if `with_beam`) the beam.
   Attempt at(std::int64_t shard, bool with_beam, bool insist = false) {
     Attempt attempt;
     if (auto found = fixedOrdersAt(shard)) return *found;
+    if (exhaustive_) {
+      work_ += exhaustive_->cost();
+      attempt.offsets = exhaustive_->run(shard);
+      attempt.strategy = Strategy::kExhaustiveSearch;
+      attempt.refuted = !attempt.offsets;
+      attempt.searched = true;
+      return attempt;
+    }
     if (has_order_search_ && (order_search_useful_ || insist)) {
       bool exact = false;
       attempt.offsets = order_search_.run(shard, options_.node_budget, &exact);
@@ -477,6 +497,7 @@ class Portfolio {
   std::vector<std::pair<Strategy, std::vector<std::uint32_t>>> fixed_;
   OrderSearch order_search_;
   BeamSearch beam_;
+  std::optional<ExhaustiveSearch> exhaustive_;
   bool has_order_search_ = false;
   bool has_beam_ = false;
   bool order_search_useful_ = true;
@@ -627,7 +648,7 @@ class SizeSearch {
   SearchResult run() {
     if (!scanUpward(options_.scan_work)) probe();
     // Without the beam scanUpward went on, coarser, until something fitted.
-    if (portfolio_.hasBeam() && searched_to_ < best_->layout.shard_elems) {
+    if (portfolio_.canProbe() && searched_to_ < best_->layout.shard_elems) {
       // The order search has not seen every size below the result.
       bisect();
       tryPeriodicSizes();
@@ -654,7 +675,7 @@ class SizeSearch {
       }
       if (!last_searched_) searched_to_ = std::min(searched_to_, scanned_to_);
       if (portfolio_.work() <= work) continue;
-      if (portfolio_.hasBeam()) {
+      if (portfolio_.canProbe()) {
         scanned_to_ = nextPlaceableShard(problem_, scanned_to_ + problem_.align_elems);
         searched_to_ = std::min(searched_to_, scanned_to_);
         return false;

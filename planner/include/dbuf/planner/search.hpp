@@ -40,7 +40,7 @@ enum class Strategy : std::uint8_t {
   kGranularityDescending,  ///< coarsest blocks first (stable)
   kOrderSearch,            ///< depth-first search over orders for each S, exact within its budget
   kBeamSearch,             ///< beam search over orders for each S, see search.cpp
-  kExhaustiveSearch,       ///< every order at once for one S (proofs only, SearchOptions::proof_work)
+  kExhaustiveSearch,       ///< every order at once for one S: small units, and proofs
 };
 
 [[nodiscard]] std::string_view toString(Strategy strategy) noexcept;
@@ -63,6 +63,11 @@ struct SearchOptions {
   /// proof can take far longer than the plan: about a second for a MoE
   /// layer of 64 experts).
   std::int64_t proof_work = 0;
+  /// The exhaustive search joins the portfolio (ahead of the order and beam
+  /// searches, which it makes redundant: it decides every size exactly) for
+  /// units where one run costs at most this (multisets of placed classes x
+  /// classes). Outside it only proofs use it (proof_work).
+  std::int64_t exhaustive_work = 50000;
   /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
   /// within [4, 64].
   std::int64_t beam_width = 0;
