@@ -172,6 +172,7 @@ class Diagnoser {
 
 std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
   std::string key;
+  key.reserve(unit.tensors.size() * 6 * sizeof(std::int64_t));
   const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
   append(static_cast<std::int64_t>(unit.tensors.front().dtype));
   for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
