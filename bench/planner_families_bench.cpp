@@ -229,8 +229,10 @@ int main(int argc, char** argv) {
     }
   }
   growth(all);
-  if (prove_work > 0) std::printf("\nproving the bounds (untimed plans, proof work %lld each): %.1f s in all\n",
-                                  static_cast<long long>(prove_work), proving_s);
+  if (prove_work > 0) {
+    std::printf("\nproving the bounds (untimed plans, proof work %lld each): %.1f s in all\n",
+                static_cast<long long>(prove_work), proving_s);
+  }
   std::printf(
       "\n(*: V > 256, where the gap target does not apply; optimal: share of units proven optimal; cut: models with a "
       "unit whose scan over shard sizes ran out of budget)\n");

@@ -306,7 +306,7 @@ class ExhaustiveSearch {
     end_.assign(static_cast<std::size_t>(states_), kUnreachable);
     end_[0] = 0;
     std::vector<std::int64_t> placed_of(class_count, 0);  // the current multiset's digits
-    std::int64_t placed = 0;                               // its elements
+    std::int64_t placed = 0;                              // its elements
     for (std::int64_t state = 1; state < states_; ++state) {
       placed += increment(placed_of);
       std::int64_t best = kUnreachable;
@@ -755,9 +755,9 @@ class SizeSearch {
     const std::int64_t open = refutations_.provenBound(bound_);
     if (open >= best_->layout.shard_elems) return;
     const LayoutProblem relaxed = relaxedBetween(open, best_->layout.shard_elems);
-    const bool relaxes = !std::equal(
-        relaxed.items.begin(), relaxed.items.end(), problem_.items.begin(),
-        [](const LayoutItem& x, const LayoutItem& y) { return x.granularity == y.granularity; });
+    const bool relaxes =
+        !std::equal(relaxed.items.begin(), relaxed.items.end(), problem_.items.begin(),
+                    [](const LayoutItem& x, const LayoutItem& y) { return x.granularity == y.granularity; });
     const std::vector<ItemClass> classes = classify(relaxed);
     ExhaustiveSearch search(relaxed, classes);
     if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
@@ -785,10 +785,10 @@ class SizeSearch {
     }
     refutations_.ruleOut(refuted, exceptions);
     const std::int64_t until = std::min(best_->layout.shard_elems, refuted + problem_.align_elems);
+    // The exceptional sizes below, upwards, until one fits.
     bool fits = false;
-    for (std::int64_t shard = exceptions.next(open, until); shard < until && decide(shard, fits) && !fits;
-         shard = exceptions.next(shard + problem_.align_elems, until)) {
-    }
+    std::int64_t shard = exceptions.next(open, until);
+    while (shard < until && decide(shard, fits) && !fits) shard = exceptions.next(shard + problem_.align_elems, until);
   }
 
   /// The problem with the blocks of the tensors that make more than

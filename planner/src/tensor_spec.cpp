@@ -21,7 +21,8 @@ Result<void> validateUnit(const UnitSpec& unit) {
     std::int64_t numel = 1;
     for (const std::int64_t dim : tensor.shape) {
       if (dim <= 0) {
-        return makeError(ErrorCode::kInvalidArgument, what() + ": dimension " + std::to_string(dim) + " is not positive");
+        return makeError(ErrorCode::kInvalidArgument,
+                         what() + ": dimension " + std::to_string(dim) + " is not positive");
       }
       // Keep every later product (V*S, offsets) comfortably inside int64.
       if (numel > (std::int64_t{1} << 50) / dim) {

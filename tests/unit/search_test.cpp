@@ -371,7 +371,8 @@ TEST(SolveLayout, ProofsThroughRelaxationsAreSound) {
       const LayoutItem item{numel, draw(numel / 4, numel / 2)};
       problem.items.insert(problem.items.end(), static_cast<std::size_t>(draw(2, 6)), item);
     }
-    problem.items.insert(problem.items.end(), static_cast<std::size_t>(draw(1, 2)), LayoutItem{draw(300, 900), draw(2, 3)});
+    const LayoutItem long_and_fine{draw(300, 900), draw(2, 3)};
+    problem.items.insert(problem.items.end(), static_cast<std::size_t>(draw(1, 2)), long_and_fine);
     SearchOptions options;
     options.scan_work = 1;
     options.node_budget = 2;
