@@ -753,11 +753,8 @@ class SizeSearch {
   /// where there is none, a layout found is the new result.
   void proveExhaustively(std::int64_t& work) {
     const std::int64_t open = refutations_.provenBound(bound_);
-    if (open >= best_->layout.shard_elems) return;
-    const LayoutProblem relaxed = relaxedBetween(open, best_->layout.shard_elems);
-    const bool relaxes =
-        !std::equal(relaxed.items.begin(), relaxed.items.end(), problem_.items.begin(),
-                    [](const LayoutItem& x, const LayoutItem& y) { return x.granularity == y.granularity; });
+    if (work <= 0 || open >= best_->layout.shard_elems) return;
+    const auto [relaxed, relaxes] = relaxationBetween(open, best_->layout.shard_elems);
     const std::vector<ItemClass> classes = classify(relaxed);
     ExhaustiveSearch search(relaxed, classes);
     if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
@@ -776,9 +773,12 @@ class SizeSearch {
     std::int64_t refuted = 0;  // every size up to it but `exceptions` is ruled out
     std::int64_t low = open - problem_.align_elems;
     std::int64_t high = best_->layout.shard_elems;
-    for (bool fits = false;;) {
+    // The first try is just below the result: where the search found the
+    // optimum (the common case), one refutation covers the whole range.
+    for (bool fits = false, first = true;; first = false) {
       const std::int64_t middle =
-          ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptions);
+          first ? ordinaryBelow(high, low, exceptions)
+                : ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptions);
       if (middle >= high || !decide(middle, fits)) break;
       (fits ? high : low) = middle;
       if (!fits) refuted = middle;
@@ -791,19 +791,54 @@ class SizeSearch {
     while (shard < until && decide(shard, fits) && !fits) shard = exceptions.next(shard + problem_.align_elems, until);
   }
 
-  /// The problem with the blocks of the tensors that make more than
-  /// kExceptionalChecks exceptional sizes in [from, to) relaxed to one element
-  /// (every layout stays valid; their exceptional sizes go).
-  LayoutProblem relaxedBetween(std::int64_t from, std::int64_t to) const {
+  /// A relaxation of the problem (every layout of the problem is one of it,
+  /// so what it refutes is refuted) for the exhaustive search between `from`
+  /// and `to`: the tensors that make more than kExceptionalChecks exceptional
+  /// sizes there get 1-element blocks (their exceptional sizes go), and while
+  /// the unit has too many multisets for the search the lightest classes are
+  /// left out, up to 1% of the elements. `relaxes`: it differs from the problem.
+  struct Relaxation {
+    LayoutProblem problem;
+    bool relaxes = false;
+  };
+  Relaxation relaxationBetween(std::int64_t from, std::int64_t to) const {
     constexpr std::int64_t kExceptionalChecks = 8;
-    LayoutProblem relaxed = problem_;
-    for (LayoutItem& item : relaxed.items) {
+    Relaxation relaxation{problem_, false};
+    for (LayoutItem& item : relaxation.problem.items) {
       const std::int64_t period = lcm64(problem_.align_elems, item.granularity);
       const std::int64_t below = std::min(to, item.numel);
       if (period <= problem_.align_elems || below <= from) continue;
-      if ((below - 1) / period - (from - 1) / period > kExceptionalChecks) item.granularity = 1;
+      if ((below - 1) / period - (from - 1) / period > kExceptionalChecks) {
+        item.granularity = 1;
+        relaxation.relaxes = true;
+      }
     }
-    return relaxed;
+    leaveOutLightClasses(relaxation);
+    return relaxation;
+  }
+
+  static void leaveOutLightClasses(Relaxation& relaxation) {
+    std::vector<ItemClass> classes = classify(relaxation.problem);
+    if (ExhaustiveSearch(relaxation.problem, classes).states() <= ExhaustiveSearch::kExhaustiveStates) return;
+    const auto mass = [](const ItemClass& c) { return c.item.numel * static_cast<std::int64_t>(c.members.size()); };
+    std::sort(classes.begin(), classes.end(),
+              [&](const ItemClass& x, const ItemClass& y) { return mass(x) < mass(y); });
+    std::int64_t allowed = totalNumel(relaxation.problem) / 100;
+    std::vector<char> left_out(relaxation.problem.items.size(), 0);
+    double states = 1;
+    for (const ItemClass& c : classes) states *= static_cast<double>(c.members.size() + 1);
+    for (const ItemClass& c : classes) {
+      if (states <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates) || mass(c) > allowed) break;
+      allowed -= mass(c);
+      states /= static_cast<double>(c.members.size() + 1);
+      for (const std::uint32_t member : c.members) left_out[member] = 1;
+    }
+    std::vector<LayoutItem> kept;
+    for (std::size_t i = 0; i < left_out.size(); ++i) {
+      if (!left_out[i]) kept.push_back(relaxation.problem.items[i]);
+    }
+    relaxation.relaxes = relaxation.relaxes || kept.size() < left_out.size();
+    relaxation.problem.items = std::move(kept);
   }
 
   /// With SearchOptions::proof_work, the order search on the smallest size
@@ -823,6 +858,18 @@ class SizeSearch {
       if (!found.refuted) return;
       refutations_.add(shard);
     }
+  }
+
+  /// Largest placeable size in (low, high) not in `exceptional`, looked for
+  /// among the 64 sizes below `high` (placeability only jumps upwards); else
+  /// the midpoint's ordinary size.
+  std::int64_t ordinaryBelow(std::int64_t high, std::int64_t low, const PeriodicSizes& exceptional) const {
+    constexpr int kSizesLooked = 64;
+    std::int64_t shard = high - problem_.align_elems;
+    for (int step = 0; step < kSizesLooked && shard > low; ++step, shard -= problem_.align_elems) {
+      if (!exceptional.contains(shard) && nextPlaceableShard(problem_, shard) == shard) return shard;
+    }
+    return ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptional);
   }
 
   /// Smallest placeable size >= `shard` not in `exceptional` (default: the problem's).
