@@ -754,7 +754,10 @@ class SizeSearch {
   void proveExhaustively(std::int64_t& work) {
     const std::int64_t open = refutations_.provenBound(bound_);
     if (work <= 0 || open >= best_->layout.shard_elems) return;
-    const auto [relaxed, relaxes] = relaxationBetween(open, best_->layout.shard_elems);
+    // Named members, not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
+    const Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems);
+    const LayoutProblem& relaxed = relaxation.problem;
+    const bool relaxes = relaxation.relaxes;
     const std::vector<ItemClass> classes = classify(relaxed);
     ExhaustiveSearch search(relaxed, classes);
     if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
