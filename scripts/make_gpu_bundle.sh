@@ -26,6 +26,10 @@
 #                   runs them where the GPU machine's python3 has torch.
 #   run             scripts/gpu_bundle_run.sh
 #   README.txt      what it is, how to run it, where results go.
+# and BUNDLE_DIR.tar.xz beside it, the same packed (~6 MB): what a device run
+# carries (the working tree and what it carries must stay under 64 MiB
+# together, and the folder alone is ~60 MB); unpack it there with
+# `tar xJf gpu-bundle.tar.xz`.
 #
 # lib/ rule, per `ldd` of every binary in bin/:
 #   - never: the CUDA driver (libcuda.so*), NCCL (libnccl*), anything
@@ -35,8 +39,9 @@
 #     (e.g. /usr/local/lib, a build tree);
 #   - also, from those system folders: libraries that a stock Ubuntu / Debian
 #     image does not ship (libspdlog*, libfmt*, libtomlplusplus*, libgtest*,
-#     libgmock*, libboost*, libgloo*, libhiredis*, libibverbs*, libnl-*), as
-#     the GPU machine is a different image;
+#     libgmock*, libboost*, libgloo*, libhiredis*, libibverbs*, libnl-*,
+#     libprometheus-cpp*, libcivetweb*: dbufd's metrics endpoint), as the GPU
+#     machine is a different image;
 #   - everything else in the system folders (glibc, libstdc++, libgcc_s, libm)
 #     is left to the GPU machine. The newest GLIBC_ / GLIBCXX_ symbol
 #     versions the binaries need are printed and written to README.txt.
@@ -157,7 +162,7 @@ for exe in "$BUNDLE_DIR"/bin/*; do
     if is_system_dir "$path"; then
       case "$soname" in
         libspdlog* | libfmt* | libtomlplusplus* | libgtest* | libgmock* | libboost* | libgloo* | libhiredis* | \
-          libibverbs* | libnl-*) ;;
+          libibverbs* | libnl-* | libprometheus-cpp* | libcivetweb*) ;;
         *) continue ;;
       esac
     fi
@@ -275,3 +280,5 @@ echo "  needs:   ${glibc_needed:-no GLIBC_} / ${glibcxx_needed:-no GLIBCXX_} on 
 size_kib=$(du -sk "$BUNDLE_DIR" | cut -f1)
 echo "  size:    $(du -sh "$BUNDLE_DIR" | cut -f1)"
 ((size_kib < MAX_BUNDLE_MIB * 1024)) || die "the bundle is ${size_kib} KiB, over ${MAX_BUNDLE_MIB} MiB"
+tar -cJf "$BUNDLE_DIR.tar.xz" -C "$(dirname "$BUNDLE_DIR")" "$(basename "$BUNDLE_DIR")"
+echo "  packed:  $BUNDLE_DIR.tar.xz ($(du -sh "$BUNDLE_DIR.tar.xz" | cut -f1))"

@@ -360,7 +360,8 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
 Result<void> JobTable::placeRank(Job& job, const ipc::Hello& hello) {
   std::vector<std::int32_t> devices;
   for (const RankMembership& member : job.members) devices.push_back(member.device);
-  if (auto fits = checkRankDevice(job.placement, devices, hello, gpu_offer_.gpuCount()); !fits) return fits;
+  auto fits = checkRankDevice(job.placement, devices, job.first_rank, hello, gpu_offer_.gpuCount());
+  if (!fits) return fits;
   if (!job.collectives.executor) {
     auto executor = executorFor(job, hello);
     if (!executor) return std::move(executor).error();

@@ -38,16 +38,22 @@ Result<std::int32_t> daemonDevice(const ipc::Hello& hello, std::span<const GpuUu
                        "): run dbufd where it sees the trainers' GPUs (its CUDA_VISIBLE_DEVICES)");
 }
 
-Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices, const ipc::Hello& hello,
-                             int gpus) {
+Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices, std::uint32_t first_rank,
+                             const ipc::Hello& hello, int gpus) {
   if (placement == Placement::kHost) return {};
   const std::string who = "rank " + std::to_string(hello.rank) + " of job '" + hello.job_id + "'";
+  if (hello.rank < first_rank || hello.rank - first_rank >= devices.size()) {
+    return makeError(ErrorCode::kInvalidArgument, who + " is not one of its ranks on this node (" +
+                                                      std::to_string(first_rank) + " to " +
+                                                      std::to_string(first_rank + devices.size() - 1) + ")");
+  }
+  const std::size_t local = hello.rank - first_rank;
   if (hello.device < 0 || hello.device >= gpus) {
     return makeError(ErrorCode::kInvalidArgument, who + " names GPU " + std::to_string(hello.device) +
                                                       " but dbufd serves GPU memory on GPUs 0-" +
                                                       std::to_string(gpus - 1) + " (numbered as dbufd sees them)");
   }
-  const std::int32_t before = devices[hello.rank];
+  const std::int32_t before = devices[local];
   if (before >= 0 && before != hello.device) {
     return makeError(ErrorCode::kConflict, who + " is on GPU " + std::to_string(hello.device) +
                                                " but attached on GPU " + std::to_string(before) +
@@ -55,7 +61,7 @@ Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> 
   }
   for (std::size_t r = 0; r < devices.size(); ++r) {
     const std::int32_t other = devices[r];
-    if (r == hello.rank || other < 0) continue;
+    if (r == local || other < 0) continue;
     if (placement == Placement::kSharedGpu && other != hello.device) {
       return makeError(ErrorCode::kConflict, who + " is on GPU " + std::to_string(hello.device) +
                                                  " but the job's ranks share GPU " + std::to_string(other) +
@@ -63,7 +69,8 @@ Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> 
     }
     if (placement == Placement::kGpuPerRank && other == hello.device) {
       return makeError(ErrorCode::kConflict,
-                       who + " is on GPU " + std::to_string(hello.device) + ", which rank " + std::to_string(r) +
+                       who + " is on GPU " + std::to_string(hello.device) + ", which rank " +
+                           std::to_string(first_rank + r) +
                            " already has: with one rank per GPU (NCCL) each rank needs its own GPU");
     }
   }

@@ -44,12 +44,13 @@ struct GpuOffer {
 [[nodiscard]] Result<Placement> placeJob(const ipc::Hello& hello, const GpuOffer& offer);
 
 /// Whether a rank may attach on the GPU its Hello names, given the GPU each
-/// rank of the job attached on before (`devices`, world entries, -1 for
-/// ranks not seen yet): one that exists, the one it had (its memory is there),
-/// the others' for a shared GPU, none of the others' with a GPU per rank.
-/// kInvalidArgument for a GPU dbufd does not serve, kConflict for a clash
+/// of the job's ranks on this node attached on before (`devices`: ranks
+/// `first_rank`, `first_rank` + 1, ...; -1 for ranks not seen yet): one that
+/// exists, the one it had (its memory is there), the others' for a shared
+/// GPU, none of the others' with a GPU per rank. kInvalidArgument for a GPU
+/// dbufd does not serve or a rank not on this node, kConflict for a clash
 /// with the job's ranks.
 [[nodiscard]] Result<void> checkRankDevice(Placement placement, std::span<const std::int32_t> devices,
-                                           const ipc::Hello& hello, int gpus);
+                                           std::uint32_t first_rank, const ipc::Hello& hello, int gpus);
 
 }  // namespace dbuf::daemon

@@ -31,7 +31,7 @@ const GpuOffer kHostBackend = offer(false, 0, 0);
 TEST(Placement, TheHostBackendPutsEveryJobInHostMemoryWhateverItsRanksName) {
   ASSERT_EQ(*placeJob(hello(0, 64, 3), kHostBackend), Placement::kHost);
   const std::vector<std::int32_t> devices{-1, 5, 5};
-  EXPECT_TRUE(checkRankDevice(Placement::kHost, devices, hello(0, 3, -1), 0));
+  EXPECT_TRUE(checkRankDevice(Placement::kHost, devices, 0, hello(0, 3, -1), 0));
 }
 
 TEST(Placement, JobsUpToTheVirtualRanksShareOneGpuLargerOnesNeedAGpuPerRank) {
@@ -72,35 +72,54 @@ TEST(Placement, AJobAcrossNodesIsPlacedByItsRanksOnThisNode) {
 TEST(Placement, ARankMustNameAGpuThatExists) {
   const std::vector<std::int32_t> devices(2, -1);
   for (const std::int32_t device : {-1, 2, 100}) {
-    const auto refused = checkRankDevice(Placement::kSharedGpu, devices, hello(0, 2, device), 2);
+    const auto refused = checkRankDevice(Placement::kSharedGpu, devices, 0, hello(0, 2, device), 2);
     ASSERT_FALSE(refused) << device;
     EXPECT_NE(refused.error().message.find("GPUs 0-1"), std::string::npos) << refused.error().message;
   }
-  EXPECT_TRUE(checkRankDevice(Placement::kSharedGpu, devices, hello(0, 2, 1), 2));
+  EXPECT_TRUE(checkRankDevice(Placement::kSharedGpu, devices, 0, hello(0, 2, 1), 2));
 }
 
 TEST(Placement, VirtualRanksMustAllBeOnTheGpuTheFirstOneNamed) {
   const std::vector<std::int32_t> devices{1, -1, -1};
-  EXPECT_TRUE(checkRankDevice(Placement::kSharedGpu, devices, hello(2, 3, 1), 4));
-  const auto refused = checkRankDevice(Placement::kSharedGpu, devices, hello(2, 3, 0), 4);
+  EXPECT_TRUE(checkRankDevice(Placement::kSharedGpu, devices, 0, hello(2, 3, 1), 4));
+  const auto refused = checkRankDevice(Placement::kSharedGpu, devices, 0, hello(2, 3, 0), 4);
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message.find("share GPU 1"), std::string::npos) << refused.error().message;
 }
 
 TEST(Placement, WithAGpuPerRankNoTwoRanksShareOne) {
   const std::vector<std::int32_t> devices{0, 3, -1};
-  EXPECT_TRUE(checkRankDevice(Placement::kGpuPerRank, devices, hello(2, 3, 1), 4));
-  const auto refused = checkRankDevice(Placement::kGpuPerRank, devices, hello(2, 3, 3), 4);
+  EXPECT_TRUE(checkRankDevice(Placement::kGpuPerRank, devices, 0, hello(2, 3, 1), 4));
+  const auto refused = checkRankDevice(Placement::kGpuPerRank, devices, 0, hello(2, 3, 3), 4);
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message.find("which rank 1 already has"), std::string::npos) << refused.error().message;
 }
 
 TEST(Placement, ARankAttachingAgainMustComeBackToTheGpuItsMemoryIsOn) {
   const std::vector<std::int32_t> devices{0, 1};
-  EXPECT_TRUE(checkRankDevice(Placement::kGpuPerRank, devices, hello(1, 2, 1), 2));  // its own GPU again
-  const auto moved = checkRankDevice(Placement::kGpuPerRank, std::vector<std::int32_t>{-1, 1}, hello(1, 2, 0), 2);
+  EXPECT_TRUE(checkRankDevice(Placement::kGpuPerRank, devices, 0, hello(1, 2, 1), 2));  // its own GPU again
+  const auto moved = checkRankDevice(Placement::kGpuPerRank, std::vector<std::int32_t>{-1, 1}, 0, hello(1, 2, 0), 2);
   ASSERT_FALSE(moved);
   EXPECT_NE(moved.error().message.find("attached on GPU 1 before"), std::string::npos) << moved.error().message;
+}
+
+// A job across nodes: this node holds ranks 2 and 3 of 4, and `devices`
+// only theirs. (Found on a GPU: rank 3 was checked against the entry of
+// rank 3 of the world, past the end of the two.)
+TEST(Placement, RanksOfAJobAcrossNodesAreCheckedAgainstThisNodesRanks) {
+  const std::vector<std::int32_t> devices{0, -1};  // rank 2 on GPU 0, rank 3 not seen
+  ipc::Hello third = hello(3, 4, 1);
+  third.local_world_size = 2;
+  EXPECT_TRUE(checkRankDevice(Placement::kGpuPerRank, devices, 2, third, 2));
+  third.device = 0;
+  const auto shared = checkRankDevice(Placement::kGpuPerRank, devices, 2, third, 2);
+  ASSERT_FALSE(shared);
+  EXPECT_NE(shared.error().message.find("which rank 2 already has"), std::string::npos) << shared.error().message;
+  const auto elsewhere = checkRankDevice(Placement::kGpuPerRank, devices, 2, hello(1, 4, 1), 2);
+  ASSERT_FALSE(elsewhere);
+  EXPECT_EQ(elsewhere.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(elsewhere.error().message.find("not one of its ranks on this node (2 to 3)"), std::string::npos)
+      << elsewhere.error().message;
 }
 
 TEST(GpuUuid, ReadsTheRuntimesSixteenBytesInOrderAndPrintsThemAsNvidiaSmiDoes) {
