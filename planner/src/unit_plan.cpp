@@ -318,6 +318,22 @@ std::vector<RankSlice> rankSlices(const UnitPlan& plan, std::size_t index) {
   return slices;
 }
 
+/// The plan of an identical unit under `unit`'s names. Its tensors are
+/// built with the new names (copying the plan's would copy every name only to
+/// replace it: a MoE unit has thousands); `plan` is left as it was.
+UnitPlan renamedCopy(UnitPlan& plan, const UnitSpec& unit) {
+  std::vector<PlannedTensor> tensors = std::move(plan.tensors);
+  UnitPlan copy = plan;  // everything but the tensors
+  plan.tensors = std::move(tensors);
+  copy.name = unit.name;
+  copy.tensors.reserve(plan.tensors.size());
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+    const PlannedTensor& planned = plan.tensors[i];
+    copy.tensors.push_back({unit.tensors[i].name, planned.shape, planned.offset, planned.numel, planned.granularity});
+  }
+  return copy;
+}
+
 Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   ModelPlan model;
@@ -330,11 +346,8 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
     if (!problem) return std::move(problem).error();
     const auto [hit, inserted] = planned.try_emplace(unitSignature(units[u], *problem), u);
     if (!inserted) {
-      UnitPlan copy = model.units[hit->second];
-      copy.name = units[u].name;
-      for (std::size_t i = 0; i < units[u].tensors.size(); ++i) copy.tensors[i].name = units[u].tensors[i].name;
-      copy.plan_us = microsSince(unit_started);  // the look-up, not a search
-      model.units.push_back(std::move(copy));
+      model.units.push_back(renamedCopy(model.units[hit->second], units[u]));
+      model.units.back().plan_us = microsSince(unit_started);  // the look-up, not a search
       source.push_back(hit->second);
       continue;
     }
