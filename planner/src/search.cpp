@@ -281,13 +281,17 @@ class ExhaustiveSearch {
   /// Multisets (and 8-byte ends) it may hold: 32 MiB.
   static constexpr std::int64_t kExhaustiveStates = std::int64_t{1} << 22;
 
-  ExhaustiveSearch(const LayoutProblem& problem, const std::vector<ItemClass>& classes)
-      : problem_(problem), classes_(classes) {
+  /// `columns`: the classes of the problem, or (interleavedColumns) some of
+  /// them and one chain of the other items, placed in its given order.
+  ExhaustiveSearch(const LayoutProblem& problem, std::vector<ItemClass> columns)
+      : problem_(problem), classes_(std::move(columns)) {
     std::int64_t states = 1;
-    for (const ItemClass& item_class : classes_) {
+    for (const ItemClass& column : classes_) {
       stride_.push_back(states);
-      const auto digits = static_cast<std::int64_t>(item_class.members.size()) + 1;
+      const auto digits = static_cast<std::int64_t>(column.members.size()) + 1;
       states = states > kExhaustiveStates / digits ? kExhaustiveStates + 1 : states * digits;
+      std::vector<std::int64_t>& prefix = prefix_.emplace_back(1, 0);
+      for (const std::uint32_t member : column.members) prefix.push_back(prefix.back() + problem.items[member].numel);
     }
     states_ = states;
   }
@@ -314,7 +318,7 @@ class ExhaustiveSearch {
         if (placed_of[c] == 0) continue;
         const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
         if (before == kUnreachable) continue;
-        const LayoutItem& item = classes_[c].item;
+        const LayoutItem& item = itemAt(c, placed_of[c]);
         if (const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems)) {
           best = std::min(best, *offset + item.numel);
         }
@@ -331,15 +335,20 @@ class ExhaustiveSearch {
   std::int64_t increment(std::vector<std::int64_t>& digits) const {
     std::int64_t change = 0;
     for (std::size_t c = 0; c < digits.size(); ++c) {
-      const std::int64_t numel = classes_[c].item.numel;
+      const std::vector<std::int64_t>& prefix = prefix_[c];
       if (digits[c] < static_cast<std::int64_t>(classes_[c].members.size())) {
         ++digits[c];
-        return change + numel;
+        return change + prefix[static_cast<std::size_t>(digits[c])] - prefix[static_cast<std::size_t>(digits[c]) - 1];
       }
-      change -= digits[c] * numel;
+      change -= prefix[static_cast<std::size_t>(digits[c])];
       digits[c] = 0;
     }
     return change;
+  }
+
+  /// The item a column places when its digit becomes `digit` (1-based).
+  const LayoutItem& itemAt(std::size_t column, std::int64_t digit) const {
+    return problem_.items[classes_[column].members[static_cast<std::size_t>(digit) - 1]];
   }
 
   /// The placements of one order reaching the full multiset's end, rebuilt
@@ -353,7 +362,7 @@ class ExhaustiveSearch {
         if (digits[c] == 0) continue;
         const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
         if (before == std::numeric_limits<std::int64_t>::max()) continue;
-        const LayoutItem& item = classes_[c].item;
+        const LayoutItem& item = itemAt(c, digits[c]);
         const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems);
         if (!offset || *offset + item.numel != end_[static_cast<std::size_t>(state)]) continue;
         placements.emplace_back(c, *offset);
@@ -367,11 +376,46 @@ class ExhaustiveSearch {
   }
 
   const LayoutProblem& problem_;
-  const std::vector<ItemClass>& classes_;
+  std::vector<ItemClass> classes_;                 // columns
+  std::vector<std::vector<std::int64_t>> prefix_;  // per column: elements of its first k members
   std::vector<std::int64_t> stride_;
   std::int64_t states_ = 1;
   std::vector<std::int64_t> end_;
 };
+
+/// Columns for an exhaustive search affordable where the full one is not:
+/// the heaviest classes (most elements) as they are, every other item in one
+/// chain that keeps its order (largest first, declaration order on ties).
+/// The search then tries every interleaving of the chain with every order of
+/// the heavy classes: exact over those orders, a heuristic over all of them.
+/// Empty when no such split costs at most `work` a run.
+std::vector<ItemClass> interleavedColumns(const std::vector<ItemClass>& classes, std::int64_t work) {
+  const auto mass = [](const ItemClass& c) { return c.item.numel * static_cast<std::int64_t>(c.members.size()); };
+  std::vector<ItemClass> heavy = classes;
+  std::stable_sort(heavy.begin(), heavy.end(),
+                   [&](const ItemClass& x, const ItemClass& y) { return mass(x) > mass(y); });
+  double heavy_states = 1;
+  for (const ItemClass& c : heavy) heavy_states *= static_cast<double>(c.members.size() + 1);
+  std::size_t chained = 0;  // items in the chain
+  while (heavy.size() > 1) {
+    chained += heavy.back().members.size();
+    heavy_states /= static_cast<double>(heavy.back().members.size() + 1);
+    heavy.pop_back();
+    const double cost = heavy_states * static_cast<double>(chained + 1) * static_cast<double>(heavy.size() + 1);
+    if (cost <= static_cast<double>(work)) break;
+  }
+  const double cost = heavy_states * static_cast<double>(chained + 1) * static_cast<double>(heavy.size() + 1);
+  if (chained == 0 || cost > static_cast<double>(work)) return {};
+  ItemClass chain{{}, {}};              // its item: the first member's (columns use each member's own)
+  for (const ItemClass& c : classes) {  // size-sorted
+    if (std::none_of(heavy.begin(), heavy.end(), [&](const ItemClass& h) { return h.members == c.members; })) {
+      if (chain.members.empty()) chain.item = c.item;
+      chain.members.insert(chain.members.end(), c.members.begin(), c.members.end());
+    }
+  }
+  heavy.push_back(std::move(chain));
+  return heavy;
+}
 
 /// Beam states per depth when SearchOptions::beam_width is 0: as many as keep
 /// one run near kBeamWork candidate states, within [4, 64].
@@ -388,12 +432,23 @@ struct Attempt {
   std::optional<std::vector<std::int64_t>> offsets;
   Strategy strategy = Strategy::kGivenOrder;
   bool refuted = false;   ///< an exact order search proved that no order fits
-  bool searched = false;  ///< the order search ran
+  bool searched = false;  ///< the order search ran (or an exhaustive search)
+};
+
+/// How far Portfolio::at goes at one size.
+enum class Reach : std::uint8_t {
+  kScan,    ///< the fixed orders, the order search, the exhaustive search where it is cheap
+  kProbe,   ///< and the beam: sizes far from the result (the probe)
+  kSettle,  ///< and the interleaved search (exact: before the beam; else where it fails): sizes near it
 };
 
 /// The strategies of SearchOptions::strategies, tried at one size at a time.
 class Portfolio {
  public:
+  /// Sizes per unit the interleaved search runs at (each run costs up to
+  /// interleave_work, about 1 ms): it keeps a unit's plan within a few ms.
+  static constexpr int kInterleavedRuns = 12;
+
   Portfolio(const LayoutProblem& problem, const SearchOptions& options)
       : problem_(problem),
         options_(options),
@@ -402,8 +457,9 @@ class Portfolio {
         beam_(problem, classes_, beamWidth(problem, classes_.size(), options.beam_width)) {
     strategies_ = options.strategies;
     if (strategies_.empty()) {
-      strategies_ = {Strategy::kGivenOrder,  Strategy::kSizeDescending, Strategy::kGranularityDescending,
-                     Strategy::kOrderSearch, Strategy::kBeamSearch,     Strategy::kExhaustiveSearch};
+      strategies_ = {Strategy::kGivenOrder,       Strategy::kSizeDescending, Strategy::kGranularityDescending,
+                     Strategy::kOrderSearch,      Strategy::kBeamSearch,     Strategy::kExhaustiveSearch,
+                     Strategy::kInterleavedSearch};
     }
     for (const Strategy strategy : strategies_) {
       switch (strategy) {
@@ -417,15 +473,28 @@ class Portfolio {
           exhaustive_.emplace(problem, classes_);
           if (exhaustive_->cost() > options.exhaustive_work) exhaustive_.reset();
           break;
+        case Strategy::kInterleavedSearch:
+          buildInterleaved();
+          break;
         default:
           fixed_.emplace_back(strategy, fixedOrder(problem, strategy));
       }
     }
+    if (exhaustive_) interleaved_.reset();  // it runs at every size already
+    if (fixed_.empty() && !canScan() && !canProbe()) {
+      // Only an exhaustive search too large for this unit: the given order stands in.
+      fixed_.emplace_back(Strategy::kGivenOrder, fixedOrder(problem, Strategy::kGivenOrder));
+    }
   }
+
+  /// A strategy that runs at the scan's sizes (cheap ones).
+  [[nodiscard]] bool canScan() const noexcept { return !fixed_.empty() || has_order_search_ || exhaustive_; }
 
   /// A strategy that settles a size on its own (the beam, or the exhaustive
   /// search where the unit is small enough for it): the size search may jump.
-  [[nodiscard]] bool canProbe() const noexcept { return has_beam_ || exhaustive_.has_value(); }
+  [[nodiscard]] bool canProbe() const noexcept {
+    return has_beam_ || exhaustive_.has_value() || interleaved_.has_value();
+  }
   [[nodiscard]] const std::vector<ItemClass>& classes() const noexcept { return classes_; }
 
   /// Work spent so far: items placed by the fixed orders, order-search nodes
@@ -434,8 +503,9 @@ class Portfolio {
 
   /// The fixed orders, then the exhaustive search where it is cheap enough
   /// (it decides the size), else the order search (unless it has run out of
-  /// nodes before and `insist` is false), then (if `with_beam`) the beam.
-  Attempt at(std::int64_t shard, bool with_beam, bool insist = false) {
+  /// nodes before and `insist` is false), then as far as `reach` says the
+  /// interleaved search and the beam.
+  Attempt at(std::int64_t shard, Reach reach, bool insist = false) {
     Attempt attempt;
     if (auto found = fixedOrdersAt(shard)) return *found;
     if (exhaustive_) {
@@ -458,10 +528,30 @@ class Portfolio {
       order_search_useful_ = order_search_useful_ && (exact || attempt.offsets || !has_beam_);
       if (attempt.offsets) return attempt;
     }
-    if (with_beam && has_beam_) {
+    // Without the beam it does the beam's part too, as often as it takes.
+    const bool settle = interleaved_ && (has_beam_ ? reach == Reach::kSettle && interleaved_runs_ < kInterleavedRuns
+                                                   : reach != Reach::kScan);
+    // Exact, it goes first (a failure settles the size); else after the
+    // beam, which is cheaper and often enough.
+    if (settle && interleaved_exact_) return interleavedAt(shard);
+    if (reach != Reach::kScan && has_beam_) {
       attempt.offsets = beam_.run(shard);
       attempt.strategy = Strategy::kBeamSearch;
+      if (attempt.offsets) return attempt;
     }
+    if (settle) return interleavedAt(shard);
+    return attempt;
+  }
+
+  /// The interleaved search alone (or the exhaustive one in its place).
+  Attempt interleavedAt(std::int64_t shard) {
+    Attempt attempt;
+    ++interleaved_runs_;
+    work_ += interleaved_->cost();
+    attempt.offsets = interleaved_->run(shard);
+    attempt.strategy = interleaved_exact_ ? Strategy::kExhaustiveSearch : Strategy::kInterleavedSearch;
+    attempt.searched = interleaved_exact_;
+    attempt.refuted = interleaved_exact_ && !attempt.offsets;
     return attempt;
   }
 
@@ -490,6 +580,19 @@ class Portfolio {
   }
 
  private:
+  /// The exhaustive search for the sizes near the result (Reach::kSettle),
+  /// where one run costs at most interleave_work (it is exact: it refutes
+  /// sizes), else the interleaved search within that cost.
+  void buildInterleaved() {
+    interleaved_.emplace(problem_, classes_);
+    interleaved_exact_ = interleaved_->cost() <= options_.interleave_work;
+    if (interleaved_exact_) return;
+    interleaved_.reset();
+    if (auto columns = interleavedColumns(classes_, options_.interleave_work); !columns.empty()) {
+      interleaved_.emplace(problem_, std::move(columns));
+    }
+  }
+
   const LayoutProblem& problem_;
   const SearchOptions& options_;
   std::vector<Strategy> strategies_;
@@ -498,6 +601,9 @@ class Portfolio {
   OrderSearch order_search_;
   BeamSearch beam_;
   std::optional<ExhaustiveSearch> exhaustive_;
+  std::optional<ExhaustiveSearch> interleaved_;  // where exhaustive_ costs too much
+  bool interleaved_exact_ = false;               // interleaved_ is the whole exhaustive search
+  int interleaved_runs_ = 0;
   bool has_order_search_ = false;
   bool has_beam_ = false;
   bool order_search_useful_ = true;
@@ -651,6 +757,7 @@ class SizeSearch {
     if (portfolio_.canProbe() && searched_to_ < best_->layout.shard_elems) {
       // The order search has not seen every size below the result.
       bisect();
+      bisectOnLattice();
       tryPeriodicSizes();
     }
     scanFixedOrdersBelowBest();
@@ -667,8 +774,12 @@ class SizeSearch {
   /// get skipped: the scan is no longer complete).
   bool scanUpward(std::int64_t work) {
     std::int64_t step = problem_.align_elems;
+    if (!portfolio_.canScan()) {  // the beam or the interleaved search alone
+      scanned_to_ = searched_to_ = bound_;
+      return false;
+    }
     for (scanned_to_ = bound_;; scanned_to_ = nextPlaceableShard(problem_, scanned_to_ + step)) {
-      if (attempt(scanned_to_, false)) {
+      if (attempt(scanned_to_, Reach::kScan)) {
         scanned_to_ += problem_.align_elems;
         searched_to_ = std::min(searched_to_, scanned_to_);
         return true;
@@ -689,7 +800,7 @@ class SizeSearch {
   void probe() {
     std::int64_t step = std::max(problem_.align_elems, roundUp(bound_ >> 12, problem_.align_elems));
     for (std::int64_t shard = scanned_to_;; shard = nextPlaceableShard(problem_, shard + step), step *= 2) {
-      if (attempt(shard, true)) return;
+      if (attempt(shard, Reach::kProbe)) return;
       probed_below_ = shard;
     }
   }
@@ -703,7 +814,35 @@ class SizeSearch {
       const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best_->layout.shard_elems - low) / 2));
       const std::int64_t next = middle < best_->layout.shard_elems ? middle : ordinaryAtOrAbove(above);
       if (next >= best_->layout.shard_elems) return;
-      if (!attempt(next, true)) low = next;
+      if (ruledOut(next) || !attempt(next, Reach::kSettle)) low = next;
+    }
+  }
+
+  /// Bisection on the multiples of P, the lcm of the block periods of every
+  /// tensor long enough to span a whole shard in the range (none: ordinary
+  /// bisection covers it). Along them feasibility is monotone again: a layout
+  /// at S carries over to S + kP shard by shard, a spanning tensor's middle
+  /// growing by whole blocks. Where a tensor is longer than two shards every
+  /// placeable size is such a multiple and ordinary bisection has none.
+  void bisectOnLattice() {
+    const std::int64_t best = best_->layout.shard_elems;
+    const std::int64_t from = refutations_.provenBound(bound_);
+    std::int64_t period = problem_.align_elems;
+    for (const LayoutItem& item : problem_.items) {
+      if (item.numel < from) continue;  // shorter than every size in the range
+      const std::int64_t own = lcm64(problem_.align_elems, item.granularity);
+      if (own >= best || period >= best / own) return;  // no multiple below the best (and no overflow)
+      period = lcm64(period, own);
+    }
+    if (period == problem_.align_elems) return;
+    std::int64_t low = roundUp(from, period) - period;  // below the bound: ruled out
+    for (;;) {
+      const std::int64_t steps = (best_->layout.shard_elems - 1 - low) / period;  // multiples in (low, best)
+      if (steps < 1) return;
+      const std::int64_t middle = low + (steps + 1) / 2 * period;
+      if (nextPlaceableShard(problem_, middle) != middle || ruledOut(middle) || !attempt(middle, Reach::kSettle)) {
+        low = middle;
+      }
     }
   }
 
@@ -722,7 +861,7 @@ class SizeSearch {
           complete_ = false;
           return;
         }
-        if (attempt(shard, true, true)) break;
+        if (!ruledOut(shard) && attempt(shard, Reach::kSettle, true)) break;
       }
     }
   }
@@ -883,9 +1022,12 @@ class SizeSearch {
     return shard;
   }
 
-  bool attempt(std::int64_t shard, bool with_beam, bool insist = false) {
+  /// A size the refutations so far rule out (no need to try it).
+  bool ruledOut(std::int64_t shard) const { return refutations_.provenBound(shard) != shard; }
+
+  bool attempt(std::int64_t shard, Reach reach, bool insist = false) {
     ++sizes_tried_;
-    Attempt found = portfolio_.at(shard, with_beam, insist);
+    Attempt found = portfolio_.at(shard, reach, insist);
     last_searched_ = found.searched;
     if (found.refuted) refutations_.add(shard);
     if (!found.offsets) return false;
@@ -941,6 +1083,8 @@ std::string_view toString(Strategy strategy) noexcept {
       return "beam-search";
     case Strategy::kExhaustiveSearch:
       return "exhaustive-search";
+    case Strategy::kInterleavedSearch:
+      return "interleaved-search";
   }
   return "unknown";
 }
@@ -976,6 +1120,13 @@ ExhaustiveOutcome placeExhaustively(const LayoutProblem& problem, std::int64_t s
   ExhaustiveSearch search(problem, classes);
   if (search.states() > ExhaustiveSearch::kExhaustiveStates) return {};
   return {true, search.run(shard_elems)};
+}
+
+std::optional<std::vector<std::int64_t>> placeInterleaved(const LayoutProblem& problem, std::int64_t shard_elems,
+                                                          std::int64_t work) {
+  std::vector<ItemClass> columns = interleavedColumns(classify(problem), work);
+  if (columns.empty()) return std::nullopt;
+  return ExhaustiveSearch(problem, std::move(columns)).run(shard_elems);
 }
 
 SearchResult solveLayout(const LayoutProblem& problem, const SearchOptions& options) {

@@ -41,6 +41,7 @@ enum class Strategy : std::uint8_t {
   kOrderSearch,            ///< depth-first search over orders for each S, exact within its budget
   kBeamSearch,             ///< beam search over orders for each S, see search.cpp
   kExhaustiveSearch,       ///< every order at once for one S: small units, and proofs
+  kInterleavedSearch,      ///< every order of the heavy classes, the other tensors in a fixed order
 };
 
 [[nodiscard]] std::string_view toString(Strategy strategy) noexcept;
@@ -68,11 +69,19 @@ struct SearchOptions {
   /// units where one run costs at most this (multisets of placed classes x
   /// classes). Outside it only proofs use it (proof_work).
   std::int64_t exhaustive_work = 50000;
+  /// Where that costs more (kInterleavedSearch), at the sizes the beam runs
+  /// at only: the exhaustive search itself where a run costs at most this,
+  /// else the exhaustive search over the heaviest classes with the other
+  /// tensors chained in a fixed order, as many classes kept as that cost
+  /// allows (not exact: it never refutes a size). At most 12 sizes a unit.
+  std::int64_t interleave_work = 200000;
   /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
   /// within [4, 64].
   std::int64_t beam_width = 0;
   /// Restrict the portfolio to these strategies (empty: all). Without
   /// kBeamSearch the scan upwards goes on past its budget with a doubling step.
+  /// Where none applies to the unit (an exhaustive search too large for it)
+  /// the given order stands in.
   std::vector<Strategy> strategies;
 };
 
@@ -118,5 +127,13 @@ struct ExhaustiveOutcome {
 /// Returns offsets when a layout fits in V*S; never proves that none does.
 [[nodiscard]] std::optional<std::vector<std::int64_t>> placeByBeam(const LayoutProblem& problem,
                                                                    std::int64_t shard_elems, std::int64_t width = 0);
+
+/// The interleaved search alone for one S (SearchOptions::interleave_work):
+/// every order of the heaviest classes interleaved every way with the other
+/// tensors in size order, as many classes kept as a run costing at most
+/// `work` allows. Returns offsets when a layout fits in V*S; nullopt also
+/// when no split costs that little. Never proves that none fits.
+[[nodiscard]] std::optional<std::vector<std::int64_t>> placeInterleaved(const LayoutProblem& problem,
+                                                                        std::int64_t shard_elems, std::int64_t work);
 
 }  // namespace dbuf::planner
