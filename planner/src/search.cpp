@@ -811,8 +811,9 @@ class SizeSearch {
     std::int64_t low = probed_below_ > 0 ? probed_below_ : searched_to_ - problem_.align_elems;
     for (;;) {
       const std::int64_t above = low + problem_.align_elems;
-      const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best_->layout.shard_elems - low) / 2));
-      const std::int64_t next = middle < best_->layout.shard_elems ? middle : ordinaryAtOrAbove(above);
+      const std::int64_t best = best_->layout.shard_elems;
+      const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best - low) / 2), best);
+      const std::int64_t next = middle < best ? middle : ordinaryAtOrAbove(above, best);
       if (next >= best_->layout.shard_elems) return;
       if (ruledOut(next) || !attempt(next, Reach::kSettle)) low = next;
     }
@@ -852,16 +853,21 @@ class SizeSearch {
   /// jump down. The order search runs at each, whatever it did elsewhere.
   void tryPeriodicSizes() {
     const std::int64_t limit = portfolio_.work() + options_.scan_work;
+    std::int64_t skipped = 0;  // sizes ruled out: a unit of work each, so that the walk ends
     std::vector<PeriodicSizes> sets = heavy_;
     sets.push_back(exceptional_);
     for (const PeriodicSizes& sizes : sets) {
       for (std::int64_t shard = sizes.next(searched_to_, best_->layout.shard_elems); shard < best_->layout.shard_elems;
            shard = sizes.next(shard + problem_.align_elems, best_->layout.shard_elems)) {
-        if (portfolio_.work() > limit) {
+        if (portfolio_.work() + skipped > limit) {
           complete_ = false;
           return;
         }
-        if (!ruledOut(shard) && attempt(shard, Reach::kSettle, true)) break;
+        if (ruledOut(shard)) {
+          ++skipped;
+        } else if (attempt(shard, Reach::kSettle, true)) {
+          break;
+        }
       }
     }
   }
@@ -920,7 +926,7 @@ class SizeSearch {
     for (bool fits = false, first = true;; first = false) {
       const std::int64_t middle =
           first ? ordinaryBelow(high, low, exceptions)
-                : ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptions);
+                : ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptions, high);
       if (middle >= high || !decide(middle, fits)) break;
       (fits ? high : low) = middle;
       if (!fits) refuted = middle;
@@ -1011,15 +1017,25 @@ class SizeSearch {
     for (int step = 0; step < kSizesLooked && shard > low; ++step, shard -= problem_.align_elems) {
       if (!exceptional.contains(shard) && nextPlaceableShard(problem_, shard) == shard) return shard;
     }
-    return ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptional);
+    return ordinaryAtOrAbove(std::max(low + problem_.align_elems, low + (high - low) / 2), exceptional, high);
   }
 
-  /// Smallest placeable size >= `shard` not in `exceptional` (default: the problem's).
-  std::int64_t ordinaryAtOrAbove(std::int64_t shard) const { return ordinaryAtOrAbove(shard, exceptional_); }
-  std::int64_t ordinaryAtOrAbove(std::int64_t shard, const PeriodicSizes& exceptional) const {
+  /// Smallest placeable size >= `shard` not in `exceptional` (default: the
+  /// problem's), looked for among the next 1,024 placeable sizes below
+  /// `limit`; else `limit`. (Where a tensor is longer than two shards every
+  /// placeable size below half its length is exceptional: an exhaustive walk
+  /// could take billions of steps.)
+  std::int64_t ordinaryAtOrAbove(std::int64_t shard, std::int64_t limit) const {
+    return ordinaryAtOrAbove(shard, exceptional_, limit);
+  }
+  std::int64_t ordinaryAtOrAbove(std::int64_t shard, const PeriodicSizes& exceptional, std::int64_t limit) const {
+    constexpr int kSizesLooked = 1024;
     shard = nextPlaceableShard(problem_, roundUp(shard, problem_.align_elems));
-    while (exceptional.contains(shard)) shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
-    return shard;
+    for (int step = 0; step < kSizesLooked && shard < limit; ++step) {
+      if (!exceptional.contains(shard)) return shard;
+      shard = nextPlaceableShard(problem_, shard + problem_.align_elems);
+    }
+    return limit;
   }
 
   /// A size the refutations so far rule out (no need to try it).
