@@ -890,17 +890,68 @@ class SizeSearch {
     }
   }
 
-  /// With SearchOptions::proof_work, where the unit has few enough class
-  /// multisets: bisection with the exhaustive search between the proven
-  /// bound and the result, on a relaxation of the problem whose exceptional
-  /// sizes there are few (so bisection covers the range), then those sizes
-  /// one by one. A relaxation refuting a size refutes it for the problem;
-  /// where there is none, a layout found is the new result.
+  /// A relaxation of the problem (every layout of the problem is one of it,
+  /// so what it refutes is refuted) for the exhaustive search between `from`
+  /// and `to`: the tensors that make more than kExceptionalChecks exceptional
+  /// sizes there get 1-element blocks (their exceptional sizes go), and while
+  /// the unit has too many multisets for the search its classes are shrunk as
+  /// `Shrinking` says. `relaxes`: it differs from the problem; `cost`: of one
+  /// exhaustive run on it.
+  struct Relaxation {
+    LayoutProblem problem;
+    bool relaxes = false;
+    std::int64_t cost = 0;
+  };
+  enum class Shrinking : std::uint8_t {
+    kLeaveOut,             ///< the lightest classes left out, up to 1% of the elements
+    kLeaveOutLittleMerge,  ///< fewer left out (see relaxationBetween), then classes of one length merged
+    kMergeLeaveOutLittle,  ///< classes of one length merged, then fewer left out
+  };
+
+  /// With SearchOptions::proof_work: bisection with the exhaustive search
+  /// between the proven bound and the result, on a relaxation of the problem
+  /// whose exceptional sizes there are few (so bisection covers the range) and
+  /// whose class multisets are few enough for the search, then the sizes left
+  /// open one by one. A relaxation refuting a size refutes it for the
+  /// problem; where there is none, a layout found is the new result. Where
+  /// the classes must shrink, up to three relaxations in turn: none is the
+  /// tighter on every unit (tensors left out are room the relaxation gains;
+  /// merged classes, blocks it frees).
   void proveExhaustively(std::int64_t& work) {
     const std::int64_t open = refutations_.provenBound(bound_);
     if (work <= 0 || open >= best_->layout.shard_elems) return;
+    std::vector<Relaxation> relaxations;
+    for (const Shrinking shrinking :
+         {Shrinking::kLeaveOut, Shrinking::kLeaveOutLittleMerge, Shrinking::kMergeLeaveOutLittle}) {
+      Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems, shrinking);
+      const bool seen = std::any_of(relaxations.begin(), relaxations.end(), [&](const Relaxation& known) {
+        return sameItems(known.problem, relaxation.problem);
+      });
+      if (!seen && relaxation.cost > 0) relaxations.push_back(std::move(relaxation));
+    }
+    // The cheaper first, so that the dearer ones get what it leaves.
+    std::sort(relaxations.begin(), relaxations.end(),
+              [](const Relaxation& x, const Relaxation& y) { return x.cost < y.cost; });
+    // Each an equal share of the work (the last what the others left): a
+    // cheap but loose one could spend it all on sizes that fit it.
+    for (std::size_t i = 0; i < relaxations.size(); ++i) {
+      const std::int64_t from = refutations_.provenBound(bound_);
+      if (work <= 0 || from >= best_->layout.shard_elems) return;
+      std::int64_t share = work / static_cast<std::int64_t>(relaxations.size() - i);
+      work -= share;
+      proveOn(relaxations[i], from, share);
+      work += share;  // what it left
+    }
+  }
+
+  static bool sameItems(const LayoutProblem& x, const LayoutProblem& y) {
+    return std::equal(
+        x.items.begin(), x.items.end(), y.items.begin(), y.items.end(),
+        [](const LayoutItem& a, const LayoutItem& b) { return a.numel == b.numel && a.granularity == b.granularity; });
+  }
+
+  void proveOn(const Relaxation& relaxation, std::int64_t open, std::int64_t& work) {
     // Named members, not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
-    const Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems);
     const LayoutProblem& relaxed = relaxation.problem;
     const bool relaxes = relaxation.relaxes;
     const std::vector<ItemClass> classes = classify(relaxed);
@@ -932,26 +983,20 @@ class SizeSearch {
       if (!fits) refuted = middle;
     }
     refutations_.ruleOut(refuted, exceptions);
-    const std::int64_t until = std::min(best_->layout.shard_elems, refuted + problem_.align_elems);
-    // The exceptional sizes below, upwards, until one fits.
+    // Then the smallest size nothing rules out, again and again, until one
+    // fits: the exceptional sizes bisection cannot cover, below the sizes it
+    // refuted and above them (where every size in range is exceptional, it
+    // had nothing to halve).
     bool fits = false;
-    std::int64_t shard = exceptions.next(open, until);
-    while (shard < until && decide(shard, fits) && !fits) shard = exceptions.next(shard + problem_.align_elems, until);
+    for (std::int64_t shard = refutations_.provenBound(bound_); shard < high && decide(shard, fits) && !fits;
+         shard = refutations_.provenBound(bound_)) {
+    }
   }
 
-  /// A relaxation of the problem (every layout of the problem is one of it,
-  /// so what it refutes is refuted) for the exhaustive search between `from`
-  /// and `to`: the tensors that make more than kExceptionalChecks exceptional
-  /// sizes there get 1-element blocks (their exceptional sizes go), and while
-  /// the unit has too many multisets for the search the lightest classes are
-  /// left out, up to 1% of the elements. `relaxes`: it differs from the problem.
-  struct Relaxation {
-    LayoutProblem problem;
-    bool relaxes = false;
-  };
-  Relaxation relaxationBetween(std::int64_t from, std::int64_t to) const {
+  /// (`cost` 0: still too many multisets for the search.)
+  Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking) const {
     constexpr std::int64_t kExceptionalChecks = 8;
-    Relaxation relaxation{problem_, false};
+    Relaxation relaxation{problem_, false, 0};
     for (LayoutItem& item : relaxation.problem.items) {
       const std::int64_t period = lcm64(problem_.align_elems, item.granularity);
       const std::int64_t below = std::min(to, item.numel);
@@ -961,17 +1006,68 @@ class SizeSearch {
         relaxation.relaxes = true;
       }
     }
-    leaveOutLightClasses(relaxation);
+    // Tensors left out are room the relaxation gains at every size: where
+    // classes are merged as well, at most a quarter of what the range
+    // [from, to) adds on all ranks, or it fits at every size there.
+    const std::int64_t one_percent = totalNumel(problem_) / 100;
+    const std::int64_t little = std::min(one_percent, (to - from) * problem_.devices / 4);
+    switch (shrinking) {
+      case Shrinking::kLeaveOut:
+        leaveOutLightClasses(relaxation, one_percent);
+        break;
+      case Shrinking::kLeaveOutLittleMerge:
+        leaveOutLightClasses(relaxation, little);
+        mergeClassesOfOneLength(relaxation);
+        break;
+      case Shrinking::kMergeLeaveOutLittle:
+        mergeClassesOfOneLength(relaxation);
+        leaveOutLightClasses(relaxation, little);
+        break;
+    }
+    const ExhaustiveSearch search(relaxation.problem, classify(relaxation.problem));
+    if (search.states() <= ExhaustiveSearch::kExhaustiveStates) relaxation.cost = search.cost();
     return relaxation;
   }
 
-  static void leaveOutLightClasses(Relaxation& relaxation) {
+  /// While the unit has too many multisets for the exhaustive search, two
+  /// classes of one length become one, their blocks the gcd of both (every
+  /// cut either allowed is allowed): first the pair whose blocks shrink the
+  /// least, which keeps what constrains the layout most (an expert's blocks
+  /// of rows, say, where its neighbours were unsplittable).
+  static void mergeClassesOfOneLength(Relaxation& relaxation) {
+    for (;;) {
+      const std::vector<ItemClass> classes = classify(relaxation.problem);
+      if (ExhaustiveSearch(relaxation.problem, classes).states() <= ExhaustiveSearch::kExhaustiveStates) return;
+      const ItemClass* first = nullptr;
+      const ItemClass* second = nullptr;
+      double kept = 0;  // the merged block over the coarser of the two
+      for (std::size_t i = 0; i < classes.size(); ++i) {
+        for (std::size_t j = i + 1; j < classes.size() && classes[j].item.numel == classes[i].item.numel; ++j) {
+          const std::int64_t coarser = std::max(classes[i].item.granularity, classes[j].item.granularity);
+          const double share = static_cast<double>(std::gcd(classes[i].item.granularity, classes[j].item.granularity)) /
+                               static_cast<double>(coarser);
+          if (share > kept) {
+            first = &classes[i];
+            second = &classes[j];
+            kept = share;
+          }
+        }
+      }
+      if (first == nullptr) return;
+      const std::int64_t merged = std::gcd(first->item.granularity, second->item.granularity);
+      for (const ItemClass* c : {first, second}) {
+        for (const std::uint32_t member : c->members) relaxation.problem.items[member].granularity = merged;
+      }
+      relaxation.relaxes = true;
+    }
+  }
+
+  static void leaveOutLightClasses(Relaxation& relaxation, std::int64_t allowed) {
     std::vector<ItemClass> classes = classify(relaxation.problem);
     if (ExhaustiveSearch(relaxation.problem, classes).states() <= ExhaustiveSearch::kExhaustiveStates) return;
     const auto mass = [](const ItemClass& c) { return c.item.numel * static_cast<std::int64_t>(c.members.size()); };
     std::sort(classes.begin(), classes.end(),
               [&](const ItemClass& x, const ItemClass& y) { return mass(x) < mass(y); });
-    std::int64_t allowed = totalNumel(relaxation.problem) / 100;
     std::vector<char> left_out(relaxation.problem.items.size(), 0);
     double states = 1;
     for (const ItemClass& c : classes) states *= static_cast<double>(c.members.size() + 1);

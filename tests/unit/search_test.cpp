@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <set>
@@ -453,6 +454,75 @@ TEST(SolveLayout, ExhaustiveProofClosesAMoELayer) {
     EXPECT_LE(proved.layout.shard_elems, plain.layout.shard_elems);
     EXPECT_GT(proved.proven_bound_elems, plain.proven_bound_elems + plain.proven_bound_elems / 10);
   }
+}
+
+/// A problem of `classes` {length, block, count} on V ranks, 8-element alignment.
+struct ClassSpec {
+  std::int64_t numel;
+  std::int64_t granularity;
+  int count;
+};
+LayoutProblem fromClasses(std::int64_t devices, std::initializer_list<ClassSpec> classes) {
+  LayoutProblem problem{{}, devices, 8};
+  for (const ClassSpec& c : classes) {
+    for (int i = 0; i < c.count; ++i) problem.items.push_back({c.numel, c.granularity});
+  }
+  return problem;
+}
+
+// A MoE layer (7168 wide, tensor parallel 2, rows:32 and experts in 128-row
+// blocks) whose 28-block tensors are longer than two shards below the
+// result: every size left between the bound and the result is a multiple of
+// their block, exceptional, so bisection has nothing to halve. The proof
+// decides that size itself and proves the result optimal.
+TEST(SolveLayout, ProofDecidesSizesThatAreAllExceptional) {
+  const LayoutProblem problem = fromClasses(64, {{7168, 1, 2},
+                                                 {229376, 1, 1},
+                                                 {6881280, 30720, 2},
+                                                 {6881280, 122880, 32},
+                                                 {6881280, 229376, 4},
+                                                 {6881280, 917504, 64},
+                                                 {25690112, 114688, 1},
+                                                 {25690112, 229376, 3}});
+  const SearchResult plain = solveLayout(problem);
+  EXPECT_EQ(plain.layout.shard_elems, 56 * 229376);
+  EXPECT_EQ(plain.proven_bound_elems, 55 * 229376);
+  SearchOptions options;
+  options.proof_work = 100'000'000;
+  const SearchResult proved = solveLayout(problem, options);
+  ASSERT_EQ(describeViolation(problem, proved.layout), "");
+  EXPECT_EQ(proved.layout.shard_elems, 56 * 229376);
+  EXPECT_TRUE(proved.proven_optimal);
+}
+
+// A MoE layer with 4 M+ multisets of classes (160 experts' rows in 16 blocks,
+// 320 unsplittable expert matrices of the same length, a few fine tensors)
+// and no room at the bound: leaving out light tensors cannot help (it frees
+// the room it would need to refute), merging the experts' two classes into
+// one with the gcd of their blocks can. The proof raises the bound from
+// 1513544 (what the bytes demand) to about 1521600 (0.53%: the 16-block experts'
+// boundaries drift against the shard size's residue).
+TEST(SolveLayout, ProofMergesClassesOfOneLength) {
+  const LayoutProblem problem = fromClasses(64, {{128, 1, 2},
+                                                 {256, 1, 1},
+                                                 {2048, 1, 2},
+                                                 {196608, 1, 2},
+                                                 {196608, 96, 1},
+                                                 {196608, 12288, 160},
+                                                 {196608, 196608, 320},
+                                                 {262144, 1, 2},
+                                                 {327680, 1, 1},
+                                                 {524288, 1, 1},
+                                                 {524288, 256, 1}});
+  const SearchResult plain = solveLayout(problem);
+  EXPECT_FALSE(placeExhaustively(problem, plain.layout.shard_elems).decided);
+  SearchOptions options;
+  options.proof_work = 200'000'000;
+  const SearchResult proved = solveLayout(problem, options);
+  ASSERT_EQ(describeViolation(problem, proved.layout), "");
+  EXPECT_EQ(plain.proven_bound_elems, 1513544);
+  EXPECT_GE(proved.proven_bound_elems, 1521000);
+  EXPECT_LE(proved.proven_bound_elems, proved.layout.shard_elems);
 }
 
 /// Classes of identical items in `problem`, and whether two of them share a

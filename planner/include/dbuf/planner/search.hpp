@@ -58,9 +58,12 @@ struct SearchOptions {
   /// Work (as for scan_work) spent, after the search, on the sizes between
   /// the proven bound and the result that nothing rules out yet: to prove
   /// the result optimal (or find a smaller one). First the exhaustive search
-  /// (a dynamic program over every multiset of placed classes; units with up
-  /// to 4 M of them; a run costs multisets x classes), bisecting, then the
-  /// order search on the smallest open size, again and again. 0: none (a
+  /// (a dynamic program over every multiset of placed classes; up to 4 M of
+  /// them; a run costs multisets x classes), bisecting, then on the smallest
+  /// open size again and again; on a relaxation where the unit has more
+  /// multisets (light tensors left out, classes of one length merged with
+  /// the gcd of their blocks: two such, each with half the work, where both
+  /// apply). Then the order search on the smallest open size. 0: none (a
   /// proof can take far longer than the plan: about a second for a MoE
   /// layer of 64 experts).
   std::int64_t proof_work = 0;
