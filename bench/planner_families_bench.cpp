@@ -22,7 +22,9 @@
 // its gap measured to the bound a second, untimed plan with proof work W
 // proves (the better of the two bounds): how far the plan is from the
 // optimum, where a proof closes.
-// Exits 0 whatever the figures (the targets are not met yet: this measures).
+// Exits 0 whatever the figures (the targets are not met yet: this measures),
+// 1 where a plan is invalid or lies below a bound the proving plan proved
+// (a proof would be wrong).
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +96,12 @@ Outcome plan(const GeneratedModel& model, std::int64_t devices, const Granularit
     double bound = 0;
     for (std::size_t i = 0; i < bounds.size(); ++i) {
       bounds[i] = std::max(bounds[i], proving.units[i].lower_bound_elems);
+      if (bounds[i] > planned.units[i].shard_elems) {  // a layout below a proven bound: a proof is wrong
+        std::fprintf(stderr, "%s, V=%lld: unit %s has a layout of S=%lld below the proven bound %lld\n",
+                     model.name.c_str(), static_cast<long long>(devices), planned.units[i].name.c_str(),
+                     static_cast<long long>(planned.units[i].shard_elems), static_cast<long long>(bounds[i]));
+        std::exit(1);
+      }
       volume += static_cast<double>(proving.units[i].shard_elems);
       bound += static_cast<double>(bounds[i]);
     }
