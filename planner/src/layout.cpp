@@ -6,46 +6,20 @@
 #include "dbuf/common/int_math.hpp"
 
 namespace dbuf::planner {
-namespace {
 
-/// Position within one shard [0, S) at which `item` may start, at or after
-/// `start` (a multiple of align), or nullopt if nowhere in this shard works.
-/// Starting at r, the item crosses the boundary at S when r + n > S; it must
-/// then start at r = S (mod g) so that the boundary falls on a block edge, and
-/// if it reaches past 2S as well, S itself must be a multiple of g.
-std::optional<std::int64_t> startInShard(std::int64_t start, const LayoutItem& item, std::int64_t shard,
-                                         std::int64_t align) noexcept {
-  if (start + item.numel <= shard) return start;  // fits without crossing
-  // Offsets are multiples of align and must be = S (mod g); S = 0 (mod align)
-  // so both congruences merge into r = S (mod lcm(align, g)).
-  const std::int64_t period = lcm64(align, item.granularity);
-  const std::int64_t crossing_start = start + floorMod(shard - start, period);
-  if (crossing_start >= shard) return std::nullopt;
-  const bool crosses_twice = crossing_start + item.numel > 2 * shard;
-  if (crosses_twice && shard % item.granularity != 0) return std::nullopt;
-  return crossing_start;
+std::int64_t blockPeriod(const LayoutItem& item, std::int64_t align_elems) noexcept {
+  const std::int64_t period = lcm64(align_elems, item.granularity);
+  return period < item.numel ? period : item.numel;
 }
-
-}  // namespace
 
 std::optional<std::int64_t> earliestFeasibleOffset(std::int64_t position, const LayoutItem& item,
                                                    std::int64_t shard_elems, std::int64_t align_elems) noexcept {
-  std::int64_t shard_begin = (position / shard_elems) * shard_elems;
-  std::int64_t start = roundUp(position - shard_begin, align_elems);
-  if (start >= shard_elems) {
-    shard_begin += shard_elems;
-    start = 0;
-  }
-  if (auto in_shard = startInShard(start, item, shard_elems, align_elems)) return shard_begin + *in_shard;
-  // Every later shard looks like a fresh one starting at 0, so one more try
-  // settles it.
-  if (start == 0) return std::nullopt;
-  if (auto in_next = startInShard(0, item, shard_elems, align_elems)) return shard_begin + shard_elems + *in_next;
-  return std::nullopt;
+  return ShardPlacer(shard_elems, align_elems).earliestOffset(position, item);
 }
 
 bool placeable(const LayoutItem& item, std::int64_t shard_elems, std::int64_t align_elems) noexcept {
-  return startInShard(0, item, shard_elems, align_elems).has_value();
+  const auto period_of = [&] { return Divisor(blockPeriod(item, align_elems)); };
+  return ShardPlacer(shard_elems, align_elems).startInShard(0, item.numel, period_of) != ShardPlacer::kNowhere;
 }
 
 std::optional<std::vector<std::int64_t>> placeInOrder(const LayoutProblem& problem,
@@ -54,9 +28,10 @@ std::optional<std::vector<std::int64_t>> placeInOrder(const LayoutProblem& probl
   std::int64_t remaining = totalNumel(problem);
   std::vector<std::int64_t> offsets(problem.items.size(), 0);
   std::int64_t position = 0;
+  const ShardPlacer placer(shard_elems, problem.align_elems);
   for (const std::uint32_t index : order) {
     const LayoutItem& item = problem.items[index];
-    const auto offset = earliestFeasibleOffset(position, item, shard_elems, problem.align_elems);
+    const auto offset = placer.earliestOffset(position, item);
     if (!offset) return std::nullopt;
     offsets[index] = *offset;
     position = *offset + item.numel;

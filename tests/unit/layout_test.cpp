@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -194,6 +195,24 @@ TEST(PlaceInOrder, ProducesValidLayoutsInTheGivenOrder) {
     }
   }
   EXPECT_GT(placed, 500);
+}
+
+// Divisor: the double-precision estimate, once corrected, is the exact
+// quotient, up to the range the searches use and past it.
+TEST(Divisor, QuotientsAreExact) {
+  std::mt19937_64 rng(0xd1b0);
+  for (int trial = 0; trial < 200000; ++trial) {
+    const std::int64_t divisor = std::int64_t{1} << t::uniform(rng, 0, 40);
+    const Divisor d(t::uniform(rng, 1, divisor));
+    const std::int64_t x = t::uniform(rng, 0, std::int64_t{1} << t::uniform(rng, 0, 62));
+    ASSERT_EQ(d.quotient(x), x / d.value()) << x << " / " << d.value();
+    ASSERT_EQ(d.remainder(x), x % d.value()) << x << " % " << d.value();
+  }
+  const Divisor three(3);
+  for (const std::int64_t x : {std::int64_t{0}, std::int64_t{2}, (std::int64_t{1} << 50) - 1, std::int64_t{1} << 50,
+                               std::numeric_limits<std::int64_t>::max()}) {
+    EXPECT_EQ(three.quotient(x), x / 3) << x;
+  }
 }
 
 TEST(TotalNumel, SumsItems) {

@@ -47,6 +47,140 @@ struct Layout {
                                                                  std::int64_t shard_elems,
                                                                  std::int64_t align_elems) noexcept;
 
+/// An item's block period: cuts fall on multiples of it from the item's start
+/// (offsets and S are multiples of the alignment), lcm(align, granularity);
+/// the length itself where that is not shorter (no cut falls inside).
+[[nodiscard]] std::int64_t blockPeriod(const LayoutItem& item, std::int64_t align_elems) noexcept;
+
+/// Division by a fixed positive divisor without the hardware divide (whose
+/// latency dominated the searches, which place millions of items per shard
+/// size): a quotient estimated in double precision, then corrected, exact
+/// for dividends in [0, 2^50); larger ones divide the ordinary way.
+class Divisor {
+ public:
+  explicit Divisor(std::int64_t divisor) noexcept
+      : divisor_(divisor), reciprocal_(1.0 / static_cast<double>(divisor)) {}
+
+  [[nodiscard]] std::int64_t value() const noexcept { return divisor_; }
+
+  /// floor(x / divisor) for x >= 0.
+  [[nodiscard]] std::int64_t quotient(std::int64_t x) const noexcept {
+    if (x >= kExactBelow) return x / divisor_;
+    auto q = static_cast<std::int64_t>(static_cast<double>(x) * reciprocal_);
+    std::int64_t r = x - q * divisor_;
+    while (r < 0) {
+      --q;
+      r += divisor_;
+    }
+    while (r >= divisor_) {
+      ++q;
+      r -= divisor_;
+    }
+    return q;
+  }
+  /// x mod divisor for x >= 0.
+  [[nodiscard]] std::int64_t remainder(std::int64_t x) const noexcept { return x - quotient(x) * divisor_; }
+
+ private:
+  static constexpr std::int64_t kExactBelow = std::int64_t{1} << 50;
+  std::int64_t divisor_;
+  double reciprocal_;
+};
+
+/// The placement rule of earliestFeasibleOffset for one shard size and
+/// alignment, for callers that place many items at one size: S's and the
+/// alignment's divisions are prepared once, items come with their block
+/// period (blockPeriod). earliestFeasibleOffset is this, so both always agree.
+class ShardPlacer {
+ public:
+  ShardPlacer(std::int64_t shard_elems, std::int64_t align_elems) noexcept
+      : shard_(shard_elems), align_(align_elems) {}
+
+  [[nodiscard]] std::int64_t shard() const noexcept { return shard_.value(); }
+
+  /// No offset works (what the raw functions return instead of nullopt).
+  static constexpr std::int64_t kNowhere = -1;
+
+  /// Earliest offset >= `position` (>= 0) for an item of `numel` elements
+  /// and block period `period`; nullopt when no offset works at this S.
+  [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position, std::int64_t numel,
+                                                           std::int64_t period) const noexcept {
+    return optional(earliestOffsetOrNowhere(position, numel, period));
+  }
+  /// The same for `item`, its period computed only if it must cross a boundary.
+  [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position, const LayoutItem& item) const noexcept {
+    return optional(earliestOffsetWith(position, item.numel, [&] { return Divisor(blockPeriod(item, align_.value())); }));
+  }
+  /// earliestOffset, kNowhere for nullopt: the searches' inner loops.
+  [[nodiscard]] std::int64_t earliestOffsetOrNowhere(std::int64_t position, std::int64_t numel,
+                                                     std::int64_t period) const noexcept {
+    return earliestOffsetWith(position, numel, [period] { return Divisor(period); });
+  }
+  /// The same with the period's division prepared (Divisor(period)).
+  [[nodiscard]] std::int64_t earliestOffsetOrNowhere(std::int64_t position, std::int64_t numel,
+                                                     const Divisor& period) const noexcept {
+    return earliestOffsetWith(position, numel, [&period]() -> const Divisor& { return period; });
+  }
+
+  /// Where in one shard [0, S) an item may start, at or after `start` (a
+  /// multiple of the alignment, below S), or kNowhere if nowhere in it.
+  /// Starting at r, the item crosses the boundary at S when r + n > S; it
+  /// must then start at r = S (mod g) so that the boundary falls on a block
+  /// edge, and if it reaches past 2S as well, S itself must be a multiple of
+  /// g. `period_of()`: the item's block period, as a Divisor.
+  template <typename PeriodOf>
+  [[nodiscard]] std::int64_t startInShard(std::int64_t start, std::int64_t numel, PeriodOf period_of) const noexcept {
+    const std::int64_t shard = shard_.value();
+    if (start + numel <= shard) return start;  // fits without crossing
+    // Offsets are multiples of align and must be = S (mod g); S = 0 (mod
+    // align) so both congruences merge into r = S (mod lcm(align, g)).
+    const Divisor& period = period_of();
+    const std::int64_t crossing_start = start + period.remainder(shard - start);
+    if (crossing_start >= shard) return kNowhere;
+    // S is a multiple of align: of g exactly when of the period.
+    const bool crosses_twice = crossing_start + numel > 2 * shard;
+    if (crosses_twice && period.remainder(shard) != 0) return kNowhere;
+    return crossing_start;
+  }
+
+ private:
+  static std::optional<std::int64_t> optional(std::int64_t offset) noexcept {
+    if (offset == kNowhere) return std::nullopt;
+    return offset;
+  }
+
+  template <typename PeriodOf>
+  [[nodiscard]] std::int64_t earliestOffsetWith(std::int64_t position, std::int64_t numel,
+                                                PeriodOf period_of) const noexcept {
+    const std::int64_t shard = shard_.value();
+    std::int64_t shard_begin = shard_.quotient(position) * shard;
+    std::int64_t start = roundUpToAlign(position - shard_begin);
+    if (start >= shard) {
+      shard_begin += shard;
+      start = 0;
+    }
+    if (const std::int64_t in_shard = startInShard(start, numel, period_of); in_shard != kNowhere) {
+      return shard_begin + in_shard;
+    }
+    // Every later shard looks like a fresh one starting at 0, so one more try
+    // settles it.
+    if (start == 0) return kNowhere;
+    if (const std::int64_t in_next = startInShard(0, numel, period_of); in_next != kNowhere) {
+      return shard_begin + shard + in_next;
+    }
+    return kNowhere;
+  }
+
+  [[nodiscard]] std::int64_t roundUpToAlign(std::int64_t x) const noexcept {
+    const std::int64_t align = align_.value();
+    if ((align & (align - 1)) == 0) return (x + align - 1) & ~(align - 1);
+    return align_.quotient(x + align - 1) * align;
+  }
+
+  Divisor shard_;
+  Divisor align_;
+};
+
 /// True if `item` can be placed somewhere in a buffer of shard size S, ignoring
 /// the others. A necessary condition on S for every order.
 [[nodiscard]] bool placeable(const LayoutItem& item, std::int64_t shard_elems, std::int64_t align_elems) noexcept;
