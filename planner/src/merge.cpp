@@ -122,15 +122,19 @@ class Merger {
   };
 
   Result<void> distinctUnits() {
-    std::unordered_map<std::string, std::uint32_t> seen;
+    DistinctUnits distinct;
     ids_.reserve(units_.size());
     for (const UnitSpec& unit : units_) {
+      if (const auto known = distinct.findOrAdd(unit)) {
+        numel_ += totalNumel(problems_[*known]);
+        ids_.push_back(static_cast<std::uint32_t>(*known));
+        continue;
+      }
       auto problem = buildProblem(unit, options_);
       if (!problem) return std::move(problem).error();
       numel_ += totalNumel(*problem);
-      const auto [hit, inserted] = seen.try_emplace(unitSignature(unit, *problem), problems_.size());
-      if (inserted) problems_.push_back(std::move(*problem));
-      ids_.push_back(hit->second);
+      ids_.push_back(static_cast<std::uint32_t>(problems_.size()));
+      problems_.push_back(std::move(*problem));
     }
     return {};
   }

@@ -170,18 +170,48 @@ class Diagnoser {
 
 }  // namespace
 
-std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem) {
-  std::string key;
-  key.reserve(unit.tensors.size() * 6 * sizeof(std::int64_t));
-  const auto append = [&key](std::int64_t value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
-  append(static_cast<std::int64_t>(unit.tensors.front().dtype));
-  for (std::size_t i = 0; i < unit.tensors.size(); ++i) {
-    append(-static_cast<std::int64_t>(unit.tensors[i].shape.size()));  // negative: a separator no dim can equal
-    for (const std::int64_t dim : unit.tensors[i].shape) append(dim);
-    append(problem.items[i].granularity);
-    append(isExpertParameter(unit.tensors[i].name) ? 1 : 0);  // Megatron buckets them apart
+namespace {
+
+/// What a tensor's plan depends on, besides the options, is equal.
+bool samePlanInputs(const TensorSpec& x, const TensorSpec& y) {
+  return x.shape == y.shape && x.dtype == y.dtype && x.granularity == y.granularity && x.tp_dim == y.tp_dim &&
+         isExpertParameter(x.name) == isExpertParameter(y.name);  // Megatron-FSDP buckets experts apart
+}
+
+std::uint64_t mix(std::uint64_t hash, std::uint64_t value) {
+  return (hash ^ value) * 0x100000001b3ULL + (hash >> 29);
+}
+
+std::uint64_t planInputsHash(const UnitSpec& unit) {
+  std::uint64_t hash = mix(0xcbf29ce484222325ULL, unit.tensors.size());
+  for (const TensorSpec& tensor : unit.tensors) {
+    for (const std::int64_t dim : tensor.shape) hash = mix(hash, static_cast<std::uint64_t>(dim));
+    hash = mix(hash, static_cast<std::uint64_t>(tensor.dtype) << 8 | tensor.shape.size());
+    if (tensor.granularity) {
+      const GranularityRule& rule = *tensor.granularity;
+      hash = mix(hash, static_cast<std::uint64_t>(rule.kind) + 1);
+      hash = mix(hash, static_cast<std::uint64_t>(rule.rows ^ rule.cols << 20 ^ rule.count << 40));
+    }
+    if (tensor.tp_dim) hash = mix(hash, static_cast<std::uint64_t>(*tensor.tp_dim) + 1000);
   }
-  return key;
+  return hash;
+}
+
+}  // namespace
+
+std::optional<std::size_t> DistinctUnits::findOrAdd(const UnitSpec& unit) {
+  const std::uint64_t hash = planInputsHash(unit);
+  const auto [first, last] = by_hash_.equal_range(hash);
+  for (auto it = first; it != last; ++it) {
+    const UnitSpec& known = *units_[it->second];
+    if (std::equal(known.tensors.begin(), known.tensors.end(), unit.tensors.begin(), unit.tensors.end(),
+                   [](const TensorSpec& x, const TensorSpec& y) { return samePlanInputs(x, y); })) {
+      return it->second;
+    }
+  }
+  by_hash_.emplace(hash, units_.size());
+  units_.push_back(&unit);
+  return std::nullopt;
 }
 
 Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options) {
@@ -338,19 +368,21 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
   const auto started = std::chrono::steady_clock::now();
   ModelPlan model;
   std::vector<LayoutProblem> problems;
-  std::vector<std::size_t> source;                       // index of the unit each plan was first made for
-  std::unordered_map<std::string, std::size_t> planned;  // signature -> that index
+  std::vector<std::size_t> source;  // index of the unit each plan was first made for
+  std::vector<std::size_t> first_of;  // per distinct unit: that index
+  DistinctUnits distinct;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const auto unit_started = std::chrono::steady_clock::now();
-    auto problem = buildProblem(units[u], options);
-    if (!problem) return std::move(problem).error();
-    const auto [hit, inserted] = planned.try_emplace(unitSignature(units[u], *problem), u);
-    if (!inserted) {
-      model.units.push_back(renamedCopy(model.units[hit->second], units[u]));
+    if (const auto known = distinct.findOrAdd(units[u])) {
+      const std::size_t first = first_of[*known];
+      model.units.push_back(renamedCopy(model.units[first], units[u]));
       model.units.back().plan_us = microsSince(unit_started);  // the look-up, not a search
-      source.push_back(hit->second);
+      source.push_back(first);
       continue;
     }
+    first_of.push_back(u);
+    auto problem = buildProblem(units[u], options);
+    if (!problem) return std::move(problem).error();
     auto plan = planLayout(units[u], *problem, options);
     if (!plan) return std::move(plan).error();
     plan->plan_us = microsSince(unit_started);

@@ -594,6 +594,29 @@ TEST(PlanModel, CachedPlansKeepTheirOwnExpertBaseline) {
   EXPECT_EQ(model->units[1].baselines.megatron.shard_elems, alone->baselines.megatron.shard_elems);
 }
 
+// DistinctUnits: a unit matches an earlier one exactly when every tensor's
+// plan inputs agree; names do not matter, expert flags, rules, tensor-parallel
+// dims, dtypes and shapes do.
+TEST(DistinctUnits, MatchesUnitsWithTheSamePlanInputs) {
+  const UnitSpec base{"layers.0", {tensor("layers.0.w", {8, 4}), tensor("layers.0.mlp.experts.3.w", {4, 4})}};
+  UnitSpec renamed{"layers.1", {tensor("layers.1.w", {8, 4}), tensor("layers.1.mlp.experts.9.w", {4, 4})}};
+  std::vector<UnitSpec> different(6, renamed);
+  different[0].tensors[1].name = "layers.1.mlp.dense.w";                // no longer an expert
+  different[1].tensors[0] = withRule(different[1].tensors[0], "rows:2");  // a rule of its own
+  different[2].tensors[0].tp_dim = 1;
+  different[3].tensors[0].dtype = DType::kF32;
+  different[4].tensors[0].shape = {4, 8};
+  different[5].tensors.pop_back();
+  DistinctUnits distinct;
+  EXPECT_EQ(distinct.findOrAdd(base), std::nullopt);
+  EXPECT_EQ(distinct.findOrAdd(renamed), 0U);
+  for (std::size_t i = 0; i < different.size(); ++i) {
+    EXPECT_EQ(distinct.findOrAdd(different[i]), std::nullopt) << i;
+    EXPECT_EQ(distinct.findOrAdd(different[i]), i + 1) << i;  // now known
+  }
+  EXPECT_EQ(distinct.size(), different.size() + 1);
+}
+
 // An HSDP shard group must divide the world: V / hsdp_devices replicas.
 //
 // The group size is the largest proper divisor of V that works.

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dbuf/common/result.hpp"
@@ -95,10 +96,23 @@ struct UnitPlan {
 /// elements). Errors name the unit and the tensor.
 [[nodiscard]] Result<LayoutProblem> buildProblem(const UnitSpec& unit, const PlanOptions& options);
 
-/// Identical dtypes, shapes, granularities and expert flags give identical
-/// plans and baselines, names aside: the raw bytes of those, as a cache key
-/// (`problem` is the unit's, from buildProblem).
-[[nodiscard]] std::string unitSignature(const UnitSpec& unit, const LayoutProblem& problem);
+/// Units whose tensors agree in everything a plan and its baselines depend on
+/// besides the options (dtypes, shapes, granularity rules, tensor-parallel
+/// dimensions, expert flags) have the same plan, names aside. This finds
+/// them without building their problems: a look-up is one pass over the
+/// unit's tensors (a model of 64 MoE layers has 99,000). The units must
+/// outlive it.
+class DistinctUnits {
+ public:
+  /// The index (in the order added) of a unit added before with the same
+  /// plan, or nullopt, and then `unit` is added with index `size()`.
+  std::optional<std::size_t> findOrAdd(const UnitSpec& unit);
+  [[nodiscard]] std::size_t size() const noexcept { return units_.size(); }
+
+ private:
+  std::unordered_multimap<std::uint64_t, std::size_t> by_hash_;
+  std::vector<const UnitSpec*> units_;
+};
 
 /// Plans one unit: layout, lower bound, baselines. `diagnosis` is not filled
 /// here (it needs the neighbouring units; see `planModel`).
