@@ -14,37 +14,159 @@
 namespace dbuf::planner {
 namespace {
 
-/// Items with the same (numel, granularity) are interchangeable; the searches
-/// choose among classes, not items, which keeps a step O(classes) and the
-/// state space small even for MoE units with hundreds of identical experts.
+/// Items the searches may place interchangeably form a class: they choose
+/// among classes, not items, which keeps a step O(classes) and the state
+/// space small even for MoE units with hundreds of identical experts.
+///
+/// Items of one length whose blocks differ (an expert's gate and up
+/// projections cut in 128-row blocks, its down projection in 128-column
+/// ones) differ only where a shard boundary cuts them, and at most V - 1
+/// items are cut: a block with that many items never runs short. So the
+/// items of one length whose block is that plentiful, or whose cuts such a
+/// block allows as well (its block a multiple of the other's, or no cut at
+/// all), are one pooled class: a placement cutting it may use any of those
+/// plentiful blocks, and the members are matched to the placements
+/// afterwards (offsetsOf). The rest of that length (few items of a finer
+/// block) stay classes of their own. Exact: the searches see every layout
+/// they saw before, and only layouts the members can fill.
 struct ItemClass {
-  LayoutItem item;
-  std::vector<std::uint32_t> members;  // in declaration order
+  LayoutItem item;  ///< the length, and the block of the first of `blocks`
+  /// The blocks a placement may be cut on: one for a plain class, the
+  /// plentiful ones (the finest of them) for a pooled one, the length
+  /// itself where no member can be cut.
+  std::vector<Divisor> blocks;
+  std::vector<std::uint32_t> members;  ///< in declaration order
+  /// Members of several blocks (a pooled class): offsetsOf matches them to
+  /// the placements.
+  bool mixed = false;
+  /// Not a class: items placed in this order, each with its own length and
+  /// block (the interleaved search's column of light items).
+  bool chain = false;
 };
 
-std::vector<ItemClass> classify(const LayoutProblem& problem) {
-  std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> index_of;
-  std::vector<ItemClass> classes;
+/// `pooled_lengths`: lengths whose items are pooled whatever their counts (a
+/// relaxation: a layout may then need more items of a block than there are).
+std::vector<ItemClass> classify(const LayoutProblem& problem, const std::set<std::int64_t>& pooled_lengths = {}) {
+  // Items of one length and block period behave identically.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<std::uint32_t>> same;
   for (std::uint32_t i = 0; i < problem.items.size(); ++i) {
-    const LayoutItem& item = problem.items[i];
-    const auto [it, inserted] = index_of.try_emplace({item.numel, item.granularity}, classes.size());
-    if (inserted) classes.push_back({item, {}});
-    classes[it->second].members.push_back(i);
+    same[{problem.items[i].numel, blockPeriod(problem.items[i], problem.align_elems)}].push_back(i);
   }
-  // Largest first, so ties in the searches favour big tensors (as in first-fit
-  // decreasing), leaving small ones to fill gaps late.
+  const auto plentiful = [&](std::int64_t numel, const std::vector<std::uint32_t>& members) {
+    return static_cast<std::int64_t>(members.size()) >= problem.devices - 1 || pooled_lengths.count(numel) != 0;
+  };
+  std::vector<ItemClass> classes;
+  for (auto group = same.begin(); group != same.end();) {
+    const std::int64_t numel = group->first.first;
+    const auto group_end = same.lower_bound({numel + 1, 0});
+    // The finest plentiful blocks (none a multiple of another).
+    std::vector<std::int64_t> blocks;
+    for (auto it = group; it != group_end; ++it) {
+      const std::int64_t period = it->first.second;
+      if (period >= numel || !plentiful(numel, it->second)) continue;
+      if (std::none_of(blocks.begin(), blocks.end(), [&](std::int64_t b) { return period % b == 0; })) {
+        std::erase_if(blocks, [&](std::int64_t b) { return b % period == 0; });
+        blocks.push_back(period);
+      }
+    }
+    if (blocks.empty()) blocks.push_back(numel);
+    ItemClass pooled{{numel, blocks.front()}, {blocks.begin(), blocks.end()}, {}};
+    int joined = 0;  // groups of one block period in the pooled class
+    for (auto it = group; it != group_end; ++it) {
+      const std::int64_t period = it->first.second;
+      const bool joins = period >= numel || plentiful(numel, it->second) ||
+                         std::any_of(blocks.begin(), blocks.end(), [&](std::int64_t b) { return period % b == 0; });
+      if (joins) {
+        ++joined;
+        pooled.members.insert(pooled.members.end(), it->second.begin(), it->second.end());
+      } else {
+        classes.push_back({{numel, period}, {Divisor(period)}, it->second});
+      }
+    }
+    if (!pooled.members.empty()) {
+      std::sort(pooled.members.begin(), pooled.members.end());
+      pooled.mixed = joined > 1;
+      classes.push_back(std::move(pooled));
+    }
+    group = group_end;
+  }
+  // In order of first appearance, then largest first, so that ties in the
+  // searches favour big tensors (as in first-fit decreasing), leaving small
+  // ones to fill gaps late.
+  std::sort(classes.begin(), classes.end(),
+            [](const ItemClass& x, const ItemClass& y) { return x.members.front() < y.members.front(); });
   std::stable_sort(classes.begin(), classes.end(),
                    [](const ItemClass& x, const ItemClass& y) { return x.item.numel > y.item.numel; });
   return classes;
 }
 
+/// Earliest offset at or after `position` at which a member of `item_class`
+/// may start (for a pooled class: the earliest any of its blocks allows), or
+/// ShardPlacer::kNowhere.
+std::int64_t earliestOffset(const ItemClass& item_class, std::int64_t position, const ShardPlacer& placer) {
+  const std::int64_t numel = item_class.item.numel;
+  std::int64_t best = ShardPlacer::kNowhere;
+  for (const Divisor& block : item_class.blocks) {
+    const std::int64_t offset = placer.earliestOffsetOrNowhere(position, numel, block);
+    if (offset != ShardPlacer::kNowhere && (best == ShardPlacer::kNowhere || offset < best)) best = offset;
+  }
+  return best;
+}
+
 /// Offsets of the items from a sequence of (class, offset) placements: the
-/// k-th placement of a class goes to its k-th member.
-std::vector<std::int64_t> offsetsOf(const LayoutProblem& problem, const std::vector<ItemClass>& classes,
-                                    const std::vector<std::pair<std::size_t, std::int64_t>>& placements) {
+/// k-th placement of a plain class or chain goes to its k-th member; in a
+/// pooled class the placements a boundary cuts go first, each to a member
+/// whose blocks allow that cut, then the others in order. Nullopt only
+/// where classes pooled as a relaxation lack such members.
+std::optional<std::vector<std::int64_t>> offsetsOf(const LayoutProblem& problem, const std::vector<ItemClass>& classes,
+                                                   const std::vector<std::pair<std::size_t, std::int64_t>>& placements,
+                                                   std::int64_t shard) {
   std::vector<std::int64_t> offsets(problem.items.size(), 0);
-  std::vector<std::size_t> next(classes.size(), 0);
-  for (const auto& [cls, offset] : placements) offsets[classes[cls].members[next[cls]++]] = offset;
+  std::vector<std::vector<std::int64_t>> placed(classes.size());
+  for (const auto& [cls, offset] : placements) placed[cls].push_back(offset);
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    const ItemClass& item_class = classes[c];
+    if (!item_class.mixed) {
+      for (std::size_t k = 0; k < placed[c].size(); ++k) offsets[item_class.members[k]] = placed[c][k];
+      continue;
+    }
+    // The members by block period (pooled ones first: the largest groups).
+    struct Pool {
+      std::int64_t period;
+      std::vector<std::uint32_t> members;
+      std::size_t next = 0;
+    };
+    std::vector<Pool> pools;
+    for (const std::uint32_t member : item_class.members) {
+      const std::int64_t period = blockPeriod(problem.items[member], problem.align_elems);
+      auto pool = std::find_if(pools.begin(), pools.end(), [&](const Pool& p) { return p.period == period; });
+      if (pool == pools.end()) pool = pools.insert(pools.end(), Pool{period, {}});
+      pool->members.push_back(member);
+    }
+    std::stable_sort(pools.begin(), pools.end(),
+                     [](const Pool& x, const Pool& y) { return x.members.size() > y.members.size(); });
+    const std::int64_t numel = item_class.item.numel;
+    std::vector<char> taken(problem.items.size(), 0);
+    std::vector<std::int64_t> uncut;  // placements no boundary cuts
+    for (const std::int64_t offset : placed[c]) {
+      if ((offset / shard + 1) * shard >= offset + numel) {
+        uncut.push_back(offset);
+        continue;
+      }
+      const auto pool = std::find_if(pools.begin(), pools.end(), [&](const Pool& p) {
+        return p.next < p.members.size() && splitBlocks({numel, p.period}, offset, shard) == 0;
+      });
+      if (pool == pools.end()) return std::nullopt;
+      const std::uint32_t member = pool->members[pool->next++];
+      taken[member] = 1;
+      offsets[member] = offset;
+    }
+    auto member = item_class.members.begin();
+    for (const std::int64_t offset : uncut) {
+      while (taken[*member] != 0) ++member;
+      offsets[*member++] = offset;
+    }
+  }
   return offsets;
 }
 
@@ -76,7 +198,7 @@ class OrderSearch {
   }
 
   std::optional<std::vector<std::int64_t>> run(std::int64_t shard, std::int64_t node_budget, bool* exact) {
-    shard_ = shard;
+    placer_ = ShardPlacer(shard, problem_.align_elems);
     budget_ = node_budget;
     capacity_ = problem_.devices * shard;
     remaining_ = totalNumel(problem_);
@@ -88,7 +210,7 @@ class OrderSearch {
     nodes_used_ = node_budget - std::max<std::int64_t>(budget_, 0);
     if (exact) *exact = budget_ >= 0;
     if (!found) return std::nullopt;
-    return offsetsOf(problem_, classes_, path_);
+    return offsetsOf(problem_, classes_, path_, shard);
   }
 
   /// Nodes visited by the last run.
@@ -116,9 +238,9 @@ class OrderSearch {
     Child* last = first;
     for (std::size_t c = 0; c < classes_.size(); ++c) {
       if (left_[c] == 0) continue;
-      const auto offset = earliestFeasibleOffset(position, classes_[c].item, shard_, problem_.align_elems);
-      if (!offset || *offset + remaining_ > capacity_) continue;  // cannot finish from here
-      *last++ = {*offset - position, c, *offset};
+      const std::int64_t offset = earliestOffset(classes_[c], position, placer_);
+      if (offset == ShardPlacer::kNowhere || offset + remaining_ > capacity_) continue;  // cannot finish from here
+      *last++ = {offset - position, c, offset};
     }
     // Classes are size-sorted and the sort is stable: ties go to the largest.
     std::stable_sort(first, last, [](const Child& x, const Child& y) { return x.waste < y.waste; });
@@ -144,7 +266,7 @@ class OrderSearch {
   std::vector<std::size_t> left_;
   std::unordered_map<std::uint64_t, std::int64_t> best_end_;
   std::vector<std::pair<std::size_t, std::int64_t>> path_;
-  std::int64_t shard_ = 0;
+  ShardPlacer placer_{1, 1};
   std::int64_t capacity_ = 0;
   std::int64_t remaining_ = 0;
   std::int64_t budget_ = 0;
@@ -178,6 +300,7 @@ class BeamSearch {
     const std::size_t class_count = classes_.size();
     const std::int64_t capacity = problem_.devices * shard;
     const std::int64_t total = totalNumel(problem_);
+    const ShardPlacer placer(shard, problem_.align_elems);
     levels_.assign(problem_.items.size() + 1, {});
     levels_[0].push_back(Node{});
     placed_.assign(class_count, 0);  // row per beam entry of the current level
@@ -189,10 +312,10 @@ class BeamSearch {
         const Node& node = level[b];
         for (std::size_t c = 0; c < class_count; ++c) {
           if (placed_[b * class_count + c] == classes_[c].members.size()) continue;
-          const LayoutItem& item = classes_[c].item;
-          const auto offset = earliestFeasibleOffset(node.end, item, shard, problem_.align_elems);
-          if (!offset) continue;
-          const Node child{node.key + keys_[c],          *offset + item.numel, node.placed + item.numel, *offset, b,
+          const std::int64_t numel = classes_[c].item.numel;
+          const std::int64_t offset = earliestOffset(classes_[c], node.end, placer);
+          if (offset == ShardPlacer::kNowhere) continue;
+          const Node child{node.key + keys_[c], offset + numel, node.placed + numel, offset, b,
                            static_cast<std::uint32_t>(c)};
           ++work_;
           if (child.end + (total - child.placed) > capacity) continue;  // cannot finish from here
@@ -215,7 +338,7 @@ class BeamSearch {
       placements[depth - 1] = {node.cls, node.offset};
       entry = node.parent;
     }
-    return offsetsOf(problem_, classes_, placements);
+    return offsetsOf(problem_, classes_, placements, shard);
   }
 
   /// Candidate states generated so far, over every run.
@@ -268,6 +391,14 @@ class BeamSearch {
   std::int64_t work_ = 0;
 };
 
+/// Multisets of placed classes (the exhaustive search's states), as a double:
+/// it may be astronomically many.
+double multisets(const std::vector<ItemClass>& classes) {
+  double states = 1;
+  for (const ItemClass& c : classes) states *= static_cast<double>(c.members.size() + 1);
+  return states;
+}
+
 /// Every order at once for one S: a dynamic program over all multisets of
 /// placed classes, each keeping the earliest end any order of it reaches
 /// (by fact 1 of docs/planner.md the only one that matters). Exact, with
@@ -276,15 +407,19 @@ class BeamSearch {
 /// and a few attention classes has about 500,000). The multisets are numbered
 /// in mixed radix (digit c: placed members of class c), so a multiset's
 /// predecessors have smaller numbers and one pass in order computes them all.
+/// Each keeps its end as the waste before it (end minus the elements
+/// placed): never above the slack V*S - N, or the rest could not fit, so
+/// 4 bytes a multiset where the slack is below 2^32 elements.
 class ExhaustiveSearch {
  public:
-  /// Multisets (and 8-byte ends) it may hold: 32 MiB.
-  static constexpr std::int64_t kExhaustiveStates = std::int64_t{1} << 22;
+  /// Multisets it may hold: 64 MiB of 4-byte wastes (128 MiB of 8-byte
+  /// ones where the slack needs them).
+  static constexpr std::int64_t kExhaustiveStates = std::int64_t{1} << 24;
 
   /// `columns`: the classes of the problem, or (interleavedColumns) some of
   /// them and one chain of the other items, placed in its given order.
   ExhaustiveSearch(const LayoutProblem& problem, std::vector<ItemClass> columns)
-      : problem_(problem), classes_(std::move(columns)) {
+      : problem_(problem), classes_(std::move(columns)), total_(totalNumel(problem)) {
     std::int64_t states = 1;
     for (const ItemClass& column : classes_) {
       stride_.push_back(states);
@@ -292,6 +427,12 @@ class ExhaustiveSearch {
       states = states > kExhaustiveStates / digits ? kExhaustiveStates + 1 : states * digits;
       std::vector<std::int64_t>& prefix = prefix_.emplace_back(1, 0);
       for (const std::uint32_t member : column.members) prefix.push_back(prefix.back() + problem.items[member].numel);
+      std::vector<Divisor>& periods = chain_periods_.emplace_back();
+      if (column.chain) {
+        for (const std::uint32_t member : column.members) {
+          periods.emplace_back(blockPeriod(problem.items[member], problem.align_elems));
+        }
+      }
     }
     states_ = states;
   }
@@ -303,34 +444,55 @@ class ExhaustiveSearch {
 
   /// A layout at `shard` if any order has one; nullopt proves none does.
   std::optional<std::vector<std::int64_t>> run(std::int64_t shard) {
-    constexpr std::int64_t kUnreachable = std::numeric_limits<std::int64_t>::max();
+    if (!fits(shard)) return std::nullopt;
+    return layout();
+  }
+
+  /// Whether any order fits at `shard` (false proves none does).
+  bool fits(std::int64_t shard) {
+    shard_ = shard;
+    slack_ = problem_.devices * shard - total_;
+    narrow_.clear();
+    wide_.clear();
+    if (slack_ < 0) return false;
+    if (slack_ < std::numeric_limits<std::uint32_t>::max()) return fill(narrow_);
+    return fill(wide_);
+  }
+
+  /// After fits() returned true, one order's layout; nullopt only where the
+  /// columns pool classes as a relaxation (classify) and members lack.
+  [[nodiscard]] std::optional<std::vector<std::int64_t>> layout() const {
+    return offsetsOf(problem_, classes_, narrow_.empty() ? walkBack(wide_) : walkBack(narrow_), shard_);
+  }
+
+ private:
+  template <typename Waste>
+  bool fill(std::vector<Waste>& waste) {
+    constexpr Waste kUnreachable = std::numeric_limits<Waste>::max();
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
     const std::size_t class_count = classes_.size();
-    const std::int64_t capacity = problem_.devices * shard;
-    const std::int64_t total = totalNumel(problem_);
-    end_.assign(static_cast<std::size_t>(states_), kUnreachable);
-    end_[0] = 0;
+    const ShardPlacer placer(shard_, problem_.align_elems);
+    waste.assign(static_cast<std::size_t>(states_), kUnreachable);
+    waste[0] = 0;
     std::vector<std::int64_t> placed_of(class_count, 0);  // the current multiset's digits
     std::int64_t placed = 0;                              // its elements
     for (std::int64_t state = 1; state < states_; ++state) {
       placed += increment(placed_of);
-      std::int64_t best = kUnreachable;
+      std::int64_t best = kNone;
       for (std::size_t c = 0; c < class_count; ++c) {
         if (placed_of[c] == 0) continue;
-        const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
-        if (before == kUnreachable) continue;
-        const LayoutItem& item = itemAt(c, placed_of[c]);
-        if (const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems)) {
-          best = std::min(best, *offset + item.numel);
-        }
+        const Waste before_waste = waste[static_cast<std::size_t>(state - stride_[c])];
+        if (before_waste == kUnreachable) continue;
+        const std::int64_t numel = numelAt(c, placed_of[c]);
+        const std::int64_t offset = offsetAt(c, placed_of[c], placed - numel + before_waste, placer);
+        if (offset != ShardPlacer::kNowhere) best = std::min(best, offset + numel);
       }
       // The rest, back to back at the least, must still fit.
-      if (best != kUnreachable && best + (total - placed) <= capacity) end_[static_cast<std::size_t>(state)] = best;
+      if (best != kNone && best - placed <= slack_) waste[static_cast<std::size_t>(state)] = static_cast<Waste>(best - placed);
     }
-    if (end_.back() == kUnreachable) return std::nullopt;
-    return offsetsOf(problem_, classes_, walkBack(shard));
+    return waste.back() != kUnreachable;
   }
 
- private:
   /// Next multiset in mixed radix; returns the change in elements placed.
   std::int64_t increment(std::vector<std::int64_t>& digits) const {
     std::int64_t change = 0;
@@ -346,28 +508,43 @@ class ExhaustiveSearch {
     return change;
   }
 
-  /// The item a column places when its digit becomes `digit` (1-based).
-  const LayoutItem& itemAt(std::size_t column, std::int64_t digit) const {
-    return problem_.items[classes_[column].members[static_cast<std::size_t>(digit) - 1]];
+  /// Where a column places its item when its digit becomes `digit` (1-based),
+  /// from `position` on, and that item's length.
+  std::int64_t offsetAt(std::size_t column, std::int64_t digit, std::int64_t position,
+                        const ShardPlacer& placer) const {
+    const ItemClass& c = classes_[column];
+    if (!c.chain) return earliestOffset(c, position, placer);
+    const auto member = static_cast<std::size_t>(digit) - 1;
+    return placer.earliestOffsetOrNowhere(position, problem_.items[c.members[member]].numel,
+                                          chain_periods_[column][member]);
+  }
+  std::int64_t numelAt(std::size_t column, std::int64_t digit) const {
+    const ItemClass& c = classes_[column];
+    return c.chain ? problem_.items[c.members[static_cast<std::size_t>(digit) - 1]].numel : c.item.numel;
   }
 
   /// The placements of one order reaching the full multiset's end, rebuilt
-  /// from the ends (a predecessor whose earliest placement gives this end).
-  std::vector<std::pair<std::size_t, std::int64_t>> walkBack(std::int64_t shard) const {
+  /// from the wastes (a predecessor whose earliest placement gives this end).
+  template <typename Waste>
+  std::vector<std::pair<std::size_t, std::int64_t>> walkBack(const std::vector<Waste>& waste) const {
+    const ShardPlacer placer(shard_, problem_.align_elems);
     std::vector<std::pair<std::size_t, std::int64_t>> placements;
     std::vector<std::int64_t> digits;
     for (const ItemClass& item_class : classes_) digits.push_back(static_cast<std::int64_t>(item_class.members.size()));
+    std::int64_t placed = total_;
     for (std::int64_t state = states_ - 1; state > 0;) {
+      const std::int64_t end = placed + waste[static_cast<std::size_t>(state)];
       for (std::size_t c = 0; c < classes_.size(); ++c) {
         if (digits[c] == 0) continue;
-        const std::int64_t before = end_[static_cast<std::size_t>(state - stride_[c])];
-        if (before == std::numeric_limits<std::int64_t>::max()) continue;
-        const LayoutItem& item = itemAt(c, digits[c]);
-        const auto offset = earliestFeasibleOffset(before, item, shard, problem_.align_elems);
-        if (!offset || *offset + item.numel != end_[static_cast<std::size_t>(state)]) continue;
-        placements.emplace_back(c, *offset);
+        const Waste before_waste = waste[static_cast<std::size_t>(state - stride_[c])];
+        if (before_waste == std::numeric_limits<Waste>::max()) continue;
+        const std::int64_t numel = numelAt(c, digits[c]);
+        const std::int64_t offset = offsetAt(c, digits[c], placed - numel + before_waste, placer);
+        if (offset == ShardPlacer::kNowhere || offset + numel != end) continue;
+        placements.emplace_back(c, offset);
         --digits[c];
         state -= stride_[c];
+        placed -= numel;
         break;
       }
     }
@@ -376,11 +553,16 @@ class ExhaustiveSearch {
   }
 
   const LayoutProblem& problem_;
-  std::vector<ItemClass> classes_;                 // columns
-  std::vector<std::vector<std::int64_t>> prefix_;  // per column: elements of its first k members
+  std::vector<ItemClass> classes_;                   // columns
+  std::int64_t total_;                               // elements of the problem
+  std::vector<std::vector<std::int64_t>> prefix_;    // per column: elements of its first k members
+  std::vector<std::vector<Divisor>> chain_periods_;  // per chain column: its members' block periods
   std::vector<std::int64_t> stride_;
   std::int64_t states_ = 1;
-  std::vector<std::int64_t> end_;
+  std::int64_t shard_ = 0;  // of the last run
+  std::int64_t slack_ = 0;  // V*S - N at it
+  std::vector<std::uint32_t> narrow_;  // per multiset, its waste; one of the two holds the last run's
+  std::vector<std::int64_t> wide_;
 };
 
 /// Columns for an exhaustive search affordable where the full one is not:
@@ -406,7 +588,7 @@ std::vector<ItemClass> interleavedColumns(const std::vector<ItemClass>& classes,
   }
   const double cost = heavy_states * static_cast<double>(chained + 1) * static_cast<double>(heavy.size() + 1);
   if (chained == 0 || cost > static_cast<double>(work)) return {};
-  ItemClass chain{{}, {}};              // its item: the first member's (columns use each member's own)
+  ItemClass chain{{}, {}, {}, false, true};    // its item: the first member's (it places each member's own)
   for (const ItemClass& c : classes) {  // size-sorted
     if (std::none_of(heavy.begin(), heavy.end(), [&](const ItemClass& h) { return h.members == c.members; })) {
       if (chain.members.empty()) chain.item = c.item;
@@ -678,9 +860,11 @@ std::vector<PeriodicSizes> heavySizes(const LayoutProblem& problem, const std::v
                                       std::size_t count) {
   std::vector<std::pair<std::int64_t, std::int64_t>> mass_period;
   for (const ItemClass& item_class : classes) {
-    const std::int64_t period = lcm64(problem.align_elems, item_class.item.granularity);
-    if (period <= problem.align_elems) continue;
-    mass_period.emplace_back(item_class.item.numel * static_cast<std::int64_t>(item_class.members.size()), period);
+    for (const Divisor& block : item_class.blocks) {
+      const std::int64_t period = lcm64(problem.align_elems, block.value());
+      if (period <= problem.align_elems) continue;
+      mass_period.emplace_back(item_class.item.numel * static_cast<std::int64_t>(item_class.members.size()), period);
+    }
   }
   std::sort(mass_period.rbegin(), mass_period.rend());
   std::vector<PeriodicSizes> sets;
@@ -899,13 +1083,17 @@ class SizeSearch {
   /// exhaustive run on it.
   struct Relaxation {
     LayoutProblem problem;
+    std::set<std::int64_t> pooled_lengths;  ///< classify's: pooled whatever their counts
     bool relaxes = false;
     std::int64_t cost = 0;
+
+    [[nodiscard]] std::vector<ItemClass> classes() const { return classify(problem, pooled_lengths); }
+    [[nodiscard]] std::int64_t states() const { return ExhaustiveSearch(problem, classes()).states(); }
   };
   enum class Shrinking : std::uint8_t {
     kLeaveOut,             ///< the lightest classes left out, up to 1% of the elements
-    kLeaveOutLittleMerge,  ///< fewer left out (see relaxationBetween), then classes of one length merged
-    kMergeLeaveOutLittle,  ///< classes of one length merged, then fewer left out
+    kMergeLeaveOutLittle,  ///< classes of one length merged, then fewer left out (see relaxationBetween)
+    kPoolLeaveOutLittle,   ///< lengths pooled, then fewer left out
   };
 
   /// With SearchOptions::proof_work: bisection with the exhaustive search
@@ -916,16 +1104,17 @@ class SizeSearch {
   /// problem; where there is none, a layout found is the new result. Where
   /// the classes must shrink, up to three relaxations in turn: none is the
   /// tighter on every unit (tensors left out are room the relaxation gains;
-  /// merged classes, blocks it frees).
+  /// pooled lengths, the blocks of a few tensors that every tensor of their
+  /// length gets).
   void proveExhaustively(std::int64_t& work) {
     const std::int64_t open = refutations_.provenBound(bound_);
     if (work <= 0 || open >= best_->layout.shard_elems) return;
     std::vector<Relaxation> relaxations;
     for (const Shrinking shrinking :
-         {Shrinking::kLeaveOut, Shrinking::kLeaveOutLittleMerge, Shrinking::kMergeLeaveOutLittle}) {
+         {Shrinking::kLeaveOut, Shrinking::kMergeLeaveOutLittle, Shrinking::kPoolLeaveOutLittle}) {
       Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems, shrinking);
       const bool seen = std::any_of(relaxations.begin(), relaxations.end(), [&](const Relaxation& known) {
-        return sameItems(known.problem, relaxation.problem);
+        return known.pooled_lengths == relaxation.pooled_lengths && sameItems(known.problem, relaxation.problem);
       });
       if (!seen && relaxation.cost > 0) relaxations.push_back(std::move(relaxation));
     }
@@ -954,8 +1143,7 @@ class SizeSearch {
     // Named members, not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
     const LayoutProblem& relaxed = relaxation.problem;
     const bool relaxes = relaxation.relaxes;
-    const std::vector<ItemClass> classes = classify(relaxed);
-    ExhaustiveSearch search(relaxed, classes);
+    ExhaustiveSearch search(relaxed, relaxation.classes());
     if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
     const PeriodicSizes exceptions = exceptionalSizes(problem_, relaxed.items);
     // A size at which `search` runs: false once the work runs out.
@@ -963,10 +1151,13 @@ class SizeSearch {
       if (work < search.cost()) return false;
       work -= search.cost();
       ++sizes_tried_;
-      auto offsets = search.run(shard);
-      fits = offsets.has_value();
+      fits = search.fits(shard);
       if (!fits) refutations_.add(shard);
-      if (fits && !relaxes) record(shard, Attempt{std::move(offsets), Strategy::kExhaustiveSearch, false, false});
+      if (fits && !relaxes) {
+        if (auto offsets = search.layout()) {
+          record(shard, Attempt{std::move(offsets), Strategy::kExhaustiveSearch, false, false});
+        }
+      }
       return true;
     };
     std::int64_t refuted = 0;  // every size up to it but `exceptions` is ruled out
@@ -996,7 +1187,7 @@ class SizeSearch {
   /// (`cost` 0: still too many multisets for the search.)
   Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking) const {
     constexpr std::int64_t kExceptionalChecks = 8;
-    Relaxation relaxation{problem_, false, 0};
+    Relaxation relaxation{problem_, {}, false, 0};
     for (LayoutItem& item : relaxation.problem.items) {
       const std::int64_t period = lcm64(problem_.align_elems, item.granularity);
       const std::int64_t below = std::min(to, item.numel);
@@ -1007,7 +1198,7 @@ class SizeSearch {
       }
     }
     // Tensors left out are room the relaxation gains at every size: where
-    // classes are merged as well, at most a quarter of what the range
+    // lengths are pooled as well, at most a quarter of what the range
     // [from, to) adds on all ranks, or it fits at every size there.
     const std::int64_t one_percent = totalNumel(problem_) / 100;
     const std::int64_t little = std::min(one_percent, (to - from) * problem_.devices / 4);
@@ -1015,46 +1206,55 @@ class SizeSearch {
       case Shrinking::kLeaveOut:
         leaveOutLightClasses(relaxation, one_percent);
         break;
-      case Shrinking::kLeaveOutLittleMerge:
-        leaveOutLightClasses(relaxation, little);
-        mergeClassesOfOneLength(relaxation);
-        break;
       case Shrinking::kMergeLeaveOutLittle:
         mergeClassesOfOneLength(relaxation);
         leaveOutLightClasses(relaxation, little);
         break;
+      case Shrinking::kPoolLeaveOutLittle:
+        poolLengths(relaxation);
+        leaveOutLightClasses(relaxation, little);
+        break;
     }
-    const ExhaustiveSearch search(relaxation.problem, classify(relaxation.problem));
+    const ExhaustiveSearch search(relaxation.problem, relaxation.classes());
     if (search.states() <= ExhaustiveSearch::kExhaustiveStates) relaxation.cost = search.cost();
     return relaxation;
   }
 
   /// While the unit has too many multisets for the exhaustive search, two
-  /// classes of one length become one, their blocks the gcd of both (every
-  /// cut either allowed is allowed): first the pair whose blocks shrink the
-  /// least, which keeps what constrains the layout most (an expert's blocks
-  /// of rows, say, where its neighbours were unsplittable).
+  /// classes of one length become one whose block is the gcd of theirs
+  /// (every cut either allowed is allowed): first the pair where the fewest
+  /// tensors gain cuts, then the pair whose blocks shrink least. So a few
+  /// shared experts' fine blocks are lent to a few other tensors before the
+  /// routed experts' ones are to hundreds.
   static void mergeClassesOfOneLength(Relaxation& relaxation) {
     for (;;) {
-      const std::vector<ItemClass> classes = classify(relaxation.problem);
-      if (ExhaustiveSearch(relaxation.problem, classes).states() <= ExhaustiveSearch::kExhaustiveStates) return;
+      const std::vector<ItemClass> classes = relaxation.classes();
+      if (multisets(classes) <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates)) return;
+      const auto finest = [](const ItemClass& c) {
+        std::int64_t block = c.blocks.front().value();
+        for (const Divisor& b : c.blocks) block = std::min(block, b.value());
+        return block;
+      };
       const ItemClass* first = nullptr;
       const ItemClass* second = nullptr;
-      double kept = 0;  // the merged block over the coarser of the two
+      std::int64_t merged = 0;
+      std::pair<std::size_t, double> least{std::numeric_limits<std::size_t>::max(), 0};  // (gaining, kept)
       for (std::size_t i = 0; i < classes.size(); ++i) {
         for (std::size_t j = i + 1; j < classes.size() && classes[j].item.numel == classes[i].item.numel; ++j) {
-          const std::int64_t coarser = std::max(classes[i].item.granularity, classes[j].item.granularity);
-          const double share = static_cast<double>(std::gcd(classes[i].item.granularity, classes[j].item.granularity)) /
-                               static_cast<double>(coarser);
-          if (share > kept) {
+          const std::int64_t block = std::gcd(finest(classes[i]), finest(classes[j]));
+          std::size_t gaining = 0;  // tensors whose cuts the merge adds to
+          for (const ItemClass* c : {&classes[i], &classes[j]}) gaining += finest(*c) != block ? c->members.size() : 0;
+          const double kept = static_cast<double>(block) /
+                              static_cast<double>(std::max(finest(classes[i]), finest(classes[j])));
+          if (gaining < least.first || (gaining == least.first && kept > least.second)) {
+            least = {gaining, kept};
             first = &classes[i];
             second = &classes[j];
-            kept = share;
+            merged = block;
           }
         }
       }
       if (first == nullptr) return;
-      const std::int64_t merged = std::gcd(first->item.granularity, second->item.granularity);
       for (const ItemClass* c : {first, second}) {
         for (const std::uint32_t member : c->members) relaxation.problem.items[member].granularity = merged;
       }
@@ -1062,15 +1262,40 @@ class SizeSearch {
     }
   }
 
+  /// While the unit has too many multisets for the exhaustive search, the
+  /// items of one length are pooled whatever their counts (classify): the
+  /// blocks of a few of them, finer than the rest of their length's, are lent
+  /// to all of them. The length whose pooling leaves the fewest multisets
+  /// first.
+  static void poolLengths(Relaxation& relaxation) {
+    std::set<std::int64_t> lengths;
+    for (const LayoutItem& item : relaxation.problem.items) lengths.insert(item.numel);
+    for (double states = multisets(relaxation.classes());
+         states > static_cast<double>(ExhaustiveSearch::kExhaustiveStates);) {
+      std::optional<std::int64_t> fewest;
+      for (const std::int64_t length : lengths) {
+        if (!relaxation.pooled_lengths.insert(length).second) continue;
+        const double pooled = multisets(relaxation.classes());
+        relaxation.pooled_lengths.erase(length);
+        if (pooled < states) {
+          states = pooled;
+          fewest = length;
+        }
+      }
+      if (!fewest) return;
+      relaxation.pooled_lengths.insert(*fewest);
+      relaxation.relaxes = true;
+    }
+  }
+
   static void leaveOutLightClasses(Relaxation& relaxation, std::int64_t allowed) {
-    std::vector<ItemClass> classes = classify(relaxation.problem);
-    if (ExhaustiveSearch(relaxation.problem, classes).states() <= ExhaustiveSearch::kExhaustiveStates) return;
+    std::vector<ItemClass> classes = relaxation.classes();
+    if (multisets(classes) <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates)) return;
     const auto mass = [](const ItemClass& c) { return c.item.numel * static_cast<std::int64_t>(c.members.size()); };
     std::sort(classes.begin(), classes.end(),
               [&](const ItemClass& x, const ItemClass& y) { return mass(x) < mass(y); });
     std::vector<char> left_out(relaxation.problem.items.size(), 0);
-    double states = 1;
-    for (const ItemClass& c : classes) states *= static_cast<double>(c.members.size() + 1);
+    double states = multisets(classes);
     for (const ItemClass& c : classes) {
       if (states <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates) || mass(c) > allowed) break;
       allowed -= mass(c);
