@@ -1,6 +1,7 @@
 #include "dbuf/planner/search.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -108,6 +109,7 @@ std::int64_t earliestOffset(const ItemClass& item_class, std::int64_t position, 
   std::int64_t best = ShardPlacer::kNowhere;
   for (const Divisor& block : item_class.blocks) {
     const std::int64_t offset = placer.earliestOffsetOrNowhere(position, numel, block);
+    if (offset == position) return offset;  // nothing starts earlier (the common case: no cut)
     if (offset != ShardPlacer::kNowhere && (best == ShardPlacer::kNowhere || offset < best)) best = offset;
   }
   return best;
@@ -615,6 +617,9 @@ struct Attempt {
   Strategy strategy = Strategy::kGivenOrder;
   bool refuted = false;   ///< an exact order search proved that no order fits
   bool searched = false;  ///< the order search ran (or an exhaustive search)
+  /// Every strategy the sizes near the result get ran here too (or a
+  /// lighter one of the same kind): a failure says as much as one there.
+  bool thorough = false;
 };
 
 /// How far Portfolio::at goes at one size.
@@ -656,13 +661,17 @@ class Portfolio {
           if (exhaustive_->cost() > options.exhaustive_work) exhaustive_.reset();
           break;
         case Strategy::kInterleavedSearch:
-          buildInterleaved();
+          build(settling_, options.interleave_work);
+          build(probing_, options.interleave_work / 4);
           break;
         default:
           fixed_.emplace_back(strategy, fixedOrder(problem, strategy));
       }
     }
-    if (exhaustive_) interleaved_.reset();  // it runs at every size already
+    if (exhaustive_) {  // it runs at every size already
+      settling_.search.reset();
+      probing_.search.reset();
+    }
     if (fixed_.empty() && !canScan() && !canProbe()) {
       // Only an exhaustive search too large for this unit: the given order stands in.
       fixed_.emplace_back(Strategy::kGivenOrder, fixedOrder(problem, Strategy::kGivenOrder));
@@ -675,7 +684,7 @@ class Portfolio {
   /// A strategy that settles a size on its own (the beam, or the exhaustive
   /// search where the unit is small enough for it): the size search may jump.
   [[nodiscard]] bool canProbe() const noexcept {
-    return has_beam_ || exhaustive_.has_value() || interleaved_.has_value();
+    return has_beam_ || exhaustive_.has_value() || settling_.search.has_value();
   }
   [[nodiscard]] const std::vector<ItemClass>& classes() const noexcept { return classes_; }
 
@@ -710,30 +719,26 @@ class Portfolio {
       order_search_useful_ = order_search_useful_ && (exact || attempt.offsets || !has_beam_);
       if (attempt.offsets) return attempt;
     }
-    // Without the beam it does the beam's part too, as often as it takes.
-    const bool settle = interleaved_ && (has_beam_ ? reach == Reach::kSettle && interleaved_runs_ < kInterleavedRuns
-                                                   : reach != Reach::kScan);
-    // Exact, it goes first (a failure settles the size); else after the
+    // Without the beam the settling search does the beam's part too, as
+    // often as it takes. With it, the probe has a lighter search of its own,
+    // which the sizes near the result try before the settling one.
+    if (!has_beam_) return reach != Reach::kScan && settling_.search ? cappedAt(settling_, shard) : attempt;
+    if (reach == Reach::kScan) return attempt;
+    const auto runs = [](const CappedSearch& c) { return c.search && c.runs < kInterleavedRuns; };
+    // Exact, they go first (a failure settles the size); else after the
     // beam, which is cheaper and often enough.
-    if (settle && interleaved_exact_) return interleavedAt(shard);
-    if (reach != Reach::kScan && has_beam_) {
-      attempt.offsets = beam_.run(shard);
-      attempt.strategy = Strategy::kBeamSearch;
-      if (attempt.offsets) return attempt;
+    if (runs(probing_) && probing_.exact) return cappedAt(probing_, shard);
+    if (reach == Reach::kSettle && runs(settling_) && settling_.exact) return cappedAt(settling_, shard);
+    attempt.offsets = beam_.run(shard);
+    attempt.strategy = Strategy::kBeamSearch;
+    if (attempt.offsets) return attempt;
+    attempt.thorough = !settling_.search;
+    if (runs(probing_)) {
+      attempt = cappedAt(probing_, shard);
+      attempt.thorough = true;
+      if (attempt.offsets || reach == Reach::kProbe) return attempt;
     }
-    if (settle) return interleavedAt(shard);
-    return attempt;
-  }
-
-  /// The interleaved search alone (or the exhaustive one in its place).
-  Attempt interleavedAt(std::int64_t shard) {
-    Attempt attempt;
-    ++interleaved_runs_;
-    work_ += interleaved_->cost();
-    attempt.offsets = interleaved_->run(shard);
-    attempt.strategy = interleaved_exact_ ? Strategy::kExhaustiveSearch : Strategy::kInterleavedSearch;
-    attempt.searched = interleaved_exact_;
-    attempt.refuted = interleaved_exact_ && !attempt.offsets;
+    if (reach == Reach::kSettle && runs(settling_)) return cappedAt(settling_, shard);
     return attempt;
   }
 
@@ -762,17 +767,32 @@ class Portfolio {
   }
 
  private:
-  /// The exhaustive search for the sizes near the result (Reach::kSettle),
-  /// where one run costs at most interleave_work (it is exact: it refutes
-  /// sizes), else the interleaved search within that cost.
-  void buildInterleaved() {
-    interleaved_.emplace(problem_, classes_);
-    interleaved_exact_ = interleaved_->cost() <= options_.interleave_work;
-    if (interleaved_exact_) return;
-    interleaved_.reset();
-    if (auto columns = interleavedColumns(classes_, options_.interleave_work); !columns.empty()) {
-      interleaved_.emplace(problem_, std::move(columns));
+  /// The exhaustive search where one run costs at most `work` (exact: it
+  /// refutes sizes), else the interleaved search within that cost, if any.
+  struct CappedSearch {
+    std::optional<ExhaustiveSearch> search;
+    bool exact = false;
+    int runs = 0;
+  };
+  void build(CappedSearch& capped, std::int64_t work) const {
+    capped.search.emplace(problem_, classes_);
+    capped.exact = capped.search->cost() <= work;
+    if (capped.exact) return;
+    capped.search.reset();
+    if (auto columns = interleavedColumns(classes_, work); !columns.empty()) {
+      capped.search.emplace(problem_, std::move(columns));
     }
+  }
+
+  Attempt cappedAt(CappedSearch& capped, std::int64_t shard) {
+    Attempt attempt;
+    ++capped.runs;
+    work_ += capped.search->cost();
+    attempt.offsets = capped.search->run(shard);
+    attempt.strategy = capped.exact ? Strategy::kExhaustiveSearch : Strategy::kInterleavedSearch;
+    attempt.searched = capped.exact;
+    attempt.refuted = capped.exact && !attempt.offsets;
+    return attempt;
   }
 
   const LayoutProblem& problem_;
@@ -783,9 +803,10 @@ class Portfolio {
   OrderSearch order_search_;
   BeamSearch beam_;
   std::optional<ExhaustiveSearch> exhaustive_;
-  std::optional<ExhaustiveSearch> interleaved_;  // where exhaustive_ costs too much
-  bool interleaved_exact_ = false;               // interleaved_ is the whole exhaustive search
-  int interleaved_runs_ = 0;
+  // Where exhaustive_ costs too much: within interleave_work at the sizes
+  // near the result, within a quarter of it at the probe's.
+  CappedSearch settling_;
+  CappedSearch probing_;
   bool has_order_search_ = false;
   bool has_beam_ = false;
   bool order_search_useful_ = true;
@@ -939,10 +960,14 @@ class SizeSearch {
     if (!scanUpward(options_.scan_work)) probe();
     // Without the beam scanUpward went on, coarser, until something fitted.
     if (portfolio_.canProbe() && searched_to_ < best_->layout.shard_elems) {
-      // The order search has not seen every size below the result.
+      // The order search has not seen every size below the result. Where the
+      // heaviest classes straddle every boundary without a gap (a MoE
+      // layer's experts) bisection lands between the sizes that allow it:
+      // they go first, while the searches near the result have runs left.
+      tryPeriodicSizes(heavy_);
       bisect();
       bisectOnLattice();
-      tryPeriodicSizes();
+      tryPeriodicSizes({exceptional_});
     }
     scanFixedOrdersBelowBest();
     std::int64_t proof_work = options_.proof_work;
@@ -985,21 +1010,34 @@ class SizeSearch {
     std::int64_t step = std::max(problem_.align_elems, roundUp(bound_ >> 12, problem_.align_elems));
     for (std::int64_t shard = scanned_to_;; shard = nextPlaceableShard(problem_, shard + step), step *= 2) {
       if (attempt(shard, Reach::kProbe)) return;
-      probed_below_ = shard;
+      // Where the probe's searches are weaker than the bisection's, its
+      // failures prove little: the bisection starts lower.
+      if (last_thorough_) probed_below_ = shard;
     }
   }
 
   /// Halves the interval between the last size that failed and the best, at
   /// ordinary sizes (where feasibility is monotone).
   void bisect() {
+    // Once the attempts are dear (a run of an interleaved or exhaustive
+    // search over a MoE layer: about 1 ms), the last halvings cost one each
+    // for a hundredth of a percent: the bisection stops there (proofs, when
+    // asked for, go on from the bound it leaves).
+    constexpr std::int64_t kPrecision = 10000;
+    // A heuristic's failures prove nothing either, so only cheap exact
+    // searches go on to the last element.
+    const std::int64_t dear = options_.interleave_work / 4;
     std::int64_t low = probed_below_ > 0 ? probed_below_ : searched_to_ - problem_.align_elems;
-    for (;;) {
+    for (std::int64_t last_cost = 0;;) {
       const std::int64_t above = low + problem_.align_elems;
       const std::int64_t best = best_->layout.shard_elems;
+      if ((last_cost > dear || !last_searched_) && best - low <= best / kPrecision) return;
       const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best - low) / 2), best);
       const std::int64_t next = middle < best ? middle : ordinaryAtOrAbove(above, best);
       if (next >= best_->layout.shard_elems) return;
+      const std::int64_t before = portfolio_.work();
       if (ruledOut(next) || !attempt(next, Reach::kSettle)) low = next;
+      last_cost = portfolio_.work() - before;
     }
   }
 
@@ -1031,15 +1069,13 @@ class SizeSearch {
     }
   }
 
-  /// Heavy sizes below the best, the heaviest class's first (each success
-  /// narrows the range for the next), then the exceptional ones upwards:
-  /// where the heavy classes pack without gaps, and where feasibility may
-  /// jump down. The order search runs at each, whatever it did elsewhere.
-  void tryPeriodicSizes() {
+  /// The sizes of `sets` below the best, upwards, set by set (each success
+  /// narrows the range for the next): the heavy ones, where the heaviest
+  /// classes pack without gaps, or the exceptional ones, where feasibility
+  /// may jump down. The order search runs at each, whatever it did elsewhere.
+  void tryPeriodicSizes(const std::vector<PeriodicSizes>& sets) {
     const std::int64_t limit = portfolio_.work() + options_.scan_work;
     std::int64_t skipped = 0;  // sizes ruled out: a unit of work each, so that the walk ends
-    std::vector<PeriodicSizes> sets = heavy_;
-    sets.push_back(exceptional_);
     for (const PeriodicSizes& sizes : sets) {
       for (std::int64_t shard = sizes.next(searched_to_, best_->layout.shard_elems); shard < best_->layout.shard_elems;
            shard = sizes.next(shard + problem_.align_elems, best_->layout.shard_elems)) {
@@ -1083,6 +1119,7 @@ class SizeSearch {
   /// exhaustive run on it.
   struct Relaxation {
     LayoutProblem problem;
+    std::int64_t max_states;                ///< what its classes are shrunk to
     std::set<std::int64_t> pooled_lengths;  ///< classify's: pooled whatever their counts
     bool relaxes = false;
     std::int64_t cost = 0;
@@ -1109,10 +1146,19 @@ class SizeSearch {
   void proveExhaustively(std::int64_t& work) {
     const std::int64_t open = refutations_.provenBound(bound_);
     if (work <= 0 || open >= best_->layout.shard_elems) return;
+    constexpr std::array kShrinkings{Shrinking::kLeaveOut, Shrinking::kMergeLeaveOutLittle,
+                                     Shrinking::kPoolLeaveOutLittle};
+    // A few runs for each relaxation: the first, just below the result,
+    // refutes the whole range where the result is optimal; a tighter
+    // relaxation too dear to run at all proves nothing.
+    constexpr std::int64_t kRunsEach = 4;
+    const auto columns = static_cast<std::int64_t>(portfolio_.classes().size());
+    const std::int64_t max_states =
+        std::clamp<std::int64_t>(work / static_cast<std::int64_t>(kShrinkings.size()) / (kRunsEach * columns),
+                                 std::int64_t{1} << 16, ExhaustiveSearch::kExhaustiveStates);
     std::vector<Relaxation> relaxations;
-    for (const Shrinking shrinking :
-         {Shrinking::kLeaveOut, Shrinking::kMergeLeaveOutLittle, Shrinking::kPoolLeaveOutLittle}) {
-      Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems, shrinking);
+    for (const Shrinking shrinking : kShrinkings) {
+      Relaxation relaxation = relaxationBetween(open, best_->layout.shard_elems, shrinking, max_states);
       const bool seen = std::any_of(relaxations.begin(), relaxations.end(), [&](const Relaxation& known) {
         return known.pooled_lengths == relaxation.pooled_lengths && sameItems(known.problem, relaxation.problem);
       });
@@ -1144,7 +1190,7 @@ class SizeSearch {
     const LayoutProblem& relaxed = relaxation.problem;
     const bool relaxes = relaxation.relaxes;
     ExhaustiveSearch search(relaxed, relaxation.classes());
-    if (search.states() > ExhaustiveSearch::kExhaustiveStates) return;
+    if (search.states() > relaxation.max_states) return;
     const PeriodicSizes exceptions = exceptionalSizes(problem_, relaxed.items);
     // A size at which `search` runs: false once the work runs out.
     const auto decide = [&](std::int64_t shard, bool& fits) {
@@ -1185,9 +1231,10 @@ class SizeSearch {
   }
 
   /// (`cost` 0: still too many multisets for the search.)
-  Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking) const {
+  Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking,
+                                std::int64_t max_states) const {
     constexpr std::int64_t kExceptionalChecks = 8;
-    Relaxation relaxation{problem_, {}, false, 0};
+    Relaxation relaxation{problem_, max_states, {}, false, 0};
     for (LayoutItem& item : relaxation.problem.items) {
       const std::int64_t period = lcm64(problem_.align_elems, item.granularity);
       const std::int64_t below = std::min(to, item.numel);
@@ -1216,7 +1263,7 @@ class SizeSearch {
         break;
     }
     const ExhaustiveSearch search(relaxation.problem, relaxation.classes());
-    if (search.states() <= ExhaustiveSearch::kExhaustiveStates) relaxation.cost = search.cost();
+    if (search.states() <= max_states) relaxation.cost = search.cost();
     return relaxation;
   }
 
@@ -1229,7 +1276,7 @@ class SizeSearch {
   static void mergeClassesOfOneLength(Relaxation& relaxation) {
     for (;;) {
       const std::vector<ItemClass> classes = relaxation.classes();
-      if (multisets(classes) <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates)) return;
+      if (multisets(classes) <= static_cast<double>(relaxation.max_states)) return;
       const auto finest = [](const ItemClass& c) {
         std::int64_t block = c.blocks.front().value();
         for (const Divisor& b : c.blocks) block = std::min(block, b.value());
@@ -1271,7 +1318,7 @@ class SizeSearch {
     std::set<std::int64_t> lengths;
     for (const LayoutItem& item : relaxation.problem.items) lengths.insert(item.numel);
     for (double states = multisets(relaxation.classes());
-         states > static_cast<double>(ExhaustiveSearch::kExhaustiveStates);) {
+         states > static_cast<double>(relaxation.max_states);) {
       std::optional<std::int64_t> fewest;
       for (const std::int64_t length : lengths) {
         if (!relaxation.pooled_lengths.insert(length).second) continue;
@@ -1290,14 +1337,14 @@ class SizeSearch {
 
   static void leaveOutLightClasses(Relaxation& relaxation, std::int64_t allowed) {
     std::vector<ItemClass> classes = relaxation.classes();
-    if (multisets(classes) <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates)) return;
+    if (multisets(classes) <= static_cast<double>(relaxation.max_states)) return;
     const auto mass = [](const ItemClass& c) { return c.item.numel * static_cast<std::int64_t>(c.members.size()); };
     std::sort(classes.begin(), classes.end(),
               [&](const ItemClass& x, const ItemClass& y) { return mass(x) < mass(y); });
     std::vector<char> left_out(relaxation.problem.items.size(), 0);
     double states = multisets(classes);
     for (const ItemClass& c : classes) {
-      if (states <= static_cast<double>(ExhaustiveSearch::kExhaustiveStates) || mass(c) > allowed) break;
+      if (states <= static_cast<double>(relaxation.max_states) || mass(c) > allowed) break;
       allowed -= mass(c);
       states /= static_cast<double>(c.members.size() + 1);
       for (const std::uint32_t member : c.members) left_out[member] = 1;
@@ -1366,6 +1413,7 @@ class SizeSearch {
     ++sizes_tried_;
     Attempt found = portfolio_.at(shard, reach, insist);
     last_searched_ = found.searched;
+    last_thorough_ = found.thorough || found.refuted;
     if (found.refuted) refutations_.add(shard);
     if (!found.offsets) return false;
     record(shard, std::move(found));
@@ -1399,6 +1447,7 @@ class SizeSearch {
   std::int64_t scanned_to_ = 0;  // every size below was tried by the fixed orders
   std::int64_t searched_to_ = std::numeric_limits<std::int64_t>::max();  // ... and by the order search
   bool last_searched_ = false;
+  bool last_thorough_ = false;
   std::int64_t probed_below_ = 0;
   std::int64_t sizes_tried_ = 0;
   bool complete_ = true;
