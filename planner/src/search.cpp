@@ -1019,19 +1019,20 @@ class SizeSearch {
   /// Halves the interval between the last size that failed and the best, at
   /// ordinary sizes (where feasibility is monotone).
   void bisect() {
-    // Once the attempts are dear (a run of an interleaved or exhaustive
-    // search over a MoE layer: about 1 ms), the last halvings cost one each
-    // for a hundredth of a percent: the bisection stops there (proofs, when
-    // asked for, go on from the bound it leaves).
-    constexpr std::int64_t kPrecision = 10000;
-    // A heuristic's failures prove nothing either, so only cheap exact
-    // searches go on to the last element.
-    const std::int64_t dear = options_.interleave_work / 4;
+    // The last halvings gain ever less: a twentieth of a percent where an
+    // attempt is dear (a run of an interleaved or exhaustive search over a
+    // MoE layer, about 1 ms), a hundredth where it is a heuristic (its
+    // failures prove nothing); only cheap exact searches go on to the last
+    // element. (Proofs, when asked for, go on from the bound it leaves.)
+    const auto precision = [&](std::int64_t last_cost) -> std::int64_t {
+      if (last_cost > options_.interleave_work / 4) return 2000;
+      return last_searched_ ? 0 : 10000;
+    };
     std::int64_t low = probed_below_ > 0 ? probed_below_ : searched_to_ - problem_.align_elems;
     for (std::int64_t last_cost = 0;;) {
       const std::int64_t above = low + problem_.align_elems;
       const std::int64_t best = best_->layout.shard_elems;
-      if ((last_cost > dear || !last_searched_) && best - low <= best / kPrecision) return;
+      if (const std::int64_t parts = precision(last_cost); parts > 0 && best - low <= best / parts) return;
       const std::int64_t middle = ordinaryAtOrAbove(std::max(above, low + (best - low) / 2), best);
       const std::int64_t next = middle < best ? middle : ordinaryAtOrAbove(above, best);
       if (next >= best_->layout.shard_elems) return;
