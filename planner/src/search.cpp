@@ -317,7 +317,7 @@ class BeamSearch {
           const std::int64_t numel = classes_[c].item.numel;
           const std::int64_t offset = earliestOffset(classes_[c], node.end, placer);
           if (offset == ShardPlacer::kNowhere) continue;
-          const Node child{node.key + keys_[c], offset + numel, node.placed + numel, offset, b,
+          const Node child{node.key + keys_[c],          offset + numel, node.placed + numel, offset, b,
                            static_cast<std::uint32_t>(c)};
           ++work_;
           if (child.end + (total - child.placed) > capacity) continue;  // cannot finish from here
@@ -405,8 +405,9 @@ double multisets(const std::vector<ItemClass>& classes) {
 /// placed classes, each keeping the earliest end any order of it reaches
 /// (by fact 1 of docs/planner.md the only one that matters). Exact, with
 /// no budget inside a run: it visits every multiset, so it is only built for
-/// units with at most kExhaustiveStates of them (a MoE layer of 64 experts
-/// and a few attention classes has about 500,000). The multisets are numbered
+/// units with at most kExhaustiveStates of them (a MoE layer's experts are
+/// one pooled class: a layer of 512 experts at V = 256 has about 200,000
+/// multisets). The multisets are numbered
 /// in mixed radix (digit c: placed members of class c), so a multiset's
 /// predecessors have smaller numbers and one pass in order computes them all.
 /// Each keeps its end as the waste before it (end minus the elements
@@ -490,7 +491,8 @@ class ExhaustiveSearch {
         if (offset != ShardPlacer::kNowhere) best = std::min(best, offset + numel);
       }
       // The rest, back to back at the least, must still fit.
-      if (best != kNone && best - placed <= slack_) waste[static_cast<std::size_t>(state)] = static_cast<Waste>(best - placed);
+      if (best != kNone && best - placed <= slack_)
+        waste[static_cast<std::size_t>(state)] = static_cast<Waste>(best - placed);
     }
     return waste.back() != kUnreachable;
   }
@@ -561,8 +563,8 @@ class ExhaustiveSearch {
   std::vector<std::vector<Divisor>> chain_periods_;  // per chain column: its members' block periods
   std::vector<std::int64_t> stride_;
   std::int64_t states_ = 1;
-  std::int64_t shard_ = 0;  // of the last run
-  std::int64_t slack_ = 0;  // V*S - N at it
+  std::int64_t shard_ = 0;             // of the last run
+  std::int64_t slack_ = 0;             // V*S - N at it
   std::vector<std::uint32_t> narrow_;  // per multiset, its waste; one of the two holds the last run's
   std::vector<std::int64_t> wide_;
 };
@@ -590,8 +592,8 @@ std::vector<ItemClass> interleavedColumns(const std::vector<ItemClass>& classes,
   }
   const double cost = heavy_states * static_cast<double>(chained + 1) * static_cast<double>(heavy.size() + 1);
   if (chained == 0 || cost > static_cast<double>(work)) return {};
-  ItemClass chain{{}, {}, {}, false, true};    // its item: the first member's (it places each member's own)
-  for (const ItemClass& c : classes) {  // size-sorted
+  ItemClass chain{{}, {}, {}, false, true};  // its item: the first member's (it places each member's own)
+  for (const ItemClass& c : classes) {       // size-sorted
     if (std::none_of(heavy.begin(), heavy.end(), [&](const ItemClass& h) { return h.members == c.members; })) {
       if (chain.members.empty()) chain.item = c.item;
       chain.members.insert(chain.members.end(), c.members.begin(), c.members.end());
@@ -1232,8 +1234,7 @@ class SizeSearch {
   }
 
   /// (`cost` 0: still too many multisets for the search.)
-  Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking,
-                                std::int64_t max_states) const {
+  Relaxation relaxationBetween(std::int64_t from, std::int64_t to, Shrinking shrinking, std::int64_t max_states) const {
     constexpr std::int64_t kExceptionalChecks = 8;
     Relaxation relaxation{problem_, max_states, {}, false, 0};
     for (LayoutItem& item : relaxation.problem.items) {
@@ -1292,8 +1293,8 @@ class SizeSearch {
           const std::int64_t block = std::gcd(finest(classes[i]), finest(classes[j]));
           std::size_t gaining = 0;  // tensors whose cuts the merge adds to
           for (const ItemClass* c : {&classes[i], &classes[j]}) gaining += finest(*c) != block ? c->members.size() : 0;
-          const double kept = static_cast<double>(block) /
-                              static_cast<double>(std::max(finest(classes[i]), finest(classes[j])));
+          const double kept =
+              static_cast<double>(block) / static_cast<double>(std::max(finest(classes[i]), finest(classes[j])));
           if (gaining < least.first || (gaining == least.first && kept > least.second)) {
             least = {gaining, kept};
             first = &classes[i];
@@ -1318,8 +1319,7 @@ class SizeSearch {
   static void poolLengths(Relaxation& relaxation) {
     std::set<std::int64_t> lengths;
     for (const LayoutItem& item : relaxation.problem.items) lengths.insert(item.numel);
-    for (double states = multisets(relaxation.classes());
-         states > static_cast<double>(relaxation.max_states);) {
+    for (double states = multisets(relaxation.classes()); states > static_cast<double>(relaxation.max_states);) {
       std::optional<std::int64_t> fewest;
       for (const std::int64_t length : lengths) {
         if (!relaxation.pooled_lengths.insert(length).second) continue;

@@ -368,7 +368,7 @@ Result<ModelPlan> planModel(const std::vector<UnitSpec>& units, const PlanOption
   const auto started = std::chrono::steady_clock::now();
   ModelPlan model;
   std::vector<LayoutProblem> problems;
-  std::vector<std::size_t> source;  // index of the unit each plan was first made for
+  std::vector<std::size_t> source;    // index of the unit each plan was first made for
   std::vector<std::size_t> first_of;  // per distinct unit: that index
   DistinctUnits distinct;
   for (std::size_t u = 0; u < units.size(); ++u) {

@@ -93,8 +93,7 @@ class Divisor {
 /// period (blockPeriod). earliestFeasibleOffset is this, so both always agree.
 class ShardPlacer {
  public:
-  ShardPlacer(std::int64_t shard_elems, std::int64_t align_elems) noexcept
-      : shard_(shard_elems), align_(align_elems) {}
+  ShardPlacer(std::int64_t shard_elems, std::int64_t align_elems) noexcept : shard_(shard_elems), align_(align_elems) {}
 
   [[nodiscard]] std::int64_t shard() const noexcept { return shard_.value(); }
 
@@ -108,8 +107,10 @@ class ShardPlacer {
     return optional(earliestOffsetOrNowhere(position, numel, period));
   }
   /// The same for `item`, its period computed only if it must cross a boundary.
-  [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position, const LayoutItem& item) const noexcept {
-    return optional(earliestOffsetWith(position, item.numel, [&] { return Divisor(blockPeriod(item, align_.value())); }));
+  [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position,
+                                                           const LayoutItem& item) const noexcept {
+    return optional(
+        earliestOffsetWith(position, item.numel, [&] { return Divisor(blockPeriod(item, align_.value())); }));
   }
   /// earliestOffset, kNowhere for nullopt: the searches' inner loops.
   [[nodiscard]] std::int64_t earliestOffsetOrNowhere(std::int64_t position, std::int64_t numel,

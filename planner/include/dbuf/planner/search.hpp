@@ -5,17 +5,20 @@
 ///
 /// For a fixed order and S, earliest placement is optimal (`placeInOrder`), so
 /// the search is over orders and over S, on placeable sizes only
-/// (`nextPlaceableShard`), in three steps:
+/// (`nextPlaceableShard`), over classes of interchangeable tensors (tensors of
+/// one length whose blocks at least V - 1 of them share pool into one), in
+/// these steps:
 ///  1. sizes upwards from the lower bound, each tried with the paper's three
 ///     fixed orders (given, size descending, granularity descending) and the
 ///     order search, until one fits or a work budget is spent (small units are
 ///     solved exactly here);
 ///  2. then sizes growing geometrically until the beam search (or another
-///     strategy) fits one, and bisection between the last failure and it.
-///     Over all orders feasibility is monotone in S except at the sizes where
-///     a tensor may span a whole shard (multiples of its block), so bisection
-///     runs on the other sizes and those exceptional ones below the result are
-///     tried one by one;
+///     strategy) fits one; the heaviest classes' block multiples below it;
+///     and bisection between the last failure and the best. Over all orders
+///     feasibility is monotone in S except at the sizes where a tensor may
+///     span a whole shard (multiples of its block), so bisection runs on the
+///     other sizes and those exceptional ones below the result are tried one
+///     by one;
 ///  3. the fixed orders at every size left below the result, as far as the
 ///     budget goes (`scan_complete`: the result is never above their optima);
 ///  4. with `proof_work`, the exhaustive search (bisecting) and the exact
@@ -58,25 +61,28 @@ struct SearchOptions {
   /// Work (as for scan_work) spent, after the search, on the sizes between
   /// the proven bound and the result that nothing rules out yet: to prove
   /// the result optimal (or find a smaller one). First the exhaustive search
-  /// (a dynamic program over every multiset of placed classes; up to 4 M of
+  /// (a dynamic program over every multiset of placed classes; up to 16 M of
   /// them; a run costs multisets x classes), bisecting, then on the smallest
-  /// open size again and again; on a relaxation where the unit has more
-  /// multisets (light tensors left out, classes of one length merged with
-  /// the gcd of their blocks: two such, each with half the work, where both
-  /// apply). Then the order search on the smallest open size. 0: none (a
-  /// proof can take far longer than the plan: about a second for a MoE
-  /// layer of 64 experts).
+  /// open size again and again; on relaxations where the unit has more
+  /// multisets than a few runs of a share of the work afford (light tensors
+  /// left out; classes of one length merged with the gcd of their blocks;
+  /// lengths pooled whatever their counts: three, each with a third of the
+  /// work). Then the order search on the smallest open size. 0: none (a
+  /// proof can take far longer than the plan: up to seconds for a MoE layer
+  /// of hundreds of experts).
   std::int64_t proof_work = 0;
   /// The exhaustive search joins the portfolio (ahead of the order and beam
   /// searches, which it makes redundant: it decides every size exactly) for
   /// units where one run costs at most this (multisets of placed classes x
   /// classes). Outside it only proofs use it (proof_work).
   std::int64_t exhaustive_work = 50000;
-  /// Where that costs more (kInterleavedSearch), at the sizes the beam runs
-  /// at only: the exhaustive search itself where a run costs at most this,
+  /// Where that costs more (kInterleavedSearch), at the sizes near the
+  /// result: the exhaustive search itself where a run costs at most this,
   /// else the exhaustive search over the heaviest classes with the other
   /// tensors chained in a fixed order, as many classes kept as that cost
-  /// allows (not exact: it never refutes a size). At most 12 sizes a unit.
+  /// allows (not exact: it never refutes a size); at the probe's sizes, and
+  /// first at the others, the same within a quarter of this. At most 12
+  /// runs of each a unit.
   std::int64_t interleave_work = 200000;
   /// States the beam keeps per depth; 0: about 20,000 / (items x classes),
   /// within [4, 64].
@@ -118,7 +124,7 @@ struct SearchResult {
                                                                      bool* exact = nullptr);
 
 /// The exhaustive search alone for one S: `decided` false when the unit has
-/// more than 4 M multisets of placed classes (it did not run); otherwise
+/// more than 16 M multisets of placed classes (it did not run); otherwise
 /// `offsets` is a layout, or nullopt, which proves that no order fits.
 struct ExhaustiveOutcome {
   bool decided = false;
