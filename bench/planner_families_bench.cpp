@@ -22,7 +22,7 @@
 // its gap measured to the bound a second, untimed plan with proof work W
 // proves (the better of the two bounds): how far the plan is from the
 // optimum, where a proof closes.
-// Exits 0 whatever the figures (the targets are not met yet: this measures),
+// Exits 0 whatever the figures (this measures; docs/planner.md has them),
 // 1 where a plan is invalid or lies below a bound the proving plan proved
 // (a proof would be wrong).
 

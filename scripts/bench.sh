@@ -5,6 +5,8 @@ set -euo pipefail
 build_dir=${1:-build}
 echo "== planner: quality vs lower bound and the paper's three fixed orders; speed (one core) =="
 taskset -c 0 "$build_dir/bin/bench_planner" models
+echo "== planner: 200 generated models x V in {8, 64, 256, 1024} x 3 rules, gap to the proven bound and plan time (one core; docs/planner.md adds the proofs) =="
+taskset -c 0 "$build_dir/bin/bench_planner_families" --worst 3
 echo "== kernels: fused multi-tensor CPU ops over 1000 tensors, bandwidth vs memcpy (1 thread and the default) =="
 "$build_dir/bin/bench_kernels" models/llama3-8b.json
 echo "== control: round-trip latency between two processes (bare shared memory, Unix socket, Boost message_queue, dbuf rings busy / sleeping) =="
