@@ -627,15 +627,16 @@ struct Attempt {
 /// How far Portfolio::at goes at one size.
 enum class Reach : std::uint8_t {
   kScan,    ///< the fixed orders, the order search, the exhaustive search where it is cheap
-  kProbe,   ///< and the beam: sizes far from the result (the probe)
-  kSettle,  ///< and the interleaved search (exact: before the beam; else where it fails): sizes near it
+  kProbe,   ///< and the beam, then the light interleaved search: sizes far from the result (the probe)
+  kSettle,  ///< and the settling interleaved search too (exact ones before the beam): sizes near it
 };
 
 /// The strategies of SearchOptions::strategies, tried at one size at a time.
 class Portfolio {
  public:
-  /// Sizes per unit the interleaved search runs at (each run costs up to
-  /// interleave_work, about 1 ms): it keeps a unit's plan within a few ms.
+  /// Runs per unit of each interleaved search (the settling one costs up to
+  /// interleave_work a run, about 1 ms; the light one a quarter of that):
+  /// they keep a unit's plan within a few ms.
   static constexpr int kInterleavedRuns = 12;
 
   Portfolio(const LayoutProblem& problem, const SearchOptions& options)
@@ -697,7 +698,7 @@ class Portfolio {
   /// The fixed orders, then the exhaustive search where it is cheap enough
   /// (it decides the size), else the order search (unless it has run out of
   /// nodes before and `insist` is false), then as far as `reach` says the
-  /// interleaved search and the beam.
+  /// beam and the interleaved searches.
   Attempt at(std::int64_t shard, Reach reach, bool insist = false) {
     Attempt attempt;
     if (auto found = fixedOrdersAt(shard)) return *found;
