@@ -1129,7 +1129,6 @@ class SizeSearch {
     std::int64_t cost = 0;
 
     [[nodiscard]] std::vector<ItemClass> classes() const { return classify(problem, pooled_lengths); }
-    [[nodiscard]] std::int64_t states() const { return ExhaustiveSearch(problem, classes()).states(); }
   };
   enum class Shrinking : std::uint8_t {
     kLeaveOut,             ///< the lightest classes left out, up to 1% of the elements

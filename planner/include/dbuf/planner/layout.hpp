@@ -95,29 +95,21 @@ class ShardPlacer {
  public:
   ShardPlacer(std::int64_t shard_elems, std::int64_t align_elems) noexcept : shard_(shard_elems), align_(align_elems) {}
 
-  [[nodiscard]] std::int64_t shard() const noexcept { return shard_.value(); }
-
   /// No offset works (what the raw functions return instead of nullopt).
   static constexpr std::int64_t kNowhere = -1;
 
-  /// Earliest offset >= `position` (>= 0) for an item of `numel` elements
-  /// and block period `period`; nullopt when no offset works at this S.
-  [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position, std::int64_t numel,
-                                                           std::int64_t period) const noexcept {
-    return optional(earliestOffsetOrNowhere(position, numel, period));
-  }
-  /// The same for `item`, its period computed only if it must cross a boundary.
+  /// Earliest offset >= `position` (>= 0) for `item`; nullopt when no offset
+  /// works at this S. Its period is computed only if it must cross a boundary.
   [[nodiscard]] std::optional<std::int64_t> earliestOffset(std::int64_t position,
                                                            const LayoutItem& item) const noexcept {
-    return optional(
-        earliestOffsetWith(position, item.numel, [&] { return Divisor(blockPeriod(item, align_.value())); }));
+    const std::int64_t offset =
+        earliestOffsetWith(position, item.numel, [&] { return Divisor(blockPeriod(item, align_.value())); });
+    if (offset == kNowhere) return std::nullopt;
+    return offset;
   }
-  /// earliestOffset, kNowhere for nullopt: the searches' inner loops.
-  [[nodiscard]] std::int64_t earliestOffsetOrNowhere(std::int64_t position, std::int64_t numel,
-                                                     std::int64_t period) const noexcept {
-    return earliestOffsetWith(position, numel, [period] { return Divisor(period); });
-  }
-  /// The same with the period's division prepared (Divisor(period)).
+  /// The same for an item of `numel` elements and block period `period`
+  /// (blockPeriod, its division prepared), kNowhere for nullopt: the
+  /// searches' inner loops.
   [[nodiscard]] std::int64_t earliestOffsetOrNowhere(std::int64_t position, std::int64_t numel,
                                                      const Divisor& period) const noexcept {
     return earliestOffsetWith(position, numel, [&period]() -> const Divisor& { return period; });
@@ -145,11 +137,6 @@ class ShardPlacer {
   }
 
  private:
-  static std::optional<std::int64_t> optional(std::int64_t offset) noexcept {
-    if (offset == kNowhere) return std::nullopt;
-    return offset;
-  }
-
   template <typename PeriodOf>
   [[nodiscard]] std::int64_t earliestOffsetWith(std::int64_t position, std::int64_t numel,
                                                 PeriodOf period_of) const noexcept {
