@@ -7,6 +7,7 @@ the package under test is the one installed in the running interpreter.
 from __future__ import annotations
 
 import os
+import socket as socket_module
 import subprocess
 import sys
 import threading
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from dbuf.testing import Daemon
 
@@ -57,6 +60,18 @@ def run_threads(world: int, body: Callable[[int], Any], timeout: float = 60.0) -
     return results
 
 
+def rank_mesh(rank: int, world: int) -> DeviceMesh:
+    """A 1-D mesh as rank `rank` of `world` sees it, without a process group (ranks simulated in one process)."""
+    return DeviceMesh("cpu", torch.arange(world), _init_backend=False, _rank=rank)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (torch.distributed's rendezvous, as torchrun picks one)."""
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_ranks(script: str, world: int, socket: str | list[str], *args: str, job: str = "job", timeout: float = 240.0,
               env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
     """tests/ranks/<script> as `world` rank processes with torchrun's environment; all must succeed.
@@ -66,9 +81,11 @@ def run_ranks(script: str, world: int, socket: str | list[str], *args: str, job:
     """
     sockets = [socket] if isinstance(socket, str) else socket
     per_node = world // len(sockets)
+    master_port = str(free_port())
     procs = []
     for rank in range(world):
         rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
                         LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job, DBUF_SOCKET=sockets[rank // per_node],
                         OMP_NUM_THREADS="1", **(env or {}))
         procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,

@@ -2,7 +2,7 @@
 
 RaggedShard is simulated in-process: a tiny greedy planner lays the
 parameters into one global buffer of V*S elements so that no block straddles
-a multiple of S; rank r's ShardedParameters are views of its slice, and its
+a multiple of S; rank r's parameters are RaggedShard DTensors over views of its slice, and its
 gradients are views of the same slice of a gradient buffer holding the full
 gradients. One optimizer per rank must then reproduce, exactly, what one
 optimizer does on the whole parameters.
@@ -15,7 +15,10 @@ import math
 import pytest
 import torch
 
-from dbuf.torch._param import ShardedParameter, ShardInfo
+from dbuf.torch import RaggedDTensor, RaggedShard, ShardInfo, local_elements
+from dbuf.torch._ragged import ragged_shard_of
+
+from conftest import rank_mesh
 from dbuf.torch.optim import (
     Adam8bit,
     Muon,
@@ -122,8 +125,23 @@ def grads(step, device="cpu"):
     return {name: (torch.randn(shape, generator=gen) * (1 + step)).to(device) for name, shape in SPECS}
 
 
+def ragged_param(local: torch.Tensor, placement: RaggedShard, rank: int, shape, name: str) -> torch.nn.Parameter:
+    param = torch.nn.Parameter(RaggedDTensor.from_local(local, rank_mesh(rank, placement.ranks), placement, shape))
+    param.fqn = name
+    return param
+
+
+def param_holding(info: ShardInfo, name: str) -> torch.nn.Parameter:
+    """Rank 1 of 3 holding elements [begin, end) as `info` says (rank 0 the blocks before, rank 2 those after)."""
+    g = info.unit_elems
+    blocks = -(-info.global_shape.numel() // g)
+    before, mine = info.begin // g, -(-info.numel // g)
+    placement = RaggedShard(g, (before, mine, blocks - before - mine))
+    return ragged_param(torch.zeros(info.numel), placement, 1, info.global_shape, name)
+
+
 class ShardedRun:
-    """V ranks' ShardedParameters as views of one global param buffer (and grad buffer)."""
+    """V ranks' parameters (RaggedShard DTensors) as views of one global param buffer (and grad buffer)."""
 
     def __init__(self, layout: Layout, values, device="cpu"):
         self.layout = layout
@@ -132,14 +150,17 @@ class ShardedRun:
         for name, shape in SPECS:
             o = layout.offset[name]
             self.buf[o : o + math.prod(shape)] = values[name].reshape(-1)
-        self.params = []  # per rank: {name: ShardedParameter}
+        self.params = []  # per rank: {name: parameter}
+        self.placements = {
+            name: ragged_shard_of([layout.local_range(name, r) for r in range(V)], layout.units[name])
+            for name, _ in SPECS
+        }
         for r in range(V):
             local = {}
             for name, shape in SPECS:
                 lo, hi = layout.local_range(name, r)
-                o, g = layout.offset[name], layout.units[name]
-                info = ShardInfo(torch.Size(shape), lo, hi, g, -(-(hi - lo) // g))
-                local[name] = ShardedParameter(self.buf[o + lo : o + hi], info, name)
+                o = layout.offset[name]
+                local[name] = ragged_param(self.buf[o + lo : o + hi], self.placements[name], r, shape, name)
             self.params.append(local)
 
     def set_grads(self, full):
@@ -150,14 +171,15 @@ class ShardedRun:
             for name, p in self.params[r].items():
                 lo, hi = p.element_range
                 o = self.layout.offset[name]
-                p.grad = self.gbuf[o + lo : o + hi]
+                p.grad = RaggedDTensor.from_local(self.gbuf[o + lo : o + hi], p.device_mesh, p.ragged, p.shape)
 
     def assert_equal(self, single):
         for r in range(V):
             for name, p in self.params[r].items():
                 lo, hi = p.element_range
                 want = single[name].detach().reshape(-1)[lo:hi]
-                assert torch.equal(p.detach(), want), f"rank {r} {name}: max diff {(p - want).abs().max()}"
+                got = local_elements(p).detach()
+                assert torch.equal(got, want), f"rank {r} {name}: max diff {(got - want).abs().max()}"
 
 
 def run_both(gran, make_opt, single_groups, device="cpu", order=None):
@@ -196,17 +218,17 @@ def test_muon_sharded_matches_single_process(device):
     order = ["w3", "w2", "emb", "experts", "w1", "norm1", "norm2"]
     layout, single, sharded, opt, opts = run_both(gran, make_muon, lambda _: None, device, order)
     assert {"emb", "experts"} <= set(layout.split_names())
-    assert any(sharded.params[r]["experts"].numel() == 0 for r in range(V))  # and some rank has none
+    assert any(local_elements(sharded.params[r]["experts"]).numel() == 0 for r in range(V))  # and some rank has none
     sharded.assert_equal(single)
     for r in range(V):  # the state too: momentum of whole matrices, AdamW moments of elements
         for name, p in sharded.params[r].items():
-            if p.numel() == 0:
+            if local_elements(p).numel() == 0:
                 continue
             lo, hi = p.element_range
             for key, st in opts[r].state[p].items():
                 if key != "step":
                     want = opt.state[single[name]][key].reshape(-1)[lo:hi]
-                    assert torch.equal(st, want), (r, name, key)
+                    assert torch.equal(local_elements(st), want), (r, name, key)
     moved = sum((single[n].detach() - v).abs().sum() for n, v in init_values(device=device).items())
     assert moved > 0
 
@@ -214,23 +236,23 @@ def test_muon_sharded_matches_single_process(device):
 def test_muon_rejects_param_split_mid_matrix():
     # w1 sharded by rows:8: rank 0 holds rows [0, 24), i.e. half a matrix.
     shape = torch.Size((48, 32))
-    half = ShardedParameter(torch.zeros(24 * 32), ShardInfo(shape, 0, 24 * 32, 8 * 32, 3), "layers.0.w1")
+    half = param_holding(ShardInfo(shape, 0, 24 * 32, 8 * 32, 3), "layers.0.w1")
     with pytest.raises(ValueError, match='granularity="matrix"') as err:
         Muon([half])
     assert "layers.0.w1" in str(err.value)
     # Blocks of one matrix but starting mid-matrix (not on a matrix edge).
     eshape = torch.Size((4, 64, 32))
-    off_edge = ShardedParameter(torch.zeros(2048), ShardInfo(eshape, 1024, 3072, 2048, 1), "experts")
+    off_edge = param_holding(ShardInfo(eshape, 1024, 3072, 1024, 2), "experts")
     with pytest.raises(ValueError, match='granularity="matrix"'):
         Muon([off_edge])
     # An empty local part of a wrongly sharded parameter raises too (same answer on every rank).
-    empty = ShardedParameter(torch.zeros(0), ShardInfo(shape, 1536, 1536, 32, 0), "w1")
+    empty = param_holding(ShardInfo(shape, 1536, 1536, 32, 0), "w1")
     with pytest.raises(ValueError, match='granularity="matrix"'):
         Muon([empty])
     with pytest.raises(ValueError, match="adamw_params"):
         Muon([torch.nn.Parameter(torch.zeros(8))])
     # Whole matrices are fine: two of the four experts, on a matrix edge.
-    Muon([ShardedParameter(torch.zeros(4096), ShardInfo(eshape, 2048, 6144, 2048, 2), "experts")])
+    Muon([param_holding(ShardInfo(eshape, 2048, 6144, 2048, 2), "experts")])
 
 
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96), (50, 50 + 20)])
@@ -332,7 +354,7 @@ def test_muon_adamw_part_matches_torch_adamw():
 
 
 def make_adam8(params, groups):
-    if groups is None:  # a rank: blocks are its ShardedParameters' unit_elems
+    if groups is None:  # a rank: blocks are its parameters' unit_elems
         return Adam8bit(params.values(), lr=1e-2, weight_decay=0.01)
     return Adam8bit([{"params": [params[n]], "block_elems": q} for n, q in groups.items()], lr=1e-2, weight_decay=0.01)
 
@@ -354,7 +376,7 @@ def test_adam8bit_sharded_matches_single_process(gran_of, device):
     sharded.assert_equal(single)
     for r in range(V):
         for name, p in sharded.params[r].items():
-            if p.numel() == 0:
+            if local_elements(p).numel() == 0:
                 continue
             lo, hi = p.element_range
             q = layout.units[name]

@@ -7,13 +7,14 @@ from torch import nn
 
 import dbuf
 import dbuf.torch as dt
-from conftest import run_threads
+from conftest import rank_mesh, run_threads
 
 
 def session_of(daemon, rank: int, world: int) -> dt.Session:
     client = dbuf.Client(daemon.socket)
     client.attach("wrap", rank, world)
-    return dt.Session(client, job="wrap", rank=rank, world_size=world, local_rank=rank, prefetch_depth=1)
+    return dt.Session(client, job="wrap", rank=rank, world_size=world, local_rank=rank, prefetch_depth=1,
+                      mesh=rank_mesh(rank, world))
 
 
 class Stack(nn.Module):

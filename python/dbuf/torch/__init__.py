@@ -14,12 +14,17 @@ changing its import::
 
 Launch with torchrun: rank, world size, local rank and the job id come from its
 environment, the daemon's socket from ``$DBUF_SOCKET`` (:func:`init` sets them
-explicitly). No process group is needed.
+explicitly), and torch.distributed's default process group from torchrun's
+(dbuf.torch makes it where the trainer did not). Parameters and gradients are
+DTensors with a :class:`RaggedShard` placement (:class:`RaggedDTensor`), so
+torch.distributed.checkpoint, ``torch.nn.utils.clip_grad_norm_`` and code that
+reads parameter shapes work as under FSDP2.
 """
 
 from ._clip import clip_grad_norm_
 from ._fully_shard import DBufModule, MixedPrecisionPolicy, fully_shard, units
-from ._param import ShardedParameter, ShardInfo, shard_info
+from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info
+from ._ragged import RaggedShard, ShardInfo
 from ._session import Session, default_session, destroy, init, is_initialized
 from ._state_dict import LocalShard, get_model_state_dict, set_model_state_dict
 from ._wrap import WrappedUnit, auto_wrap
@@ -33,14 +38,17 @@ __all__ = [
     "get_model_state_dict",
     "set_model_state_dict",
     "MixedPrecisionPolicy",
+    "RaggedDTensor",
+    "RaggedShard",
     "Session",
     "ShardInfo",
-    "ShardedParameter",
     "default_session",
     "destroy",
+    "distribute_ragged",
     "fully_shard",
     "init",
     "is_initialized",
+    "local_elements",
     "shard_info",
     "units",
 ]

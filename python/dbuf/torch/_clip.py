@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-from ._param import ShardedParameter
+from ._dtensor import RaggedDTensor, local_elements
 from ._session import Session, default_session
 
 
@@ -19,7 +19,7 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for dbuf.torch: the global gradient norm (collective).
 
-    Each rank's ShardedParameters hold disjoint parts of the gradient, so the
+    Each rank's sharded parameters (RaggedShard DTensors) hold disjoint parts of the gradient, so the
     p-th powers of their local norms are summed over the ranks by dbufd (fp32)
     before the root is taken; parameters no unit shards hold the same
     gradient on every rank and count once. Every rank then scales its part by
@@ -28,21 +28,21 @@ def clip_grad_norm_(
     rounding (the sum runs in another order). ``norm_type``: any p > 0
     (``inf`` needs a max-reduction, which dbufd does not offer).
     """
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
+    parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     p = float(norm_type)
     if not p > 0 or p == float("inf"):
         raise ValueError(f"norm_type must be a finite p > 0, got {norm_type}")
     session = session if session is not None else default_session()
-    grads = [(param, param.grad) for param in parameters if param.grad is not None]
+    grads = [local_elements(param.grad) for param in parameters if param.grad is not None]
+    sharded = [isinstance(param, RaggedDTensor) for param in parameters if param.grad is not None]
     local = torch.zeros((), dtype=torch.float32, device=session.torch_device)
-    for param, grad in grads:
-        if isinstance(param, ShardedParameter) or session.rank == 0:
+    for grad, is_sharded in zip(grads, sharded):
+        if is_sharded or session.rank == 0:
             local += torch.linalg.vector_norm(grad.float(), p) ** p
     total = session.all_reduce_sum(local.reshape(1))[0] ** (1.0 / p)
     scale = max_norm / (total + 1e-6)
     if scale < 1.0:
         with torch.no_grad():
-            for _, grad in grads:
+            for grad in grads:
                 grad.mul_(scale.to(grad.dtype))
     return total

@@ -18,7 +18,7 @@ The hooks, per unit (the order every rank follows, so the collectives match):
   post-backward      reduce-scatter (avg, fp32) into the sharded gradients;
   end of backward    (a callback of the autograd engine) the units whose
                      post-backward did not run, the waits, the reshards, and
-                     the sharded gradients set on the ShardedParameters.
+                     the sharded gradients set on the sharded parameters.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ._param import ShardedParameter
+from ._dtensor import RaggedDTensor
 from ._session import Session, default_session
 from ._unit import Unit
 
@@ -366,7 +366,7 @@ def _managed_parameters(
             for name, param in list(module._parameters.items()):
                 if param is None or param in ignored:
                     continue
-                if isinstance(param, ShardedParameter):
+                if isinstance(param, RaggedDTensor):
                     continue  # a unit of a submodule has it
                 fqn = prefix + (f"{module_name}.{name}" if module_name else name)
                 taken_by = session.unit_holding(param)
@@ -407,8 +407,9 @@ def fully_shard(
     Call it on submodules first (each transformer block, say), then on the
     root; every rank must make the same calls in the same order (each one is a
     collective registration). The module's parameters become
-    :class:`~dbuf.torch.ShardedParameter` s (this rank's fp32 elements of each
-    tensor, 1-D, in dbufd's memory), which an optimizer built afterwards
+    :class:`~dbuf.torch.RaggedDTensor` s (DTensors of the module's shapes,
+    placed ``RaggedShard`` on the job's mesh; their local elements are this
+    rank's fp32 elements of each tensor, in dbufd's memory), which an optimizer built afterwards
     updates; forward and backward gather them into the unit's unsharded slot
     and reduce-scatter the gradients (avg over ranks, in fp32, ranks summed in
     rank order) into the sharded gradients.

@@ -4,8 +4,9 @@ A :class:`Session` is one attached :class:`dbuf.Client` plus what every unit of
 the process shares: the pool of unsharded slots (``prefetch_depth + 1`` of
 them, as dbufd gives each rank), the order units ran in (for prefetching), the
 backward pass in progress, and a small fp32 staging group for exact transfers
-(full state dicts). ``init()`` makes the default session; ``fully_shard`` uses
-it, creating it from torchrun's environment on first use.
+(full state dicts), and the job's ``DeviceMesh`` that its parameters, as
+RaggedShard DTensors, live on. ``init()`` makes the default session;
+``fully_shard`` uses it, creating it from torchrun's environment on first use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import dbuf
 
@@ -76,7 +79,10 @@ class Session:
         world_size: int,
         local_rank: int,
         prefetch_depth: int,
+        mesh: DeviceMesh | None = None,
     ) -> None:
+        """``mesh``: the job's 1-D DeviceMesh (default: one over torch.distributed's default process group,
+        made on first use; see :attr:`mesh`)."""
         self.client = client
         self.job = job
         self.rank = rank
@@ -100,6 +106,27 @@ class Session:
         self._prefetch_stream = None
         self.unwaited: list[dbuf.Op] = []  # GPU: stream-ordered ops used, their results not yet collected
         self._claimed: dict[int, tuple[weakref.ref, Unit]] = {}
+        self._mesh = mesh
+        self._owns_process_group = False
+
+    # ------------------------------------------------------------ the job's mesh
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The 1-D DeviceMesh over the job's ranks (collective on first use).
+
+        DTensor needs a process group for what runs outside dbufd: gathering
+        a RaggedShard DTensor whole, the norms of torch's gradient clipping,
+        and torch.distributed.checkpoint's plans. dbuf.torch uses the default
+        process group where the trainer made one (its ranks must be the
+        job's), else makes one from torchrun's environment (MASTER_ADDR,
+        MASTER_PORT; gloo, and NCCL for CUDA tensors), as FSDP2 needs.
+        """
+        if self._mesh is None:
+            self._owns_process_group = _ensure_process_group(self)
+            device_type = "cpu" if self.device is None else "cuda"
+            self._mesh = init_device_mesh(device_type, (self.world_size,))
+        return self._mesh
 
     # ------------------------------------------------------------ placement
 
@@ -235,6 +262,31 @@ class Session:
             self._staging.close()
             self._staging = None
         self.client.detach()
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._mesh = None
+
+
+def _ensure_process_group(session: Session) -> bool:
+    """Makes torch.distributed's default process group over the job's ranks unless there is one; True if made."""
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (session.rank, session.world_size):
+            raise dbuf.ConflictError(
+                f"torch.distributed's default process group has rank {dist.get_rank()} of {dist.get_world_size()}, "
+                f"the dbuf job rank {session.rank} of {session.world_size}: they must be the same ranks"
+            )
+        return False
+    backend = "gloo" if session.device is None else "cpu:gloo,cuda:nccl"
+    if session.world_size == 1 and not os.environ.get("MASTER_ADDR"):
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return True
+    if not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        raise ValueError(
+            "dbuf.torch needs torch.distributed for its DTensors: launch with torchrun (it sets MASTER_ADDR and "
+            "MASTER_PORT) or call torch.distributed.init_process_group() before fully_shard"
+        )
+    dist.init_process_group(backend, rank=session.rank, world_size=session.world_size)
+    return True
 
 
 _default: Session | None = None

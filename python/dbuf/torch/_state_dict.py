@@ -17,9 +17,10 @@ from torch import nn
 import dbuf
 
 from ._fully_shard import units as units_of
-from ._param import ShardedParameter, ShardInfo
+from ._dtensor import RaggedDTensor
+from ._ragged import ShardInfo
 from ._session import Session
-from ._unit import ParamEntry, Unit
+from ._unit import ParamEntry, Unit, rank_ranges
 
 
 @dataclass
@@ -50,17 +51,8 @@ def _entry_names(model: nn.Module, unit: Unit) -> list[tuple[ParamEntry, str]]:
 def _rank_slices(unit: Unit) -> list[list[tuple[int, int]]]:
     """For every rank, its [begin, end) of each of the unit's tensors (the planner's slices)."""
     plan = unit.group.plan
-    shard = plan.shard_elems
-    slices = []
-    for rank in range(plan.devices):
-        lo, hi = rank * shard, (rank + 1) * shard
-        mine = []
-        for placed in plan.tensors:
-            begin = max(placed.offset, lo) - placed.offset
-            end = min(placed.offset + placed.numel, hi) - placed.offset
-            mine.append((begin, end) if end > begin else (0, 0))
-        slices.append(mine)
-    return slices
+    per_tensor = [rank_ranges(plan, index) for index in range(len(plan.tensors))]
+    return [[ranges[rank] for ranges in per_tensor] for rank in range(plan.devices)]
 
 
 class _Staging:
@@ -104,7 +96,7 @@ def _replicated(model: nn.Module) -> dict[str, torch.Tensor]:
             if buffer is not None and name not in module._non_persistent_buffers_set:
                 out[dot + name] = buffer
         for name, param in module._parameters.items():
-            if param is not None and not isinstance(param, ShardedParameter):
+            if param is not None and not isinstance(param, RaggedDTensor):
                 out.setdefault(dot + name, param)
     return out
 
@@ -122,7 +114,7 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
         state: dict = {}
         for unit in all_units:
             for entry, name in _entry_names(model, unit):
-                state[name] = LocalShard(entry.sharded.detach().clone(), entry.sharded.shard_info)
+                state[name] = LocalShard(entry.local.detach().clone(), entry.sharded.shard_info)
         state.update({k: v.detach().clone() for k, v in _replicated(model).items()})
         return state
     if not all_units:
@@ -145,7 +137,7 @@ def _gather_unit(model: nn.Module, unit: Unit, staging: _Staging, receives: bool
     world = len(slices)
     payload_sizes = [sum(end - begin for begin, end in rank) for rank in slices]
     mine = unit.session.rank
-    local = [entry.sharded.detach() for entry in unit.entries]
+    local = [entry.local.detach() for entry in unit.entries]
     payload = torch.cat(local) if local else torch.empty(0, device=staging.shard.device)
     if payload.numel() != payload_sizes[mine]:
         raise dbuf.InternalError(f"unit {unit.label}: this rank holds {payload.numel()} elements, its plan says "
@@ -173,7 +165,7 @@ def _gather_unit(model: nn.Module, unit: Unit, staging: _Staging, receives: bool
             begin, end = slices[rank][index]
             parts.append(received[rank][cursors[rank] : cursors[rank] + end - begin])
             cursors[rank] += end - begin
-        out[name] = torch.cat(parts).reshape(entry.sharded.global_shape)
+        out[name] = torch.cat(parts).reshape(entry.sharded.shape)
     return out
 
 
@@ -208,7 +200,7 @@ _EXACT_INTEGERS = 1 << 24  # fp32 holds every integer up to here exactly
 
 def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str | None:
     """What is wrong with rank 0's dict for a broadcast load, if anything."""
-    expected = {name: tuple(entry.sharded.global_shape) for unit in units for entry, name in _entry_names(model, unit)}
+    expected = {name: tuple(entry.sharded.shape) for unit in units for entry, name in _entry_names(model, unit)}
     expected.update({name: tuple(t.shape) for name, t in _replicated(model).items()})
     for name, shape in expected.items():
         if name not in state_dict:
@@ -234,7 +226,7 @@ def _broadcast_state(model: nn.Module, units: list[Unit], state_dict: dict) -> N
             raise ValueError(problem or "rank 0's state dict is not right for this model (rank 0 says why)")
         for unit in units:
             pieces = [
-                _Piece(name, entry.sharded.view(-1), *entry.sharded.element_range, entry.sharded.global_shape.numel())
+                _Piece(name, entry.local, *entry.sharded.element_range, entry.sharded.numel())
                 for entry, name in _entry_names(model, unit)
             ]
             _broadcast_pieces(staging, pieces, state_dict)
@@ -287,9 +279,9 @@ def _load_entry(entry: ParamEntry, name: str, value) -> None:
                 f"[{value.info.begin}, {value.info.end}) of {tuple(value.info.global_shape)}, this rank holds "
                 f"[{info.begin}, {info.end}) of {tuple(info.global_shape)}): load a full state dict instead"
             )
-        entry.sharded.copy_(value.local)
+        entry.local.copy_(value.local)
         return
     if tuple(value.shape) != tuple(info.global_shape):
         raise ValueError(f"{name}: shape {tuple(value.shape)} in the state dict, {tuple(info.global_shape)} here")
-    entry.sharded.copy_(value.detach().reshape(-1)[info.begin : info.end])
+    entry.local.copy_(value.detach().reshape(-1)[info.begin : info.end])
 

@@ -1,9 +1,11 @@
 """One FSDP unit of dbuf.torch: a dbuf group holding some modules' parameters.
 
 A unit owns, for each of its parameters:
-  - the ShardedParameter registered on the modules between forwards: this
-    rank's fp32 (master) elements, a view of the group's sharded region, with
-    its gradient a view of the sharded gradient region;
+  - the sharded parameter registered on the modules between forwards: a
+    RaggedShard DTensor (_dtensor.py) of the tensor's global shape whose
+    local elements are this rank's fp32 (master) elements, a view of the
+    group's sharded region; its gradient the same over the sharded gradient
+    region;
   - the unsharded parameter swapped in during forward: an ``nn.Parameter``
     over the whole tensor in the group's unsharded slot (the all-gather
     writes it), whose ``.grad`` is preset to the tensor's place in the slot's
@@ -27,7 +29,8 @@ from torch import nn
 
 import dbuf
 
-from ._param import ShardedParameter, ShardInfo
+from ._dtensor import RaggedDTensor, local_elements
+from ._ragged import ragged_shard_of
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -50,8 +53,10 @@ class ParamEntry:
     index: int
     requires_grad: bool
     registrations: list[tuple[nn.Module, str]]  # every (module, attribute) that holds it
-    sharded: ShardedParameter
-    shard_grad: torch.Tensor  # this rank's part of the fp32 sharded gradient
+    sharded: RaggedDTensor  # the parameter between forwards (an nn.Parameter)
+    local: torch.Tensor  # its local elements: this rank's part of the sharded region (1-D)
+    shard_grad: torch.Tensor  # this rank's part of the fp32 sharded gradient (1-D)
+    sharded_grad: RaggedDTensor  # shard_grad as the parameter's .grad
     unsharded: nn.Parameter | None = None  # over the slot; made at the first unshard
     unsharded_grad: torch.Tensor | None = None
     unsharded_ptr: int = 0
@@ -120,22 +125,28 @@ class Unit:
             unsharded_dtype=dbuf_dtype(self.param_dtype),
         )
         keep_daemon_values = self.session.client.reattached
+        mesh = self.session.mesh
         for index, (fqn, param, registrations) in enumerate(params):
             view = self.group.shard_view(index)
             local = view.torch()
             if not keep_daemon_values and param.device.type != "meta":
                 with torch.no_grad():
                     local.copy_(param.detach().reshape(-1)[view.begin : view.end])
-            placed = self.group.plan.tensors[index]
-            info = ShardInfo(torch.Size(param.shape), view.begin, view.end, placed.granularity, view.local_units)
-            sharded = ShardedParameter(local, info, fqn, requires_grad=param.requires_grad)
+            placement = ragged_shard_of(rank_ranges(self.group.plan, index), self.group.plan.tensors[index].granularity)
+            sharded = nn.Parameter(
+                RaggedDTensor.from_local(local, mesh, placement, param.shape), requires_grad=param.requires_grad
+            )
+            sharded.fqn = fqn
+            shard_grad = self.group.shard_grad_view(index).torch()
             entry = ParamEntry(
                 fqn=fqn,
                 index=index,
                 requires_grad=param.requires_grad,
                 registrations=registrations,
                 sharded=sharded,
-                shard_grad=self.group.shard_grad_view(index).torch(),
+                local=local,
+                shard_grad=shard_grad,
+                sharded_grad=RaggedDTensor.from_local(shard_grad, mesh, placement, param.shape),
             )
             self.entries.append(entry)
         self.use_sharded()
@@ -306,8 +317,8 @@ class Unit:
                     grad = entry.sharded.grad
                     if grad is None:
                         entry.shard_grad.zero_()
-                    elif grad.data_ptr() != entry.shard_grad.data_ptr() or grad.numel() != entry.shard_grad.numel():
-                        entry.shard_grad.copy_(grad)
+                    elif grad is not entry.sharded_grad:
+                        entry.shard_grad.copy_(local_elements(grad))
         return accumulate
 
     def wait_reduce(self) -> None:
@@ -320,7 +331,7 @@ class Unit:
                 entry.shard_grad.add_(earlier)
 
     def finish_backward(self) -> None:
-        """End of backward: the reduction done, the sharded gradients on the ShardedParameters."""
+        """End of backward: the reduction done, the sharded gradients on the sharded parameters."""
         try:
             self._finish_backward()
         finally:
@@ -335,7 +346,7 @@ class Unit:
                     f"(is the parameter used by another unit's forward too?)"
                 )
             if self.reduced and entry.requires_grad:
-                entry.sharded.grad = entry.shard_grad
+                entry.sharded.grad = entry.sharded_grad
 
     def abandon_backward(self) -> None:
         """After a backward that raised: its gradients dropped, the slot given back, the pass reset."""
@@ -355,3 +366,15 @@ class Unit:
             if self.holds_slot:
                 self.session.slot_holders.remove(self)
             self.group.close()
+
+
+def rank_ranges(plan, index: int) -> list[tuple[int, int]]:
+    """For every rank, the elements [begin, end) of tensor `index` it holds (the plan's shards)."""
+    placed = plan.tensors[index]
+    shard = plan.shard_elems
+    ranges = []
+    for rank in range(plan.devices):
+        begin = max(placed.offset, rank * shard) - placed.offset
+        end = min(placed.offset + placed.numel, (rank + 1) * shard) - placed.offset
+        ranges.append((begin, end) if end > begin else (min(begin, placed.numel),) * 2)
+    return ranges

@@ -2,7 +2,7 @@
 
 Both optimizers are ordinary :class:`torch.optim.Optimizer` subclasses written
 against :func:`dbuf.torch._param.shard_info`, so one class runs unchanged on a
-single process's whole parameters and on each rank's :class:`ShardedParameter`
+single process's whole parameters and on each rank's RaggedShard DTensor parameters
 (this rank's whole blocks of the fp32 master tensor, 1-D).
 
 * :class:`Muon` -- with ``granularity="matrix"`` every weight matrix (each
@@ -45,7 +45,8 @@ from typing import Iterable, NamedTuple, Sequence
 import torch
 from torch.optim import Optimizer
 
-from ._param import ShardedParameter, ShardInfo, shard_info
+from ._dtensor import RaggedDTensor, local_elements, shard_info
+from ._ragged import ShardInfo
 
 __all__ = [
     "Adam8bit",
@@ -141,7 +142,7 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 def _muon_info(p: torch.Tensor, index: int) -> tuple[ShardInfo, int, int]:
     """Check that ``p``'s local part is whole matrices; (info, M, K)."""
     name = _name(p, index)
-    shape = p.global_shape if isinstance(p, ShardedParameter) else p.shape
+    shape = p.shape
     if len(shape) < 2:
         raise ValueError(
             f"Muon parameter {name} has shape {tuple(shape)}: Muon is for matrices; "
@@ -200,7 +201,8 @@ def _lerp(start: torch.Tensor, end: torch.Tensor, weight: float, out: torch.Tens
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().view(-1)
+    """The elements this process holds, 1-D (a RaggedShard DTensor's local elements)."""
+    return local_elements(t).detach().view(-1)
 
 
 class Muon(Optimizer):
@@ -231,7 +233,7 @@ class Muon(Optimizer):
     docstring), and the shape factor ``sqrt(max(1, M/K))`` is applied in fp32
     together with ``lr`` instead of in bf16.
 
-    A Muon parameter must be whole matrices locally: a ShardedParameter whose
+    A Muon parameter must be whole matrices locally: a RaggedShard DTensor whose
     ``unit_elems`` is not ``M*K`` or whose range does not start and end on a
     matrix edge raises ValueError asking for ``granularity="matrix"`` (checked
     when the group is added, on every rank, empty local parts included).
@@ -285,7 +287,7 @@ class Muon(Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
-                if p.grad is None or p.numel() == 0:
+                if p.grad is None or _flat(p).numel() == 0:
                     continue
                 if group["use_muon"]:
                     self._muon_param(p, i, group)
@@ -299,7 +301,7 @@ class Muon(Optimizer):
         if not state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         buf = _flat(state["momentum_buffer"])
-        g = p.grad.detach().reshape(-1)
+        g = _flat(p.grad)
         beta = group["momentum"]
         _lerp(buf, g, 1.0 - beta, out=buf)
         u = _lerp(g, buf, beta) if group["nesterov"] else buf
@@ -325,7 +327,7 @@ class Muon(Optimizer):
         state["step"] += 1
         beta1, beta2 = group["betas"]
         _adamw_math(
-            _flat(p), p.grad.detach().reshape(-1), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"]),
+            _flat(p), _flat(p.grad), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"]),
             state["step"], group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
         )
 
@@ -378,7 +380,7 @@ class Adam8bit(Optimizer):
 
     Quantisation block of a parameter (``q`` elements, contiguous in the
     flattened tensor, counted from the tensor's start; the last one may be
-    shorter): a ShardedParameter's ``unit_elems`` by default, or
+    shorter): a RaggedShard DTensor's ``unit_elems`` by default, or
     ``block_elems`` if the group sets it, which must then divide
     ``unit_elems`` (so blocks still never straddle ranks); a plain tensor's
     ``block_elems``, default :data:`DEFAULT_BLOCK_ELEMS`. For a single-process
@@ -448,7 +450,7 @@ class Adam8bit(Optimizer):
     def _block(p: torch.Tensor, index: int, group: dict) -> int:
         """The quantisation block of ``p`` in elements, checked against its shard."""
         block = group["block_elems"]
-        if isinstance(p, ShardedParameter):
+        if isinstance(p, RaggedDTensor):
             info = p.shard_info
             q = block if block is not None else info.unit_elems
             if q < 1 or info.unit_elems % q:
@@ -477,11 +479,11 @@ class Adam8bit(Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for i, p in enumerate(group["params"]):
-                if p.grad is None or p.numel() == 0:
+                if p.grad is None or _flat(p).numel() == 0:
                     continue
                 q = self._block(p, i, group)
                 state = self.state[p]
-                n = p.numel()
+                n = _flat(p).numel()
                 if not state:
                     blocks = -(-n // q)
                     state["step"] = 0
@@ -496,7 +498,7 @@ class Adam8bit(Optimizer):
                 v = r * r
                 v.mul_(v)
                 _adamw_math(
-                    _flat(p), p.grad.detach().reshape(-1), m, v, state["step"],
+                    _flat(p), _flat(p.grad), m, v, state["step"],
                     group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
                 )
                 a = m.abs().sqrt_()

@@ -76,7 +76,7 @@ def adam8bit_block(param: torch.Tensor) -> int:
 
 
 def make_optimizer(model: nn.Module, kind: str = "adamw", lr: float = 1e-2) -> torch.optim.Optimizer:
-    """The same optimizer over a sharded model (its ShardedParameters) or a whole one."""
+    """The same optimizer over a sharded model (its RaggedShard DTensors) or a whole one."""
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr)
     from dbuf.torch.optim import Adam8bit, Muon
@@ -87,9 +87,9 @@ def make_optimizer(model: nn.Module, kind: str = "adamw", lr: float = 1e-2) -> t
         rest = [p for p in model.parameters() if all(p is not m for m in matrices)]
         return Muon(matrices, lr=0.02, adamw_params=rest, adamw_lr=lr)
     if kind == "adam8bit":
-        from dbuf.torch import ShardedParameter
+        from dbuf.torch import RaggedDTensor
 
-        groups = [{"params": [p], "block_elems": None if isinstance(p, ShardedParameter) else adam8bit_block(p)}
+        groups = [{"params": [p], "block_elems": None if isinstance(p, RaggedDTensor) else adam8bit_block(p)}
                   for p in model.parameters()]
         return Adam8bit(groups, lr=lr)
     raise ValueError(kind)

@@ -62,7 +62,7 @@ else:
     if not args.blocks_only:
         dt.fully_shard(model, mp_policy=policy, granularity=granularity,
                        reshard_after_forward=True if args.reshard_root else None)
-assert all(isinstance(p, dt.ShardedParameter) for p in model.parameters() if p.requires_grad)
+assert all(isinstance(p, dt.RaggedDTensor) for p in model.parameters() if p.requires_grad)
 optimizer = make_optimizer(model, args.optimizer)
 
 

@@ -1,0 +1,513 @@
+"""RaggedDTensor: a DTensor whose placement is RaggedShard, as dbuf.torch's parameters and gradients are.
+
+``fully_shard`` turns every parameter into a :class:`RaggedDTensor`: a
+``torch.distributed.tensor.DTensor`` of the module's global shape and dtype,
+on the job's 1-D ``DeviceMesh``, with ``placements == (RaggedShard(...),)``;
+``to_local()`` is this rank's elements (1-D), zero-copy in dbufd's memory.
+So ``shape``, ``ndim``, ``numel()`` and ``isinstance(p, DTensor)`` are what
+code written for FSDP2 expects.
+
+torch's DTensor has no sharding rules for a placement it does not know, so
+this subclass runs the operators on RaggedShard operands itself
+(``__torch_dispatch__``), in three kinds:
+
+* elementwise operators (torch's pointwise tag, the ``_foreach_`` and fused
+  optimizer kernels, copies, casts, fills, ``*_like`` factories, random
+  fills): every RaggedShard operand must have the same layout; the operator
+  runs on the local elements and the result keeps the layout. Scalars and
+  0-dim tensors (an optimizer's step count) may join; a plain tensor of more
+  dimensions may not (it would broadcast against the local elements), except
+  as the source of ``copy_`` with the whole tensor's shape, which copies this
+  rank's elements of it (``load_state_dict`` of a full state dict);
+* whole-tensor reductions that torch's gradient clipping uses (``_foreach_norm``,
+  ``linalg_vector_norm``, ``sum``, ``max`` / ``min``): the local result,
+  returned as a DTensor with a Partial placement, exactly as FSDP2's
+  ``Shard(0)`` parameters give, so that torch's own redistribution sums (or
+  takes the max of) the ranks' parts when the value is used;
+* anything else (views, matmuls, indexing) raises ``NotImplementedError``
+  naming the operator: call ``full_tensor()`` or ``to_local()``.
+
+``full_tensor()`` and ``redistribute()`` (to ``Replicate()``, ``Shard(d)`` or
+another RaggedShard) gather through the mesh's process group. Distributed
+checkpointing (DCP) stores a rank's ragged range as the rectangles that
+cover it (``__create_write_items__``, ``__create_chunk_list__``,
+``__get_tensor_shard__``); each is a view of the local elements, so saving
+and loading copy nothing more than DCP's own I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._ops._math_ops import _NormPartial
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ._ragged import Box, RaggedShard, ShardInfo, boxes_of
+
+aten = torch.ops.aten
+
+
+def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def mesh_rank(mesh: DeviceMesh) -> int:
+    """This process's place on a 1-D mesh (from the mesh's coordinate: no process group asked)."""
+    return mesh.get_coordinate()[0]
+
+
+def ragged_spec(mesh: DeviceMesh, placement: RaggedShard, shape: torch.Size, dtype: torch.dtype) -> DTensorSpec:
+    shape = torch.Size(shape)
+    return DTensorSpec(mesh, (placement,), tensor_meta=TensorMeta(shape, _contiguous_stride(shape), dtype))
+
+
+class RaggedDTensor(DTensor):
+    """A DTensor on a 1-D mesh with a RaggedShard placement; ``to_local()`` is this rank's elements, 1-D.
+
+    Made by ``fully_shard`` (parameters, gradients) and by operators on them
+    (optimizer states). :meth:`from_local` makes one from local elements.
+    """
+
+    @staticmethod
+    def from_local(  # type: ignore[override]
+        local: torch.Tensor,
+        mesh: DeviceMesh,
+        placement: RaggedShard,
+        shape: torch.Size | tuple[int, ...],
+        *,
+        requires_grad: bool = False,
+    ) -> RaggedDTensor:
+        """Wraps this rank's elements (1-D, no copy) as the RaggedShard DTensor of global ``shape``."""
+        shape = torch.Size(shape)
+        placement.check(shape.numel())
+        begin, end = placement.rank_range(mesh_rank(mesh), shape.numel())
+        if local.dim() != 1 or local.numel() != end - begin:
+            raise ValueError(
+                f"{placement}: this rank holds elements [{begin}, {end}) of {tuple(shape)}, got a local tensor "
+                f"of shape {tuple(local.shape)}"
+            )
+        return RaggedDTensor(local, ragged_spec(mesh, placement, shape, local.dtype), requires_grad=requires_grad)
+
+    # ------------------------------------------------------------ layout
+
+    @property
+    def ragged(self) -> RaggedShard:
+        return self._spec.placements[0]  # type: ignore[return-value]
+
+    @property
+    def shard_info(self) -> ShardInfo:
+        """This rank's elements of the whole tensor: begin, end, block size, blocks held."""
+        return self.ragged.shard_info(mesh_rank(self._spec.mesh), self.shape)
+
+    @property
+    def global_shape(self) -> torch.Size:
+        return self.shape
+
+    @property
+    def element_range(self) -> tuple[int, int]:
+        info = self.shard_info
+        return info.begin, info.end
+
+    @property
+    def unit_elems(self) -> int:
+        return self.ragged.block_elems
+
+    @property
+    def local_units(self) -> int:
+        return self.shard_info.local_units
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        begin, end = self.element_range
+        name = getattr(self, "fqn", None)
+        named = f"{name!r}, " if name else ""
+        return (
+            f"RaggedDTensor({named}shape={tuple(self.shape)}, dtype={self.dtype}, {self.ragged}, "
+            f"local elements [{begin}, {end}))"
+        )
+
+    def __deepcopy__(self, memo: dict) -> RaggedDTensor:
+        # A copy is this process's memory, no longer dbufd's; still a DTensor of the same layout.
+        copied = RaggedDTensor(self._local_tensor.detach().clone(), self._spec, requires_grad=self.requires_grad)
+        memo[id(self)] = copied
+        return copied
+
+    # ------------------------------------------------------------ gather / split
+
+    def full_tensor(self, *, grad_placements: Any = None) -> torch.Tensor:  # type: ignore[override]
+        """The whole tensor on every rank (collective over the mesh, differentiable)."""
+        return _GatherRagged.apply(self)
+
+    def redistribute(  # type: ignore[override]
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: Any = None,
+        *,
+        async_op: bool = False,
+        forward_dtype: torch.dtype | None = None,
+        backward_dtype: torch.dtype | None = None,
+    ) -> DTensor:
+        """To ``Replicate()``, ``Shard(d)`` or another RaggedShard (collective: every rank gathers the whole)."""
+        mesh = device_mesh if device_mesh is not None else self.device_mesh
+        if mesh != self.device_mesh:
+            raise NotImplementedError("dbuf.torch: a RaggedShard DTensor redistributes on its own mesh only")
+        (target,) = tuple(placements) if placements is not None else (self.ragged,)
+        source = self if forward_dtype is None else self.to(forward_dtype)
+        if target == self.ragged:
+            return source
+        whole = source.full_tensor()
+        if isinstance(target, Replicate):
+            return DTensor.from_local(whole, mesh, [Replicate()], run_check=False)
+        if isinstance(target, Shard):
+            return distribute_tensor(whole, mesh, [target], src_data_rank=None)
+        if isinstance(target, RaggedShard):
+            return distribute_ragged(whole, mesh, target)
+        raise NotImplementedError(f"dbuf.torch: redistributing a RaggedShard DTensor to {target}")
+
+    # ------------------------------------------------------------ distributed checkpoint (DCP)
+
+    def _boxes(self) -> list[Box]:
+        begin, end = self.element_range
+        return boxes_of(self.shape, begin, end)
+
+    def _box_view(self, box: Box) -> torch.Tensor:
+        begin, _ = self.element_range
+        start = box.flat_begin - begin
+        return self._local_tensor[start : start + box.numel].view(box.sizes)
+
+    def __create_write_items__(self, fqn: str, object: Any) -> list:  # noqa: A002 - DCP's name
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        properties = TensorProperties.create_from_tensor(self._local_tensor)
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, torch.Size(box.offsets)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes)),
+                    properties=properties,
+                    size=self.size(),
+                ),
+            )
+            for box in self._boxes()
+        ]
+
+    def __create_chunk_list__(self) -> list:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [
+            ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes))
+            for box in self._boxes()
+        ]
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        offsets = tuple(index.offset) if index.offset is not None else None
+        for box in self._boxes():
+            if box.offsets == offsets:
+                return self._box_view(box)
+        raise ValueError(f"{index.fqn}: this rank holds no chunk of it at offsets {offsets}")
+
+    # ------------------------------------------------------------ operators
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in _REDUCTIONS:
+            return _reduce(func, args, kwargs)
+        if not _is_elementwise(func):
+            raise NotImplementedError(
+                f"dbuf.torch: {func} on a RaggedShard DTensor (a parameter, gradient or optimizer state of "
+                f"dbuf.torch.fully_shard): its operators run elementwise on this rank's elements only; use "
+                f".full_tensor() for the whole tensor or .to_local() for this rank's elements"
+            )
+        return _elementwise(func, args, kwargs)
+
+
+# ---------------------------------------------------------------- elementwise operators
+
+_ELEMENTWISE = {
+    aten.detach.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.copy_.default,
+    aten._to_copy.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty_like.default,
+    aten.full_like.default,
+    aten.rand_like.default,
+    aten.randn_like.default,
+    aten.fill_.Scalar,
+    aten.fill_.Tensor,
+    aten.zero_.default,
+    aten.uniform_.default,
+    aten.normal_.default,
+    aten.bernoulli_.float,
+    aten.exponential_.default,
+    aten.new_zeros.default,
+    aten.new_empty.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+}
+_FUSED_OPTIMIZERS = ("_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad")
+
+
+def _is_elementwise(func) -> bool:
+    if func in _ELEMENTWISE or torch.Tag.pointwise in func.tags:
+        return True
+    name = func._schema.name.split("::")[-1]
+    return (name.startswith("_foreach_") and name not in _FOREACH_REDUCTIONS) or name.startswith(_FUSED_OPTIMIZERS)
+
+
+_FOREACH_REDUCTIONS = {"_foreach_norm", "_foreach_max"}
+_SHAPE_TAKING = {aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default}
+
+
+def _elementwise(func, args, kwargs):
+    if func is aten.copy_.default and not isinstance(args[1], DTensor):
+        return _copy_from_whole(args[0], args[1])
+    layouts = _operand_layouts(func, args, kwargs)
+    if func in _SHAPE_TAKING:
+        lead = args[0]
+        if tuple(args[1]) != tuple(lead.shape):
+            raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
+        args = (lead, [lead._local_tensor.numel()], *args[2:])
+    wrappers: dict[int, RaggedDTensor] = {}
+
+    def local(value):
+        if isinstance(value, RaggedDTensor):
+            wrappers[id(value._local_tensor)] = value
+            return value._local_tensor
+        if isinstance(value, DTensor):
+            return _replicated_value(func, value)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            raise ValueError(
+                f"dbuf.torch: {func} mixes a RaggedShard DTensor with a plain tensor of shape "
+                f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
+            )
+        return value
+
+    out = func(*tree_map(local, args), **tree_map(local, kwargs))
+    if isinstance(out, (list, tuple)) and isinstance(layouts, list):
+        return type(out)(_wrap(value, spec, wrappers) for value, spec in zip(out, layouts))
+    return tree_map(lambda value: _wrap(value, layouts, wrappers), out)
+
+
+def _operand_layouts(func, args, kwargs) -> DTensorSpec | list[DTensorSpec | None]:
+    """The layout results take: one spec, or for a _foreach_ operator one per list position.
+
+    Raises where RaggedShard operands that meet elementwise differ in layout.
+    """
+    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple)) and a and
+             any(isinstance(t, RaggedDTensor) for t in a)]
+    if lists:
+        lead = [t._spec if isinstance(t, RaggedDTensor) else None for t in lists[0]]
+        for other in lists[1:]:
+            for spec, tensor in zip(lead, other):
+                if isinstance(tensor, RaggedDTensor):
+                    _check_same_layout(func, spec, tensor._spec)
+        return lead
+    flat, _ = tree_flatten((args, kwargs))
+    specs = [t._spec for t in flat if isinstance(t, RaggedDTensor)]
+    for spec in specs[1:]:
+        _check_same_layout(func, specs[0], spec)
+    return specs[0]
+
+
+def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> None:
+    if spec is None or (
+        spec.placements == other.placements and spec.shape == other.shape and spec.mesh == other.mesh
+    ):
+        return
+    raise ValueError(
+        f"dbuf.torch: {func} on RaggedShard DTensors of different layouts ({spec.placements[0] if spec else None} "
+        f"of {tuple(spec.shape) if spec else ()} and {other.placements[0]} of {tuple(other.shape)}): "
+        f"redistribute one first"
+    )
+
+
+def _wrap(value, spec: DTensorSpec | None, wrappers: dict[int, RaggedDTensor]):
+    if not isinstance(value, torch.Tensor):
+        return value
+    existing = wrappers.get(id(value))
+    if existing is not None:
+        return existing  # an in-place operator's result is its operand
+    if spec is None:
+        return value
+    meta = spec.tensor_meta
+    out_spec = DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
+    return RaggedDTensor(value, out_spec, requires_grad=False)
+
+
+def _replicated_value(func, value: DTensor) -> torch.Tensor:
+    """A DTensor operand of another placement: its value on this rank (gathered where it is Partial)."""
+    if value.dim() > 0:
+        raise ValueError(
+            f"dbuf.torch: {func} mixes a RaggedShard DTensor with a {value.placements} DTensor of shape "
+            f"{tuple(value.shape)}; redistribute it to the RaggedShard layout first"
+        )
+    if all(isinstance(p, Replicate) for p in value.placements):
+        return value._local_tensor
+    return value.full_tensor()
+
+
+def _copy_from_whole(dest: RaggedDTensor, source: torch.Tensor) -> RaggedDTensor:
+    """``dest.copy_(whole)``: this rank's elements of a plain tensor of the global shape."""
+    if tuple(source.shape) != tuple(dest.shape):
+        raise ValueError(
+            f"dbuf.torch: copying a plain tensor of shape {tuple(source.shape)} into a RaggedShard DTensor of "
+            f"shape {tuple(dest.shape)}"
+        )
+    begin, end = dest.element_range
+    dest._local_tensor.copy_(source.reshape(-1)[begin:end])
+    return dest
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _partial_for(norm_type: float):
+    if norm_type == math.inf:
+        return Partial("max")
+    if norm_type == -math.inf:
+        return Partial("min")
+    if norm_type == 0:
+        return Partial("sum")
+    return _NormPartial(norm_type)
+
+
+def _as_partial(local: torch.Tensor, mesh: DeviceMesh, placement) -> DTensor:
+    spec = DTensorSpec(mesh, (placement,), tensor_meta=TensorMeta(local.shape, local.stride(), local.dtype))
+    return DTensor(local, spec, requires_grad=False)
+
+
+def _reduce_norm(args, kwargs):
+    tensor, norm_type = args[0], float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is not None:
+        raise NotImplementedError("dbuf.torch: a norm over some dimensions of a RaggedShard DTensor")
+    dtype = kwargs.get("dtype")
+    local = torch.linalg.vector_norm(tensor._local_tensor, norm_type, dtype=dtype)
+    return _as_partial(local, tensor.device_mesh, _partial_for(norm_type))
+
+
+def _reduce_foreach_norm(args, kwargs):
+    tensors = args[0]
+    norm_type = float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    out = []
+    for tensor in tensors:
+        if not isinstance(tensor, RaggedDTensor):
+            raise ValueError("dbuf.torch: _foreach_norm over RaggedShard DTensors and other tensors at once")
+        local = torch.linalg.vector_norm(tensor._local_tensor, norm_type, dtype=dtype)
+        out.append(_as_partial(local, tensor.device_mesh, _partial_for(norm_type)))
+    return out
+
+
+def _reduce_extreme(kind: str):
+    def reduce(args, kwargs):
+        tensor = args[0]
+        if len(args) > 1 or kwargs:
+            raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
+        local = tensor._local_tensor
+        if local.numel() == 0:
+            # Nothing here: the identity of the reduction, so other ranks decide.
+            fill = -math.inf if kind == "max" else math.inf
+            value = torch.full((), fill, dtype=local.dtype, device=local.device)
+        else:
+            value = local.max() if kind == "max" else local.min()
+        return _as_partial(value, tensor.device_mesh, Partial(kind))
+
+    return reduce
+
+
+def _reduce_sum(args, kwargs):
+    tensor = args[0]
+    if len(args) > 1 and args[1] is not None and not isinstance(args[1], torch.dtype):
+        raise NotImplementedError("dbuf.torch: a sum over some dimensions of a RaggedShard DTensor")
+    local = tensor._local_tensor.sum(dtype=kwargs.get("dtype"))
+    return _as_partial(local, tensor.device_mesh, Partial("sum"))
+
+
+_REDUCTIONS = {
+    aten.linalg_vector_norm.default: _reduce_norm,
+    aten._foreach_norm.Scalar: _reduce_foreach_norm,
+    aten.max.default: _reduce_extreme("max"),
+    aten.min.default: _reduce_extreme("min"),
+    aten.sum.default: _reduce_sum,
+}
+
+
+def _reduce(func, args, kwargs):
+    return _REDUCTIONS[func](args, kwargs)
+
+
+# ---------------------------------------------------------------- gather, distribute
+
+
+class _GatherRagged(torch.autograd.Function):
+    """RaggedShard -> the whole tensor on every rank; backward takes this rank's elements of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor: RaggedDTensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.spec = tensor._spec
+        mesh = tensor.device_mesh
+        return tensor.ragged.gather(tensor._local_tensor, mesh, 0, tensor.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        spec: DTensorSpec = ctx.spec
+        placement: RaggedShard = spec.placements[0]  # type: ignore[assignment]
+        local = placement.split(grad, mesh_rank(spec.mesh)).contiguous()
+        return RaggedDTensor(local, DTensorSpec(spec.mesh, spec.placements, tensor_meta=spec.tensor_meta),
+                             requires_grad=False)
+
+
+def distribute_ragged(whole: torch.Tensor, mesh: DeviceMesh, placement: RaggedShard) -> RaggedDTensor:
+    """A whole tensor (the same on every rank) -> its RaggedShard DTensor (this rank's elements, a copy; no communication)."""
+    if isinstance(whole, DTensor):
+        whole = whole.full_tensor()
+    placement.check(whole.numel())
+    local = placement.split(whole.detach(), mesh_rank(mesh)).clone()
+    return RaggedDTensor.from_local(local, mesh, placement, whole.shape)
+
+
+def local_elements(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's elements of a RaggedShard DTensor (1-D, no copy); a plain tensor itself."""
+    return tensor._local_tensor if isinstance(tensor, RaggedDTensor) else tensor
+
+
+def shard_info(param: torch.Tensor, unit_elems: int | None = None) -> ShardInfo:
+    """The ShardInfo of a RaggedShard DTensor, or of a plain (whole) tensor.
+
+    A plain tensor is its own whole tensor; ``unit_elems`` gives its block
+    size (default: the whole tensor is one block), so optimizers written
+    against ShardInfo run unchanged in a single process.
+    """
+    if isinstance(param, RaggedDTensor):
+        return param.shard_info
+    numel = param.numel()
+    unit = unit_elems if unit_elems is not None else max(numel, 1)
+    return ShardInfo(param.shape, 0, numel, unit, -(-numel // unit) if numel else 0)
+
+
+def _register_for_foreach() -> None:
+    """torch's optimizers and clipping take their foreach paths only for the exact types listed (as DTensor is)."""
+    from torch.optim.optimizer import _foreach_supported_types as optim_types
+    from torch.utils._foreach_utils import _foreach_supported_types as util_types
+
+    for types in (optim_types, util_types):
+        if RaggedDTensor not in types:
+            types.append(RaggedDTensor)
+
+
+_register_for_foreach()
