@@ -1,0 +1,138 @@
+"""One rank of a Hugging Face model trained and checkpointed with PyTorch's own APIs, on dbuf.torch or FSDP2.
+
+  checkpoint_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--steps N] [--start K]
+                   [--save-at K --checkpoint DIR] [--load DIR] [--granularity RULE] [--clip C]
+
+Trains steps [start, N) of a tiny random-init transformers model (dims that
+the world size does not divide) with AdamW, every rank's micro-batch its
+slice of one global batch per step. ``--load`` restores model and optimizer
+from a DCP checkpoint first (``get_state_dict`` / ``dcp.load`` /
+``set_state_dict``, as torchtitan does); ``--save-at`` saves one after that
+many steps (``dcp.save``). Only the import of ``fully_shard`` differs
+between the backends.
+
+Writes OUT.pt.<rank>: losses, the total gradient norms torch's
+``clip_grad_norm_`` returned (with ``--clip``), and on rank 0 the full model
+and optimizer state dicts (``get_model_state_dict`` /
+``get_optimizer_state_dict`` with ``full_state_dict``), after loading
+(``loaded``), at the save (``saved``) and at the end (``final``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.utils._pytree import tree_map
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+GLOBAL_BATCH, SEQ, VOCAB = 12, 10, 101
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--backend", choices=("dbuf", "fsdp2"), required=True)
+p.add_argument("--model", choices=("llama", "qwen3moe"), required=True)
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--start", type=int, default=0)
+p.add_argument("--save-at", type=int, default=-1)
+p.add_argument("--checkpoint", default=None)
+p.add_argument("--load", default=None)
+p.add_argument("--granularity", default="element")
+p.add_argument("--clip", type=float, default=None)
+args = p.parse_args()
+
+torch.set_num_threads(1)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def make_model() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=22, tie_word_embeddings=False)
+    if args.model == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2)
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+model = make_model()
+if args.backend == "dbuf":
+    import dbuf.torch as dt
+
+    dt.init()
+    for layer in model.model.layers:
+        dt.fully_shard(layer, granularity=args.granularity)
+    dt.fully_shard(model, granularity=args.granularity)
+else:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state() -> dict:
+    """Whole tensors (rank 0 only): the model's and the optimizer's, keyed by parameter names."""
+    state = {"model": get_model_state_dict(model, options=FULL),
+             "optim": get_optimizer_state_dict(model, optimizer, options=FULL)}
+    # Copies: some values (the optimizer's step counts) are the live tensors training goes on updating.
+    return tree_map(lambda value: value.clone() if isinstance(value, torch.Tensor) else value, state)
+
+
+def batch(step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
+    share = GLOBAL_BATCH // world
+    return tokens[rank * share : (rank + 1) * share]
+
+
+result: dict = {"losses": [], "norms": []}
+if args.load:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.load)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    result["loaded"] = full_state()
+
+for step in range(args.start, args.steps):
+    tokens = batch(step)
+    loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    if args.clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        result["norms"].append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+    optimizer.step()
+    optimizer.zero_grad()
+    result["losses"].append(loss.item())
+    if step + 1 == args.save_at:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.checkpoint)
+        result["saved"] = full_state()
+
+result["final"] = full_state()
+if rank != 0:
+    for key in ("loaded", "saved", "final"):
+        result.pop(key, None)
+torch.save(result, f"{args.out}.{rank}")
+if args.backend == "dbuf":
+    dt.destroy()
+else:
+    dist.destroy_process_group()
+print("done", file=sys.stderr)
