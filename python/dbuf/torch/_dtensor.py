@@ -510,4 +510,51 @@ def _register_for_foreach() -> None:
             types.append(RaggedDTensor)
 
 
+def _is_ragged(placements: Any) -> bool:
+    return isinstance(placements, (list, tuple)) and len(placements) == 1 and isinstance(placements[0], RaggedShard)
+
+
+def _teach_full_state_dict_loading() -> None:
+    """torch's set_{model,optimizer}_state_dict with full_state_dict: RaggedShard DTensors take their elements.
+
+    Both paths of ``torch.distributed._state_dict_utils`` (every rank holds
+    the full dict: ``distribute_tensor``; rank 0 broadcasts it:
+    ``_distribute_tensors``) compute a rectangular slice per rank from the
+    placements, which a ragged range is not. These two wrappers hand the
+    RaggedShard DTensors to :func:`distribute_ragged` (or copy this rank's
+    elements into the existing one) and everything else to torch's own code;
+    they are installed once, at import, and only where torch has the names
+    (2.15, the version requirements.txt pins).
+    """
+    import torch.distributed._state_dict_utils as utils
+
+    distribute = getattr(utils, "distribute_tensor", None)
+    distribute_many = getattr(utils, "_distribute_tensors", None)
+    if distribute is None or distribute_many is None or getattr(distribute, "_dbuf_ragged", False):
+        return
+
+    def distribute_tensor_or_ragged(tensor, device_mesh=None, placements=None, **kwargs):
+        if _is_ragged(placements):
+            return distribute_ragged(tensor, device_mesh, placements[0])
+        return distribute(tensor, device_mesh, placements, **kwargs)
+
+    def distribute_tensors_or_ragged(local_state_dict, keys, device, pg=None):
+        others = []
+        for key in keys:
+            entry = local_state_dict.get(key)
+            if isinstance(entry, tuple) and isinstance(entry[0], RaggedDTensor):
+                local, whole = entry
+                begin, end = local.element_range
+                local._local_tensor.copy_(whole.reshape(-1)[begin:end])
+                local_state_dict[key] = local
+            else:
+                others.append(key)
+        distribute_many(local_state_dict, others, device, pg)
+
+    distribute_tensor_or_ragged._dbuf_ragged = True  # type: ignore[attr-defined]
+    utils.distribute_tensor = distribute_tensor_or_ragged
+    utils._distribute_tensors = distribute_tensors_or_ragged
+
+
 _register_for_foreach()
+_teach_full_state_dict_loading()

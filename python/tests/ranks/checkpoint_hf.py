@@ -2,6 +2,7 @@
 
   checkpoint_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--steps N] [--start K]
                    [--save-at K --checkpoint DIR] [--load DIR] [--granularity RULE] [--clip C]
+                   [--hidden H --layers L]
 
 Trains steps [start, N) of a tiny random-init transformers model (dims that
 the world size does not divide) with AdamW, every rank's micro-batch its
@@ -15,7 +16,9 @@ Writes OUT.pt.<rank>: losses, the total gradient norms torch's
 ``clip_grad_norm_`` returned (with ``--clip``), and on rank 0 the full model
 and optimizer state dicts (``get_model_state_dict`` /
 ``get_optimizer_state_dict`` with ``full_state_dict``), after loading
-(``loaded``), at the save (``saved``) and at the end (``final``).
+(``loaded``), at the save (``saved``) and at the end (``final``); the seconds
+the save and the load took (``save_s``, ``load_s``: get_state_dict, DCP, and
+set_state_dict on load).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -49,6 +54,8 @@ p.add_argument("--checkpoint", default=None)
 p.add_argument("--load", default=None)
 p.add_argument("--granularity", default="element")
 p.add_argument("--clip", type=float, default=None)
+p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
+p.add_argument("--layers", type=int, default=2)
 args = p.parse_args()
 
 torch.set_num_threads(1)
@@ -59,8 +66,9 @@ def make_model() -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=22, tie_word_embeddings=False)
+    common = dict(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=70 * args.hidden // 44,
+                  num_hidden_layers=args.layers, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=args.hidden // 2, tie_word_embeddings=False)
     if args.model == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2)
@@ -106,9 +114,11 @@ def batch(step: int) -> torch.Tensor:
 
 result: dict = {"losses": [], "norms": []}
 if args.load:
+    started = time.perf_counter()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.load)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    result["load_s"] = time.perf_counter() - started
     result["loaded"] = full_state()
 
 for step in range(args.start, args.steps):
@@ -122,11 +132,27 @@ for step in range(args.start, args.steps):
     optimizer.zero_grad()
     result["losses"].append(loss.item())
     if step + 1 == args.save_at:
+        started = time.perf_counter()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.checkpoint)
+        result["save_s"] = time.perf_counter() - started
         result["saved"] = full_state()
 
 result["final"] = full_state()
+
+# Full state dicts load back (torch's set_model_state_dict): held by every rank, then broadcast from rank 0.
+everywhere = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+for options in (StateDictOptions(full_state_dict=True),
+                StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)):
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    # A copy: torch replaces the dict's values with the distributed tensors it loads.
+    given = {k: v.clone() for k, v in everywhere.items()} if rank == 0 or not options.broadcast_from_rank0 else {}
+    set_model_state_dict(model, given, options=options)
+    again = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    for name, value in everywhere.items():
+        assert torch.equal(again[name], value), f"{name} after set_model_state_dict({options})"
 if rank != 0:
     for key in ("loaded", "saved", "final"):
         result.pop(key, None)

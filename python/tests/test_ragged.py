@@ -1,0 +1,92 @@
+"""RaggedShard and RaggedDTensor in one process: layouts, DCP's rectangles, and the operators they take or refuse.
+
+Ranks are simulated with meshes that know their coordinate but have no
+process group (conftest.rank_mesh); what needs a collective is tested by the
+rank processes of test_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import rank_mesh
+from dbuf.torch import RaggedDTensor, RaggedShard, distribute_ragged, local_elements
+from dbuf.torch._ragged import boxes_of
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 4), (4, 1, 3), (2, 0, 3)])
+def test_boxes_cover_every_range_exactly_in_order(shape):
+    numel = math.prod(shape)
+    index = torch.arange(numel).reshape(shape)
+    for begin, end in itertools.combinations_with_replacement(range(numel + 1), 2):
+        boxes = boxes_of(shape, begin, end)
+        flat = []
+        for box in boxes:
+            region = index[tuple(slice(o, o + s) for o, s in zip(box.offsets, box.sizes))]
+            assert region.reshape(-1)[0].item() == box.flat_begin if box.numel else True
+            flat += region.reshape(-1).tolist()
+        assert flat == list(range(begin, end)), (shape, begin, end, boxes)
+        assert len(boxes) <= 2 * max(len(shape), 1) - 1 or end - begin == 0
+
+
+def test_a_placement_is_its_ranks_blocks_in_rank_order():
+    placement = RaggedShard(4, (2, 0, 3))  # 19 elements: blocks of 4, the last one of 3
+    placement.check(19)
+    assert [placement.rank_range(r, 19) for r in range(3)] == [(0, 8), (8, 8), (8, 19)]
+    with pytest.raises(ValueError, match="5 blocks for a tensor of 24 elements"):
+        placement.check(24)
+    assert placement == RaggedShard(4, [2, 0, 3]) and placement != RaggedShard(2, (4, 0, 6))
+    assert len({placement, RaggedShard(4, (2, 0, 3))}) == 1
+
+
+def ranks_of(whole: torch.Tensor, placement: RaggedShard) -> list[RaggedDTensor]:
+    return [distribute_ragged(whole, rank_mesh(r, placement.ranks), placement) for r in range(placement.ranks)]
+
+
+def test_the_global_shape_is_what_code_reads_and_elementwise_operators_stay_local():
+    whole = torch.randn(5, 6)
+    placement = RaggedShard(6, (2, 3))  # rows:1 over 2 ranks
+    for rank, param in enumerate(ranks_of(whole, placement)):
+        param = torch.nn.Parameter(param)
+        assert param.shape == (5, 6) and param.dim() == 2 and param.numel() == 30
+        begin, end = placement.rank_range(rank, 30)
+        assert torch.equal(local_elements(param), whole.reshape(-1)[begin:end])
+        state = torch.zeros_like(param)
+        torch._foreach_add_([state], [param], alpha=2.0)
+        torch._foreach_mul_([state], 0.5)
+        assert isinstance(state, RaggedDTensor) and torch.equal(local_elements(state), local_elements(param))
+        half = param.detach().to(torch.bfloat16)
+        assert half.dtype == torch.bfloat16 and half.placements == param.placements
+        with torch.no_grad():
+            param.copy_(whole * 3)  # a whole tensor: this rank's elements of it
+        assert torch.equal(local_elements(param), (whole * 3).reshape(-1)[begin:end])
+
+
+def test_operators_that_need_the_whole_tensor_are_refused_by_name():
+    (param, _) = ranks_of(torch.randn(4, 4), RaggedShard(4, (1, 3)))
+    with pytest.raises(NotImplementedError, match="aten.mm.*full_tensor"):
+        param @ torch.randn(4, 4)
+    with pytest.raises(NotImplementedError, match="aten.view"):
+        param.view(16)
+    with pytest.raises(ValueError, match="plain tensor of shape"):
+        param + torch.randn(4, 4)
+    other = ranks_of(torch.randn(4, 4), RaggedShard(4, (2, 2)))[0]
+    with pytest.raises(ValueError, match="different layouts"):
+        param + other
+    with pytest.raises(ValueError, match="copying a plain tensor of shape"):
+        param.detach().copy_(torch.randn(3, 3))
+
+
+def test_dcp_chunks_are_views_of_the_local_elements():
+    whole = torch.arange(24.0).reshape(2, 3, 4)
+    for param in ranks_of(whole, RaggedShard(1, (5, 13, 6))):
+        for chunk in param.__create_chunk_list__():
+            index = type("Index", (), {"offset": chunk.offsets, "fqn": "w"})()
+            view = param.__get_tensor_shard__(index)
+            region = whole[tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))]
+            assert torch.equal(view, region)
+            assert view.untyped_storage().data_ptr() == local_elements(param).untyped_storage().data_ptr()
