@@ -90,3 +90,17 @@ def test_dcp_chunks_are_views_of_the_local_elements():
             region = whole[tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))]
             assert torch.equal(view, region)
             assert view.untyped_storage().data_ptr() == local_elements(param).untyped_storage().data_ptr()
+
+
+def test_reset_parameters_and_shape_aware_code_read_the_global_shape():
+    layer = torch.nn.Linear(6, 5)
+    placement = RaggedShard(6, (3, 2))
+    for name in ("weight", "bias"):
+        whole = getattr(layer, name).detach()
+        ragged = RaggedShard(1, (3, 2)) if name == "bias" else placement
+        setattr(layer, name, torch.nn.Parameter(distribute_ragged(whole, rank_mesh(1, 2), ragged)))
+    layer.reset_parameters()  # fan-in from the global shape, uniform_ on the local elements
+    assert local_elements(layer.weight).abs().max() <= 1 / math.sqrt(6)
+    decay = [p for p in layer.parameters() if p.dim() >= 2]
+    assert len(decay) == 1 and decay[0] is layer.weight
+    assert sum(p.numel() for p in layer.parameters()) == 6 * 5 + 5
