@@ -45,7 +45,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops._math_ops import _NormPartial
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ._ragged import Box, RaggedShard, ShardInfo, boxes_of
 
@@ -273,6 +272,8 @@ _SHAPE_TAKING = {aten.new_zeros.default, aten.new_empty.default, aten.new_ones.d
 
 
 def _elementwise(func, args, kwargs):
+    # Called for every operator of an optimizer step: plain loops over the
+    # arguments (one level of lists, as operators take them), not pytree.
     if func is aten.copy_.default and not isinstance(args[1], DTensor):
         return _copy_from_whole(args[0], args[1])
     layouts = _operand_layouts(func, args, kwargs)
@@ -282,24 +283,29 @@ def _elementwise(func, args, kwargs):
             raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
         args = (lead, [lead._local_tensor.numel()], *args[2:])
     wrappers: dict[int, RaggedDTensor] = {}
+    local_args = [_local_operand(func, value, wrappers) for value in args]
+    local_kwargs = {key: _local_operand(func, value, wrappers) for key, value in kwargs.items()}
+    out = func(*local_args, **local_kwargs)
+    if isinstance(out, (list, tuple)):
+        specs = layouts if isinstance(layouts, list) else [layouts] * len(out)
+        return type(out)(_wrap(value, spec, wrappers) for value, spec in zip(out, specs))
+    return _wrap(out, layouts, wrappers)
 
-    def local(value):
-        if isinstance(value, RaggedDTensor):
-            wrappers[id(value._local_tensor)] = value
-            return value._local_tensor
-        if isinstance(value, DTensor):
-            return _replicated_value(func, value)
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            raise ValueError(
-                f"dbuf.torch: {func} mixes a RaggedShard DTensor with a plain tensor of shape "
-                f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
-            )
-        return value
 
-    out = func(*tree_map(local, args), **tree_map(local, kwargs))
-    if isinstance(out, (list, tuple)) and isinstance(layouts, list):
-        return type(out)(_wrap(value, spec, wrappers) for value, spec in zip(out, layouts))
-    return tree_map(lambda value: _wrap(value, layouts, wrappers), out)
+def _local_operand(func, value, wrappers: dict[int, RaggedDTensor]):
+    if isinstance(value, RaggedDTensor):
+        wrappers[id(value._local_tensor)] = value
+        return value._local_tensor
+    if isinstance(value, (list, tuple)):
+        return type(value)(_local_operand(func, item, wrappers) for item in value)
+    if isinstance(value, DTensor):
+        return _replicated_value(func, value)
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        raise ValueError(
+            f"dbuf.torch: {func} mixes a RaggedShard DTensor with a plain tensor of shape "
+            f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
+        )
+    return value
 
 
 def _operand_layouts(func, args, kwargs) -> DTensorSpec | list[DTensorSpec | None]:
@@ -307,31 +313,34 @@ def _operand_layouts(func, args, kwargs) -> DTensorSpec | list[DTensorSpec | Non
 
     Raises where RaggedShard operands that meet elementwise differ in layout.
     """
-    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple)) and a and
-             any(isinstance(t, RaggedDTensor) for t in a)]
-    if lists:
-        lead = [t._spec if isinstance(t, RaggedDTensor) else None for t in lists[0]]
-        for other in lists[1:]:
-            for spec, tensor in zip(lead, other):
-                if isinstance(tensor, RaggedDTensor):
-                    _check_same_layout(func, spec, tensor._spec)
-        return lead
-    flat, _ = tree_flatten((args, kwargs))
-    specs = [t._spec for t in flat if isinstance(t, RaggedDTensor)]
-    for spec in specs[1:]:
-        _check_same_layout(func, specs[0], spec)
-    return specs[0]
+    lead: DTensorSpec | list[DTensorSpec | None] | None = None
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            specs = [t._spec if isinstance(t, RaggedDTensor) else None for t in value]
+            if not any(specs):
+                continue
+            if isinstance(lead, list):
+                for spec, other in zip(lead, specs):
+                    if other is not None:
+                        _check_same_layout(func, spec, other)
+            else:
+                lead = specs
+        elif isinstance(value, RaggedDTensor):
+            if lead is None:
+                lead = value._spec
+            elif not isinstance(lead, list):
+                _check_same_layout(func, lead, value._spec)
+    return lead
 
 
 def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> None:
-    if spec is None or (
+    if spec is None or spec is other or (
         spec.placements == other.placements and spec.shape == other.shape and spec.mesh == other.mesh
     ):
         return
     raise ValueError(
-        f"dbuf.torch: {func} on RaggedShard DTensors of different layouts ({spec.placements[0] if spec else None} "
-        f"of {tuple(spec.shape) if spec else ()} and {other.placements[0]} of {tuple(other.shape)}): "
-        f"redistribute one first"
+        f"dbuf.torch: {func} on RaggedShard DTensors of different layouts ({spec.placements[0]} of "
+        f"{tuple(spec.shape)} and {other.placements[0]} of {tuple(other.shape)}): redistribute one first"
     )
 
 
@@ -344,8 +353,9 @@ def _wrap(value, spec: DTensorSpec | None, wrappers: dict[int, RaggedDTensor]):
     if spec is None:
         return value
     meta = spec.tensor_meta
-    out_spec = DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
-    return RaggedDTensor(value, out_spec, requires_grad=False)
+    if value.dtype != meta.dtype:
+        spec = DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
+    return RaggedDTensor(value, spec, requires_grad=False)
 
 
 def _replicated_value(func, value: DTensor) -> torch.Tensor:
