@@ -261,10 +261,20 @@ _FUSED_OPTIMIZERS = ("_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagra
 
 
 def _is_elementwise(func) -> bool:
-    if func in _ELEMENTWISE or torch.Tag.pointwise in func.tags:
-        return True
-    name = func._schema.name.split("::")[-1]
-    return (name.startswith("_foreach_") and name not in _FOREACH_REDUCTIONS) or name.startswith(_FUSED_OPTIMIZERS)
+    known = _ELEMENTWISE_CACHE.get(func)
+    if known is None:
+        name = func._schema.name.split("::")[-1]
+        known = (
+            func in _ELEMENTWISE
+            or torch.Tag.pointwise in func.tags
+            or (name.startswith("_foreach_") and name not in _FOREACH_REDUCTIONS)
+            or name.startswith(_FUSED_OPTIMIZERS)
+        )
+        _ELEMENTWISE_CACHE[func] = known
+    return known
+
+
+_ELEMENTWISE_CACHE: dict = {}
 
 
 _FOREACH_REDUCTIONS = {"_foreach_norm", "_foreach_max"}
@@ -272,65 +282,98 @@ _SHAPE_TAKING = {aten.new_zeros.default, aten.new_empty.default, aten.new_ones.d
 
 
 def _elementwise(func, args, kwargs):
-    # Called for every operator of an optimizer step: plain loops over the
-    # arguments (one level of lists, as operators take them), not pytree.
+    # Runs for every operator of an optimizer step, so one plain pass over
+    # the arguments (and one level of lists, as operators take them).
     if func is aten.copy_.default and not isinstance(args[1], DTensor):
         return _copy_from_whole(args[0], args[1])
-    layouts = _operand_layouts(func, args, kwargs)
     if func in _SHAPE_TAKING:
         lead = args[0]
         if tuple(args[1]) != tuple(lead.shape):
             raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
         args = (lead, [lead._local_tensor.numel()], *args[2:])
-    wrappers: dict[int, RaggedDTensor] = {}
-    local_args = [_local_operand(func, value, wrappers) for value in args]
-    local_kwargs = {key: _local_operand(func, value, wrappers) for key, value in kwargs.items()}
-    out = func(*local_args, **local_kwargs)
-    if isinstance(out, (list, tuple)):
-        specs = layouts if isinstance(layouts, list) else [layouts] * len(out)
-        return type(out)(_wrap(value, spec, wrappers) for value, spec in zip(out, specs))
-    return _wrap(out, layouts, wrappers)
+    operands = _Operands(func)
+    out = func(*[operands.local(value) for value in args],
+               **{key: operands.local(value) for key, value in kwargs.items()})
+    return operands.wrap(out)
 
 
-def _local_operand(func, value, wrappers: dict[int, RaggedDTensor]):
-    if isinstance(value, RaggedDTensor):
-        wrappers[id(value._local_tensor)] = value
-        return value._local_tensor
-    if isinstance(value, (list, tuple)):
-        return type(value)(_local_operand(func, item, wrappers) for item in value)
-    if isinstance(value, DTensor):
-        return _replicated_value(func, value)
-    if isinstance(value, torch.Tensor) and value.dim() > 0:
-        raise ValueError(
-            f"dbuf.torch: {func} mixes a RaggedShard DTensor with a plain tensor of shape "
-            f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
-        )
-    return value
+class _Operands:
+    """One operator call's RaggedShard operands: their local elements, and the layout results take.
 
-
-def _operand_layouts(func, args, kwargs) -> DTensorSpec | list[DTensorSpec | None]:
-    """The layout results take: one spec, or for a _foreach_ operator one per list position.
-
-    Raises where RaggedShard operands that meet elementwise differ in layout.
+    The layout is one spec, or for a _foreach_ operator one per list
+    position; RaggedShard operands that meet elementwise must share it.
     """
-    lead: DTensorSpec | list[DTensorSpec | None] | None = None
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            specs = [t._spec if isinstance(t, RaggedDTensor) else None for t in value]
-            if not any(specs):
-                continue
-            if isinstance(lead, list):
-                for spec, other in zip(lead, specs):
-                    if other is not None:
-                        _check_same_layout(func, spec, other)
+
+    __slots__ = ("func", "spec", "list_specs", "in_place")
+
+    def __init__(self, func) -> None:
+        self.func = func
+        self.spec: DTensorSpec | None = None
+        self.list_specs: list[DTensorSpec | None] | None = None
+        self.in_place: dict[int, RaggedDTensor] = {}  # local tensor -> its DTensor (a result may be an operand)
+
+    def local(self, value):
+        kind = type(value)
+        if kind is RaggedDTensor:
+            self._meet(value._spec)
+            self.in_place[id(value._local_tensor)] = value
+            return value._local_tensor
+        if kind is list or kind is tuple:
+            return self._local_list(value)
+        if isinstance(value, DTensor):
+            return _replicated_value(self.func, value)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            raise ValueError(
+                f"dbuf.torch: {self.func} mixes a RaggedShard DTensor with a plain tensor of shape "
+                f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
+            )
+        return value
+
+    def _local_list(self, values):
+        specs = self.list_specs
+        first = specs is None
+        if first:
+            specs = [None] * len(values)
+        local = []
+        for position, value in enumerate(values):
+            if type(value) is RaggedDTensor:
+                spec = specs[position] if position < len(specs) else None
+                if first or spec is None:
+                    specs[position] = value._spec
+                elif spec is not value._spec:
+                    _check_same_layout(self.func, spec, value._spec)
+                local.append(value._local_tensor)
             else:
-                lead = specs
-        elif isinstance(value, RaggedDTensor):
-            if lead is None:
-                lead = value._spec
-            elif not isinstance(lead, list):
-                _check_same_layout(func, lead, value._spec)
-    return lead
+                local.append(self.local(value))
+        if first and any(spec is not None for spec in specs):
+            self.list_specs = specs
+        return type(values)(local)
+
+    def _meet(self, spec: DTensorSpec) -> None:
+        if self.spec is None:
+            self.spec = spec
+        elif self.spec is not spec:
+            _check_same_layout(self.func, self.spec, spec)
+
+    def wrap(self, out):
+        if isinstance(out, (list, tuple)):
+            specs = self.list_specs if self.list_specs is not None else [self.spec] * len(out)
+            return type(out)(self._wrap_one(value, spec) for value, spec in zip(out, specs))
+        return self._wrap_one(out, self.spec)
+
+    def _wrap_one(self, value, spec: DTensorSpec | None):
+        if not isinstance(value, torch.Tensor):
+            return value
+        operand = self.in_place.get(id(value))
+        if operand is not None:
+            return operand  # an in-place operator's result is its operand
+        if spec is None:
+            return value
+        meta = spec.tensor_meta
+        if value.dtype != meta.dtype:
+            spec = DTensorSpec(spec.mesh, spec.placements,
+                               tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
+        return RaggedDTensor(value, spec, requires_grad=False)
 
 
 def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> None:
@@ -342,20 +385,6 @@ def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> No
         f"dbuf.torch: {func} on RaggedShard DTensors of different layouts ({spec.placements[0]} of "
         f"{tuple(spec.shape)} and {other.placements[0]} of {tuple(other.shape)}): redistribute one first"
     )
-
-
-def _wrap(value, spec: DTensorSpec | None, wrappers: dict[int, RaggedDTensor]):
-    if not isinstance(value, torch.Tensor):
-        return value
-    existing = wrappers.get(id(value))
-    if existing is not None:
-        return existing  # an in-place operator's result is its operand
-    if spec is None:
-        return value
-    meta = spec.tensor_meta
-    if value.dtype != meta.dtype:
-        spec = DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
-    return RaggedDTensor(value, spec, requires_grad=False)
 
 
 def _replicated_value(func, value: DTensor) -> torch.Tensor:
