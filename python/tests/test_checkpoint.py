@@ -127,3 +127,22 @@ def test_dcp_round_trips_across_backends_world_sizes_and_granularities(hf_daemon
     dcp_to_torch_save(checkpoint, single)
     whole = torch.load(single, weights_only=False)
     assert_same_state(whole["model"], dbuf[0]["saved"]["model"], "dcp_to_torch_save")
+
+
+@pytest.mark.parametrize(("optimizer", "granularity"), [("adam8bit", "rows:2"), ("muon", "matrix")])
+def test_dbufs_own_optimizers_checkpoint_their_states_through_dcp(hf_daemon, tmp_path, optimizer, granularity):
+    # Adam8bit's codes (the parameter's layout) and per-block scales, Muon's momentum: RaggedShard
+    # DTensors, saved whole; a resumed job continues bit for bit, another world size loads them
+    # (the same rule, so the same blocks).
+    checkpoint = tmp_path / "ckpt"
+    flags = ("--optimizer", optimizer, "--granularity", granularity)
+    first = run(hf_daemon, tmp_path, "first", "dbuf", "llama", 4, "--steps", str(STEPS), "--save-at", str(SAVE_AT),
+                "--checkpoint", str(checkpoint), *flags)
+    resumed = run(hf_daemon, tmp_path, "resumed", "dbuf", "llama", 4, "--steps", str(STEPS), "--start", str(SAVE_AT),
+                  "--load", str(checkpoint), *flags)
+    for rank in range(4):
+        assert resumed[rank]["losses"] == first[rank]["losses"][SAVE_AT:], f"rank {rank}"
+    assert_same_state(resumed[0]["final"], first[0]["final"], f"{optimizer} resumed")
+    three = run(hf_daemon, tmp_path, "three", "dbuf", "llama", 3, "--steps", str(SAVE_AT), "--start", str(SAVE_AT),
+                "--load", str(checkpoint), *flags)
+    assert_same_state(three[0]["loaded"], first[0]["saved"], f"{optimizer} dbuf@4 -> dbuf@3")

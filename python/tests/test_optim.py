@@ -382,10 +382,12 @@ def test_adam8bit_sharded_matches_single_process(gran_of, device):
             q = layout.units[name]
             st, want = opts[r].state[p], opt.state[single[name]]
             assert st["step"] == want["step"] == STEPS
-            for key in ("m_codes", "v_codes"):
-                assert torch.equal(st[key], want[key][lo:hi]), (r, name, key)
+            for key in ("m_codes", "v_codes"):  # the parameter's layout
+                assert isinstance(st[key], RaggedDTensor) and st[key].placements == p.placements
+                assert torch.equal(local_elements(st[key]), want[key].reshape(-1)[lo:hi]), (r, name, key)
             for key in ("m_scale", "v_scale"):  # one scale per local block, the same blocks
-                assert torch.equal(st[key], want[key][lo // q : -(-hi // q)]), (r, name, key)
+                assert st[key].shape == want[key].shape  # every block of the tensor, as one process has
+                assert torch.equal(local_elements(st[key]), want[key][lo // q : -(-hi // q)]), (r, name, key)
             assert st["m_codes"].dtype == torch.int8 and st["v_codes"].dtype == torch.uint8
 
 

@@ -45,8 +45,8 @@ from typing import Iterable, NamedTuple, Sequence
 import torch
 from torch.optim import Optimizer
 
-from ._dtensor import RaggedDTensor, local_elements, shard_info
-from ._ragged import ShardInfo
+from ._dtensor import RaggedDTensor, local_elements, mesh_rank, shard_info
+from ._ragged import RaggedShard, ShardInfo
 
 __all__ = [
     "Adam8bit",
@@ -287,7 +287,9 @@ class Muon(Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
-                if p.grad is None or _flat(p).numel() == 0:
+                # A rank that holds none of a parameter still makes its (empty) state: a
+                # checkpoint's state dict must name the same tensors on every rank.
+                if p.grad is None:
                     continue
                 if group["use_muon"]:
                     self._muon_param(p, i, group)
@@ -372,6 +374,22 @@ def _dequantize(codes: torch.Tensor, scales: torch.Tensor, q: int, levels: int) 
     return out
 
 
+def _per_block_zeros(p: torch.Tensor, q: int) -> torch.Tensor:
+    """fp32 zeros, one per block of ``q`` of the elements this process holds of ``p``.
+
+    On a RaggedShard DTensor: a RaggedShard DTensor of the tensor's blocks
+    (global shape ``(blocks,)``, rank r holding its elements' blocks), so
+    per-block state checkpoints like the parameter.
+    """
+    if not isinstance(p, RaggedDTensor):
+        return torch.zeros(-(-p.numel() // q), dtype=torch.float32, device=p.device)
+    numel, ragged = p.numel(), p.ragged
+    counts = [-(-(end - begin) // q) for begin, end in (ragged.rank_range(r, numel) for r in range(ragged.ranks))]
+    mine = counts[mesh_rank(p.device_mesh)]
+    local = torch.zeros(mine, dtype=torch.float32, device=local_elements(p).device)
+    return RaggedDTensor.from_local(local, p.device_mesh, RaggedShard(1, counts), (sum(counts),))
+
+
 class Adam8bit(Optimizer):
     """AdamW with block-wise 8-bit moments whose blocks are RaggedShard blocks.
 
@@ -439,6 +457,18 @@ class Adam8bit(Optimizer):
         super().__init__(
             params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, block_elems=block_elems)
         )
+        self.register_load_state_dict_post_hook(Adam8bit._codes_back_to_8_bits)
+
+    _CODE_DTYPES = {"m_codes": torch.int8, "v_codes": torch.uint8}
+
+    @staticmethod
+    def _codes_back_to_8_bits(optimizer: Optimizer) -> None:
+        """torch's load_state_dict casts every state tensor of a floating-point parameter to the
+        parameter's dtype; the codes are integers (exact in fp32), so they go back to 8 bits."""
+        for state in optimizer.state.values():
+            for key, dtype in Adam8bit._CODE_DTYPES.items():
+                if key in state and state[key].dtype != dtype:
+                    state[key] = state[key].to(dtype)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -479,22 +509,27 @@ class Adam8bit(Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for i, p in enumerate(group["params"]):
-                if p.grad is None or _flat(p).numel() == 0:
+                if p.grad is None:
                     continue
                 q = self._block(p, i, group)
                 state = self.state[p]
-                n = _flat(p).numel()
                 if not state:
-                    blocks = -(-n // q)
+                    # The codes have the parameter's layout, the scales one element per block:
+                    # on a RaggedShard parameter both are RaggedShard DTensors, which DCP saves
+                    # whole and reshards (under the same block size).
                     state["step"] = 0
-                    state["m_codes"] = torch.zeros(n, dtype=torch.int8, device=p.device)
-                    state["m_scale"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                    state["v_codes"] = torch.zeros(n, dtype=torch.uint8, device=p.device)
-                    state["v_scale"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                    state["m_codes"] = torch.zeros_like(p, dtype=torch.int8, memory_format=torch.contiguous_format)
+                    state["m_scale"] = _per_block_zeros(p, q)
+                    state["v_codes"] = torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
+                    state["v_scale"] = _per_block_zeros(p, q)
                 state["step"] += 1
-                a = _dequantize(state["m_codes"], state["m_scale"], q, 127)
+                if _flat(p).numel() == 0:
+                    continue
+                m_codes, m_scale = _flat(state["m_codes"]), _flat(state["m_scale"])
+                v_codes, v_scale = _flat(state["v_codes"]), _flat(state["v_scale"])
+                a = _dequantize(m_codes, m_scale, q, 127)
                 m = a * a.abs()
-                r = _dequantize(state["v_codes"], state["v_scale"], q, 255)
+                r = _dequantize(v_codes, v_scale, q, 255)
                 v = r * r
                 v.mul_(v)
                 _adamw_math(
@@ -502,10 +537,10 @@ class Adam8bit(Optimizer):
                     group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
                 )
                 a = m.abs().sqrt_()
-                _quantize(torch.copysign(a, m, out=a), state["m_codes"], state["m_scale"], q, 127)
+                _quantize(torch.copysign(a, m, out=a), m_codes, m_scale, q, 127)
                 r = v.sqrt()
                 r.sqrt_()
-                _quantize(r, state["v_codes"], state["v_scale"], q, 255)
+                _quantize(r, v_codes, v_scale, q, 255)
         return loss
 
 

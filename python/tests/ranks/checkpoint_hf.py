@@ -2,7 +2,7 @@
 
   checkpoint_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--steps N] [--start K]
                    [--save-at K --checkpoint DIR] [--load DIR] [--granularity RULE] [--clip C]
-                   [--hidden H --layers L]
+                   [--optimizer adamw|adam8bit|muon] [--hidden H --layers L]
 
 Trains steps [start, N) of a tiny random-init transformers model (dims that
 the world size does not divide) with AdamW, every rank's micro-batch its
@@ -54,6 +54,8 @@ p.add_argument("--checkpoint", default=None)
 p.add_argument("--load", default=None)
 p.add_argument("--granularity", default="element")
 p.add_argument("--clip", type=float, default=None)
+p.add_argument("--optimizer", choices=("adamw", "adam8bit", "muon"), default="adamw",
+               help="dbuf.torch.optim's need a block rule: adam8bit rows:R, muon matrix")
 p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
 p.add_argument("--layers", type=int, default=2)
 args = p.parse_args()
@@ -92,7 +94,18 @@ else:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+if args.optimizer == "adamw":
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+elif args.optimizer == "adam8bit":
+    from dbuf.torch.optim import Adam8bit
+
+    optimizer = Adam8bit(model.parameters(), lr=1e-2, weight_decay=0.1)
+else:
+    from dbuf.torch.optim import Muon
+
+    matrices = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name and "lm_head" not in name]
+    rest = [p for p in model.parameters() if all(p is not m for m in matrices)]
+    optimizer = Muon(matrices, lr=0.02, adamw_params=rest, adamw_lr=1e-2)
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
