@@ -64,3 +64,20 @@ def test_training_on_one_gpu_equals_the_reference(gpu_daemon, tmp_path):
         got = [row[0] for row in result["losses"]]
         want = [step[0][rank] for step in losses]
         assert got == pytest.approx(want, rel=2e-2)
+
+
+def test_a_dcp_checkpoint_on_the_gpu_resumes_bit_for_bit(gpu_daemon, tmp_path):
+    # RaggedShard DTensors over dbufd's GPU memory: saved by DCP at step 2, loaded by a fresh job,
+    # which continues with the uninterrupted run's losses (the same kernels on the same GPU).
+    pytest.importorskip("transformers")
+    checkpoint = tmp_path / "ckpt"
+    common = ["--backend", "dbuf", "--model", "llama", "--device", "cuda", "--steps", "4"]
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    run_ranks("checkpoint_hf.py", 2, gpu_daemon.socket, str(first), *common, "--save-at", "2",
+              "--checkpoint", str(checkpoint), job="gpu-ckpt-1", timeout=600)
+    run_ranks("checkpoint_hf.py", 2, gpu_daemon.socket, str(resumed), *common, "--start", "2",
+              "--load", str(checkpoint), job="gpu-ckpt-2", timeout=600)
+    for rank in range(2):
+        want = torch.load(f"{first}.{rank}", weights_only=False)["losses"][2:]
+        got = torch.load(f"{resumed}.{rank}", weights_only=False)["losses"]
+        assert got == want, f"rank {rank}"

@@ -120,7 +120,7 @@ class Session:
         and torch.distributed.checkpoint's plans. dbuf.torch uses the default
         process group where the trainer made one (its ranks must be the
         job's), else makes one from torchrun's environment (MASTER_ADDR,
-        MASTER_PORT; gloo, and NCCL for CUDA tensors), as FSDP2 needs.
+        MASTER_PORT; gloo, for host and CUDA tensors alike), as FSDP2 needs.
         """
         if self._mesh is None:
             self._owns_process_group = _ensure_process_group(self)
@@ -276,7 +276,9 @@ def _ensure_process_group(session: Session) -> bool:
                 f"the dbuf job rank {session.rank} of {session.world_size}: they must be the same ranks"
             )
         return False
-    backend = "gloo" if session.device is None else "cpu:gloo,cuda:nccl"
+    # gloo for CUDA tensors too: the traffic is small (see `mesh`), and NCCL refuses two ranks on
+    # one GPU, which dbufd's virtual ranks are.
+    backend = "gloo"
     if session.world_size == 1 and not os.environ.get("MASTER_ADDR"):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         return True

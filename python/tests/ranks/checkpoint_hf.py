@@ -2,7 +2,7 @@
 
   checkpoint_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--steps N] [--start K]
                    [--save-at K --checkpoint DIR] [--load DIR] [--granularity RULE] [--clip C]
-                   [--optimizer adamw|adam8bit|muon] [--hidden H --layers L]
+                   [--optimizer adamw|adam8bit|muon] [--hidden H --layers L] [--device cuda]
 
 Trains steps [start, N) of a tiny random-init transformers model (dims that
 the world size does not divide) with AdamW, every rank's micro-batch its
@@ -56,6 +56,7 @@ p.add_argument("--granularity", default="element")
 p.add_argument("--clip", type=float, default=None)
 p.add_argument("--optimizer", choices=("adamw", "adam8bit", "muon"), default="adamw",
                help="dbuf.torch.optim's need a block rule: adam8bit rows:R, muon matrix")
+p.add_argument("--device", default="cpu", help="cuda: the model and data on the current GPU (dbufd's cuda backend)")
 p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
 p.add_argument("--layers", type=int, default=2)
 args = p.parse_args()
@@ -77,7 +78,7 @@ def make_model() -> torch.nn.Module:
     return transformers.Qwen3MoeForCausalLM(config)
 
 
-model = make_model()
+model = make_model().to(args.device)
 if args.backend == "dbuf":
     import dbuf.torch as dt
 
@@ -122,7 +123,7 @@ def batch(step: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(100 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
     share = GLOBAL_BATCH // world
-    return tokens[rank * share : (rank + 1) * share]
+    return tokens[rank * share : (rank + 1) * share].to(args.device)
 
 
 result: dict = {"losses": [], "norms": []}
