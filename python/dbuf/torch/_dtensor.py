@@ -512,7 +512,10 @@ class _GatherRagged(torch.autograd.Function):
 
 
 def distribute_ragged(whole: torch.Tensor, mesh: DeviceMesh, placement: RaggedShard) -> RaggedDTensor:
-    """A whole tensor (the same on every rank) -> its RaggedShard DTensor (this rank's elements, a copy; no communication)."""
+    """A whole tensor (the same on every rank) -> its RaggedShard DTensor.
+
+    This rank's elements, copied; no communication.
+    """
     if isinstance(whole, DTensor):
         whole = whole.full_tensor()
     placement.check(whole.numel())

@@ -132,7 +132,8 @@ class Unit:
             if not keep_daemon_values and param.device.type != "meta":
                 with torch.no_grad():
                     local.copy_(param.detach().reshape(-1)[view.begin : view.end])
-            placement = ragged_shard_of(rank_ranges(self.group.plan, index), self.group.plan.tensors[index].granularity)
+            block = self.group.plan.tensors[index].granularity
+            placement = ragged_shard_of(rank_ranges(self.group.plan, index), block)
             sharded = nn.Parameter(
                 RaggedDTensor.from_local(local, mesh, placement, param.shape), requires_grad=param.requires_grad
             )

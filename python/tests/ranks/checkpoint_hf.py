@@ -104,7 +104,8 @@ elif args.optimizer == "adam8bit":
 else:
     from dbuf.torch.optim import Muon
 
-    matrices = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name and "lm_head" not in name]
+    matrices = [p for name, p in model.named_parameters()
+                if p.dim() == 2 and "embed" not in name and "lm_head" not in name]
     rest = [p for p in model.parameters() if all(p is not m for m in matrices)]
     optimizer = Muon(matrices, lr=0.02, adamw_params=rest, adamw_lr=1e-2)
 
