@@ -15,7 +15,9 @@ exactly as torchtitan does. Every comparison of dbuf with dbuf is bit for bit:
   other backend with every parameter and AdamW state equal to what was saved
   (full state dicts gathered by ``get_model_state_dict`` /
   ``get_optimizer_state_dict`` with ``full_state_dict``);
-* ``dcp_to_torch_save`` turns dbuf's checkpoint into one file equal to that.
+* ``dcp_to_torch_save`` turns dbuf's checkpoint into one file equal to that;
+* ``model.state_dict()`` holds DTensors of the declared shapes (checked in the
+  rank script), and ``dcp.async_save`` writes what ``dcp.save`` does.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def test_dcp_round_trips_across_backends_world_sizes_and_granularities(hf_daemon
     checkpoint = tmp_path / "dbuf-ckpt"
     fsdp2_checkpoint = tmp_path / "fsdp2-ckpt"
     clip = ("--clip", "1e3")  # measured, not scaling: FSDP2 sums the norm in another order (see below)
+    # dbuf saves with dcp.async_save (staged in host memory), FSDP2 with dcp.save.
     dbuf = run(daemon, tmp_path, "dbuf4", "dbuf", model, 4, "--steps", str(STEPS), "--save-at", str(SAVE_AT),
-               "--checkpoint", str(checkpoint), *clip)
+               "--checkpoint", str(checkpoint), "--async-save", *clip)
     fsdp2 = run(daemon, tmp_path, "fsdp2-4", "fsdp2", model, 4, "--steps", str(STEPS), "--save-at", str(SAVE_AT),
                 "--checkpoint", str(fsdp2_checkpoint), *clip)
 

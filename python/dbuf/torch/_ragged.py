@@ -86,6 +86,11 @@ class RaggedShard(Placement):
 
     __str__ = __repr__
 
+    def __reduce__(self):
+        # Pickling (copy.deepcopy, DCP's staging for async_save) rebuilds it from its fields; the
+        # C++ base class has no state of its own to save.
+        return (RaggedShard, (self.block_elems, self.local_units))
+
     def __fx_repr__(self) -> str:
         return repr(self)
 

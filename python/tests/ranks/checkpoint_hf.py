@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -54,6 +55,7 @@ p.add_argument("--checkpoint", default=None)
 p.add_argument("--load", default=None)
 p.add_argument("--granularity", default="element")
 p.add_argument("--clip", type=float, default=None)
+p.add_argument("--async-save", action="store_true", help="dcp.async_save (staged in host memory) instead of dcp.save")
 p.add_argument("--optimizer", choices=("adamw", "adam8bit", "muon"), default="adamw",
                help="dbuf.torch.optim's need a block rule: adam8bit rows:R, muon matrix")
 p.add_argument("--device", default="cpu", help="cuda: the model and data on the current GPU (dbufd's cuda backend)")
@@ -79,6 +81,7 @@ def make_model() -> torch.nn.Module:
 
 
 model = make_model().to(args.device)
+declared = {name: value.shape for name, value in model.state_dict().items()}
 if args.backend == "dbuf":
     import dbuf.torch as dt
 
@@ -149,11 +152,19 @@ for step in range(args.start, args.steps):
     if step + 1 == args.save_at:
         started = time.perf_counter()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.checkpoint)
+        if args.async_save:
+            dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.checkpoint).result()
+        else:
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=args.checkpoint)
         result["save_s"] = time.perf_counter() - started
         result["saved"] = full_state()
 
 result["final"] = full_state()
+
+# model.state_dict() holds DTensors of the shapes the module declared, as FSDP2's does.
+local_state = model.state_dict()
+assert {name: value.shape for name, value in local_state.items()} == declared
+assert all(isinstance(value, DTensor) for value in local_state.values())
 
 # Full state dicts load back (torch's set_model_state_dict): held by every rank, then broadcast from rank 0.
 everywhere = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
