@@ -12,7 +12,7 @@ from a DCP checkpoint first (``get_state_dict`` / ``dcp.load`` /
 many steps (``dcp.save``). Only the import of ``fully_shard`` differs
 between the backends.
 
-Writes OUT.pt.<rank>: losses, the total gradient norms torch's
+Writes OUT.pt.<rank>: losses, each step's seconds (``step_s``), the total gradient norms torch's
 ``clip_grad_norm_`` returned (with ``--clip``), and on rank 0 the full model
 and optimizer state dicts (``get_model_state_dict`` /
 ``get_optimizer_state_dict`` with ``full_state_dict``), after loading
@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
     set_state_dict,
 )
 
@@ -130,7 +131,7 @@ def batch(step: int) -> torch.Tensor:
     return tokens[rank * share : (rank + 1) * share].to(args.device)
 
 
-result: dict = {"losses": [], "norms": []}
+result: dict = {"losses": [], "norms": [], "step_s": []}
 if args.load:
     started = time.perf_counter()
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -140,6 +141,7 @@ if args.load:
     result["loaded"] = full_state()
 
 for step in range(args.start, args.steps):
+    started = time.perf_counter()
     tokens = batch(step)
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
@@ -149,6 +151,7 @@ for step in range(args.start, args.steps):
     optimizer.step()
     optimizer.zero_grad()
     result["losses"].append(loss.item())
+    result["step_s"].append(time.perf_counter() - started)
     if step + 1 == args.save_at:
         started = time.perf_counter()
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -166,19 +169,45 @@ local_state = model.state_dict()
 assert {name: value.shape for name, value in local_state.items()} == declared
 assert all(isinstance(value, DTensor) for value in local_state.values())
 
-# Full state dicts load back (torch's set_model_state_dict): held by every rank, then broadcast from rank 0.
-everywhere = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-for options in (StateDictOptions(full_state_dict=True),
-                StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)):
+# Full state dicts load back (torch's set_model_state_dict / set_optimizer_state_dict): held by every
+# rank, then broadcast from rank 0.
+def copied(state):
+    # torch replaces a given dict's values with the distributed tensors it loads.
+    return tree_map(lambda value: value.clone() if isinstance(value, torch.Tensor) else value, state)
+
+
+def same(a, b) -> bool:
+    """Nested state dicts equal, tensors bit for bit (lists and tuples alike: param groups' betas)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+def scramble() -> None:
     with torch.no_grad():
         for param in model.parameters():
             param.zero_()
-    # A copy: torch replaces the dict's values with the distributed tensors it loads.
-    given = {k: v.clone() for k, v in everywhere.items()} if rank == 0 or not options.broadcast_from_rank0 else {}
-    set_model_state_dict(model, given, options=options)
-    again = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    for name, value in everywhere.items():
-        assert torch.equal(again[name], value), f"{name} after set_model_state_dict({options})"
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    value.zero_()
+
+
+EVERYWHERE = StateDictOptions(full_state_dict=True)
+whole = {"model": get_model_state_dict(model, options=EVERYWHERE),
+         "optim": get_optimizer_state_dict(model, optimizer, options=EVERYWHERE)}
+for options in (EVERYWHERE, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)):
+    scramble()
+    given = copied(whole) if rank == 0 or not options.broadcast_from_rank0 else {"model": {}, "optim": {}}
+    set_model_state_dict(model, given["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, given["optim"], options=options)
+    again = {"model": get_model_state_dict(model, options=EVERYWHERE),
+             "optim": get_optimizer_state_dict(model, optimizer, options=EVERYWHERE)}
+    assert same(again, whole), f"a full state dict set back with {options}"
 if rank != 0:
     for key in ("loaded", "saved", "final"):
         result.pop(key, None)
