@@ -21,5 +21,9 @@ if [[ -x "$python" ]]; then
   daemon=$(realpath "$build_dir/bin/dbufd")
   python=$(realpath -s "$python")
   (cd python/examples && DBUF_DAEMON="$daemon" "$python" compare.py --steps 30 --backends fsdp2 dbuf)
+  echo "== python: torch's AdamW on RaggedShard DTensors vs plain tensors vs FSDP2's Shard(0) DTensors =="
+  "$python" python/bench/optimizer_step_bench.py
+  echo "== python: a transformers Llama, 4 ranks: dbuf.torch vs FSDP2 step time, DCP save and load time =="
+  DBUF_DAEMON="$daemon" "$python" python/bench/checkpoint_bench.py
   if [[ $EUID -eq 0 ]]; then echo "== python: a job across 2 nodes (network namespaces, 1 Gbit/s links): dbuf vs gloo all-gather / reduce-scatter, time and bytes on the wire =="; DBUF_DAEMON="$daemon" "$python" python/bench/multinode_bench.py --quick; fi
 fi
