@@ -219,16 +219,10 @@ class RaggedDTensor(DTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        if func in _REDUCTIONS:
-            return _reduce(func, args, kwargs)
-        if not _is_elementwise(func):
-            raise NotImplementedError(
-                f"dbuf.torch: {func} on a RaggedShard DTensor (a parameter, gradient or optimizer state of "
-                f"dbuf.torch.fully_shard): its operators run elementwise on this rank's elements only; use "
-                f".full_tensor() for the whole tensor or .to_local() for this rank's elements"
-            )
-        return _elementwise(func, args, kwargs)
+        handler = _HANDLERS.get(func)  # one lookup per call: an optimizer step makes hundreds
+        if handler is None:
+            handler = _HANDLERS[func] = _handler_of(func)
+        return handler(func, args, kwargs or {})
 
 
 # ---------------------------------------------------------------- elementwise operators
@@ -260,37 +254,57 @@ _ELEMENTWISE = {
 _FUSED_OPTIMIZERS = ("_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad")
 
 
-def _is_elementwise(func) -> bool:
-    known = _ELEMENTWISE_CACHE.get(func)
-    if known is None:
-        name = func._schema.name.split("::")[-1]
-        known = (
-            func in _ELEMENTWISE
-            or torch.Tag.pointwise in func.tags
-            or (name.startswith("_foreach_") and name not in _FOREACH_REDUCTIONS)
-            or name.startswith(_FUSED_OPTIMIZERS)
-        )
-        _ELEMENTWISE_CACHE[func] = known
-    return known
-
-
-_ELEMENTWISE_CACHE: dict = {}
-
-
 _FOREACH_REDUCTIONS = {"_foreach_norm", "_foreach_max"}
 _SHAPE_TAKING = {aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default}
+
+
+def _handler_of(func):
+    """How __torch_dispatch__ runs ``func`` on RaggedShard operands (decided once per operator)."""
+    if func in _REDUCTIONS:
+        return _REDUCTIONS[func]
+    if func is aten.copy_.default:
+        return _copy
+    if func in _SHAPE_TAKING:
+        return _new_like
+    name = func._schema.name.split("::")[-1]
+    if (
+        func in _ELEMENTWISE
+        or torch.Tag.pointwise in func.tags
+        or (name.startswith("_foreach_") and name not in _FOREACH_REDUCTIONS)
+        or name.startswith(_FUSED_OPTIMIZERS)
+    ):
+        return _elementwise
+    return _refuse
+
+
+_HANDLERS: dict = {}
+
+
+def _refuse(func, args, kwargs):
+    raise NotImplementedError(
+        f"dbuf.torch: {func} on a RaggedShard DTensor (a parameter, gradient or optimizer state of "
+        f"dbuf.torch.fully_shard): its operators run elementwise on this rank's elements only; use "
+        f".full_tensor() for the whole tensor or .to_local() for this rank's elements"
+    )
+
+
+def _copy(func, args, kwargs):
+    if not isinstance(args[1], DTensor):
+        return _copy_from_whole(args[0], args[1])
+    return _elementwise(func, args, kwargs)
+
+
+def _new_like(func, args, kwargs):
+    """``new_zeros`` and the like with the operand's own shape: the same layout."""
+    lead = args[0]
+    if tuple(args[1]) != tuple(lead.shape):
+        raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
+    return _elementwise(func, (lead, [lead._local_tensor.numel()], *args[2:]), kwargs)
 
 
 def _elementwise(func, args, kwargs):
     # Runs for every operator of an optimizer step, so one plain pass over
     # the arguments (and one level of lists, as operators take them).
-    if func is aten.copy_.default and not isinstance(args[1], DTensor):
-        return _copy_from_whole(args[0], args[1])
-    if func in _SHAPE_TAKING:
-        lead = args[0]
-        if tuple(args[1]) != tuple(lead.shape):
-            raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
-        args = (lead, [lead._local_tensor.numel()], *args[2:])
     operands = _Operands(func)
     out = func(*[operands.local(value) for value in args],
                **{key: operands.local(value) for key, value in kwargs.items()})
@@ -429,7 +443,7 @@ def _as_partial(local: torch.Tensor, mesh: DeviceMesh, placement) -> DTensor:
     return DTensor(local, spec, requires_grad=False)
 
 
-def _reduce_norm(args, kwargs):
+def _reduce_norm(func, args, kwargs):
     tensor, norm_type = args[0], float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
     dim = args[2] if len(args) > 2 else kwargs.get("dim")
     if dim is not None:
@@ -439,7 +453,7 @@ def _reduce_norm(args, kwargs):
     return _as_partial(local, tensor.device_mesh, _partial_for(norm_type))
 
 
-def _reduce_foreach_norm(args, kwargs):
+def _reduce_foreach_norm(func, args, kwargs):
     tensors = args[0]
     norm_type = float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
     dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
@@ -453,7 +467,7 @@ def _reduce_foreach_norm(args, kwargs):
 
 
 def _reduce_extreme(kind: str):
-    def reduce(args, kwargs):
+    def reduce(func, args, kwargs):
         tensor = args[0]
         if len(args) > 1 or kwargs:
             raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
@@ -469,7 +483,7 @@ def _reduce_extreme(kind: str):
     return reduce
 
 
-def _reduce_sum(args, kwargs):
+def _reduce_sum(func, args, kwargs):
     tensor = args[0]
     if len(args) > 1 and args[1] is not None and not isinstance(args[1], torch.dtype):
         raise NotImplementedError("dbuf.torch: a sum over some dimensions of a RaggedShard DTensor")
@@ -485,9 +499,6 @@ _REDUCTIONS = {
     aten.sum.default: _reduce_sum,
 }
 
-
-def _reduce(func, args, kwargs):
-    return _REDUCTIONS[func](args, kwargs)
 
 
 # ---------------------------------------------------------------- gather, distribute
