@@ -92,6 +92,12 @@ def test_dcp_round_trips_across_backends_world_sizes_and_granularities(hf_daemon
         assert dbuf[rank]["losses"] == pytest.approx(fsdp2[rank]["losses"], rel=1e-5), f"rank {rank}"
         assert dbuf[rank]["norms"] == dbuf[0]["norms"], f"rank {rank}: every rank gets the global norm"
     assert dbuf[0]["norms"] == pytest.approx(fsdp2[0]["norms"], rel=1e-6)
+    # Every norm type (inf: a max over ranks some of which hold nothing of a tensor), after
+    # GradScaler's unscale_ (found_inf agreed over the ranks).
+    for rank in range(4):
+        assert dbuf[rank]["norm_types"] == dbuf[0]["norm_types"], f"rank {rank}"
+    for norm_type, value in dbuf[0]["norm_types"].items():
+        assert value == pytest.approx(fsdp2[0]["norm_types"][norm_type], rel=1e-5), norm_type
     # The states are not compared with FSDP2's: gloo's reduce-scatter sums some elements in another
     # order than dbufd's rank order, and Adam turns a last-bit difference of a near-zero gradient
     # into up to 1e-6 of a weight after two steps (measured), which no fixed tolerance bounds.

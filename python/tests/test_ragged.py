@@ -104,3 +104,43 @@ def test_reset_parameters_and_shape_aware_code_read_the_global_shape():
     decay = [p for p in layer.parameters() if p.dim() >= 2]
     assert len(decay) == 1 and decay[0] is layer.weight
     assert sum(p.numel() for p in layer.parameters()) == 6 * 5 + 5
+
+
+def test_random_fills_draw_what_one_process_draws():
+    # Every rank draws the whole tensor from the same generator state and keeps its elements.
+    placement = RaggedShard(1, (7, 0, 13))
+    torch.manual_seed(3)
+    want = torch.empty(4, 5).normal_(0.0, 2.0)
+    for param in ranks_of(torch.zeros(4, 5), placement):
+        torch.manual_seed(3)
+        param.normal_(0.0, 2.0)
+        begin, end = param.element_range
+        assert torch.equal(local_elements(param), want.reshape(-1)[begin:end])
+
+
+def test_a_rank_holding_nothing_gives_the_identity_of_each_reduction():
+    (_, empty) = ranks_of(torch.randn(6), RaggedShard(1, (6, 0)))
+    assert local_elements(empty).numel() == 0
+    for norm_type, identity in ((2.0, 0.0), (1.0, 0.0), (math.inf, 0.0), (-math.inf, math.inf)):
+        norm = torch.linalg.vector_norm(empty, norm_type)
+        assert norm.to_local().item() == identity, norm_type
+    assert torch.linalg.vector_norm(empty, 2.0, keepdim=True).shape == (1,)
+    (_, empty_ints) = ranks_of(torch.arange(6), RaggedShard(1, (6, 0)))
+    assert empty_ints.max().to_local().item() == torch.iinfo(torch.int64).min
+
+
+def test_a_functional_optimizer_step_returns_lists_of_ragged_tensors():
+    whole = torch.randn(3, 4)
+    (param, _) = ranks_of(whole, RaggedShard(4, (2, 1)))
+    grad, m, v = (torch.ones_like(param) for _ in range(3))
+    steps = [torch.tensor(1.0)]
+    out = torch.ops.aten._fused_adamw([param], [grad], [m], [v], [], steps, lr=0.1, beta1=0.9, beta2=0.99,
+                                     weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    assert len(out) == 5 and all(isinstance(t, RaggedDTensor) for lists in out[:4] for t in lists)
+    assert torch.equal(local_elements(param), whole.reshape(-1)[:8])  # functional: the operand unchanged
+
+
+def test_a_tensor_of_no_elements_is_one_empty_chunk_of_rank_0():
+    (first, second) = ranks_of(torch.zeros(0, 3), RaggedShard(3, (0, 0)))
+    assert [tuple(c.sizes) for c in first.__create_chunk_list__()] == [(0, 3)]
+    assert second.__create_chunk_list__() == []

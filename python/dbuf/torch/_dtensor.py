@@ -41,6 +41,7 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -174,6 +175,10 @@ class RaggedDTensor(DTensor):
     # ------------------------------------------------------------ distributed checkpoint (DCP)
 
     def _boxes(self) -> list[Box]:
+        if self.numel() == 0:
+            # No elements, but DCP must still know the tensor: rank 0 writes one empty chunk.
+            mine = mesh_rank(self.device_mesh) == 0
+            return [Box((0,) * self.dim(), tuple(self.shape), 0)] if mine else []
         begin, end = self.element_range
         return boxes_of(self.shape, begin, end)
 
@@ -237,15 +242,9 @@ _ELEMENTWISE = {
     aten.ones_like.default,
     aten.empty_like.default,
     aten.full_like.default,
-    aten.rand_like.default,
-    aten.randn_like.default,
     aten.fill_.Scalar,
     aten.fill_.Tensor,
     aten.zero_.default,
-    aten.uniform_.default,
-    aten.normal_.default,
-    aten.bernoulli_.float,
-    aten.exponential_.default,
     aten.new_zeros.default,
     aten.new_empty.default,
     aten.new_ones.default,
@@ -258,12 +257,24 @@ _FOREACH_REDUCTIONS = {"_foreach_norm", "_foreach_max"}
 _SHAPE_TAKING = {aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default}
 
 
+_RANDOM_FILLS = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float, aten.exponential_.default,
+                 aten.log_normal_.default, aten.geometric_.default, aten.cauchy_.default,
+                 *(getattr(aten.random_, name) for name in aten.random_.overloads())}
+_RANDOM_LIKE = {aten.rand_like.default, aten.randn_like.default}
+
+
 def _handler_of(func):
     """How __torch_dispatch__ runs ``func`` on RaggedShard operands (decided once per operator)."""
     if func in _REDUCTIONS:
         return _REDUCTIONS[func]
     if func is aten.copy_.default:
         return _copy
+    if func in _RANDOM_FILLS:
+        return _random_fill
+    if func in _RANDOM_LIKE:
+        return _random_like
+    if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
+        return _unscale
     if func in _SHAPE_TAKING:
         return _new_like
     name = func._schema.name.split("::")[-1]
@@ -294,6 +305,39 @@ def _copy(func, args, kwargs):
     return _elementwise(func, args, kwargs)
 
 
+def _random_fill(func, args, kwargs):
+    """``uniform_`` and the other random fills: the whole tensor drawn, this rank's elements kept.
+
+    Every rank draws the same whole tensor from the same generator state, as
+    one process would, so a seeded init (``reset_parameters()``,
+    ``torch.nn.init``) gives the single-process values on every layout, and
+    the ranks' generators stay in step.
+    """
+    tensor = args[0]
+    whole = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor._local_tensor.device)
+    func(whole, *args[1:], **kwargs)
+    begin, end = tensor.element_range
+    tensor._local_tensor.copy_(whole.reshape(-1)[begin:end])
+    return tensor
+
+
+def _random_like(func, args, kwargs):
+    tensor = args[0]
+    kwargs = dict(kwargs, device=tensor._local_tensor.device)
+    kwargs.pop("memory_format", None)
+    whole = func(torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor._local_tensor.device), *args[1:],
+                 **kwargs)
+    return distribute_ragged(whole, tensor.device_mesh, tensor.ragged)
+
+
+def _unscale(func, args, kwargs):
+    """GradScaler's unscale: on the local elements, then ``found_inf`` is the ranks' maximum (all skip alike)."""
+    grads, found_inf = args[0], args[1]
+    meshes = [g.device_mesh for g in grads if isinstance(g, RaggedDTensor)]
+    _elementwise(func, args, kwargs)
+    dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=meshes[0].get_group())
+
+
 def _new_like(func, args, kwargs):
     """``new_zeros`` and the like with the operand's own shape: the same layout."""
     lead = args[0]
@@ -318,13 +362,14 @@ class _Operands:
     position; RaggedShard operands that meet elementwise must share it.
     """
 
-    __slots__ = ("func", "spec", "list_specs", "in_place")
+    __slots__ = ("func", "spec", "list_specs", "in_place", "plain")
 
     def __init__(self, func) -> None:
         self.func = func
         self.spec: DTensorSpec | None = None
         self.list_specs: list[DTensorSpec | None] | None = None
         self.in_place: dict[int, RaggedDTensor] = {}  # local tensor -> its DTensor (a result may be an operand)
+        self.plain: set[int] = set()  # plain (0-dim) tensors passed: returned as they are where mutated
 
     def local(self, value):
         kind = type(value)
@@ -336,11 +381,13 @@ class _Operands:
             return self._local_list(value)
         if isinstance(value, DTensor):
             return _replicated_value(self.func, value)
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            raise ValueError(
-                f"dbuf.torch: {self.func} mixes a RaggedShard DTensor with a plain tensor of shape "
-                f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
-            )
+        if isinstance(value, torch.Tensor):
+            if value.dim() > 0:
+                raise ValueError(
+                    f"dbuf.torch: {self.func} mixes a RaggedShard DTensor with a plain tensor of shape "
+                    f"{tuple(value.shape)}; make it a DTensor of the same layout (or a 0-dim tensor)"
+                )
+            self.plain.add(id(value))
         return value
 
     def _local_list(self, values):
@@ -371,6 +418,8 @@ class _Operands:
 
     def wrap(self, out):
         if isinstance(out, (list, tuple)):
+            if out and isinstance(out[0], (list, tuple)):
+                return type(out)(self.wrap(inner) for inner in out)  # a functional optimizer's lists
             specs = self.list_specs if self.list_specs is not None else [self.spec] * len(out)
             return type(out)(self._wrap_one(value, spec) for value, spec in zip(out, specs))
         return self._wrap_one(out, self.spec)
@@ -381,7 +430,7 @@ class _Operands:
         operand = self.in_place.get(id(value))
         if operand is not None:
             return operand  # an in-place operator's result is its operand
-        if spec is None:
+        if spec is None or id(value) in self.plain:
             return value
         meta = spec.tensor_meta
         if value.dtype != meta.dtype:
@@ -443,13 +492,33 @@ def _as_partial(local: torch.Tensor, mesh: DeviceMesh, placement) -> DTensor:
     return DTensor(local, spec, requires_grad=False)
 
 
+def _local_norm(tensor: RaggedDTensor, norm_type: float, dtype) -> torch.Tensor:
+    """This rank's part of a p-norm; on a rank that holds nothing, the identity of the ranks' reduction."""
+    local = tensor._local_tensor
+    if local.numel() == 0:
+        # vector_norm of nothing raises for inf and negative p; the ranks' reduction then ignores it.
+        identity = math.inf if norm_type < 0 else 0.0
+        return torch.full((), identity, dtype=dtype or local.dtype, device=local.device)
+    return torch.linalg.vector_norm(local, norm_type, dtype=dtype)
+
+
+def _whole_tensor_dims(tensor: RaggedDTensor, dim) -> bool:
+    if dim is None:
+        return True
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return not dims or sorted(d % max(tensor.dim(), 1) for d in dims) == list(range(tensor.dim()))
+
+
 def _reduce_norm(func, args, kwargs):
-    tensor, norm_type = args[0], float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
+    tensor = args[0]
+    norm_type = float(args[1] if len(args) > 1 else kwargs.get("ord", 2))
     dim = args[2] if len(args) > 2 else kwargs.get("dim")
-    if dim is not None:
+    keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if not _whole_tensor_dims(tensor, dim):
         raise NotImplementedError("dbuf.torch: a norm over some dimensions of a RaggedShard DTensor")
-    dtype = kwargs.get("dtype")
-    local = torch.linalg.vector_norm(tensor._local_tensor, norm_type, dtype=dtype)
+    local = _local_norm(tensor, norm_type, kwargs.get("dtype"))
+    if keepdim:
+        local = local.reshape((1,) * tensor.dim())
     return _as_partial(local, tensor.device_mesh, _partial_for(norm_type))
 
 
@@ -461,9 +530,18 @@ def _reduce_foreach_norm(func, args, kwargs):
     for tensor in tensors:
         if not isinstance(tensor, RaggedDTensor):
             raise ValueError("dbuf.torch: _foreach_norm over RaggedShard DTensors and other tensors at once")
-        local = torch.linalg.vector_norm(tensor._local_tensor, norm_type, dtype=dtype)
-        out.append(_as_partial(local, tensor.device_mesh, _partial_for(norm_type)))
+        out.append(_as_partial(_local_norm(tensor, norm_type, dtype), tensor.device_mesh, _partial_for(norm_type)))
     return out
+
+
+def _identity_of(kind: str, dtype: torch.dtype):
+    """What a rank that holds nothing contributes to the ranks' max or min."""
+    if dtype == torch.bool:
+        return kind == "min"
+    if dtype.is_floating_point:
+        return -math.inf if kind == "max" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if kind == "max" else info.max
 
 
 def _reduce_extreme(kind: str):
@@ -473,12 +551,27 @@ def _reduce_extreme(kind: str):
             raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
         local = tensor._local_tensor
         if local.numel() == 0:
-            # Nothing here: the identity of the reduction, so other ranks decide.
-            fill = -math.inf if kind == "max" else math.inf
-            value = torch.full((), fill, dtype=local.dtype, device=local.device)
+            value = torch.full((), _identity_of(kind, local.dtype), dtype=local.dtype, device=local.device)
         else:
             value = local.max() if kind == "max" else local.min()
         return _as_partial(value, tensor.device_mesh, Partial(kind))
+
+    return reduce
+
+
+def _reduce_any_all(kind: str):
+    """``any()`` / ``all()`` of the whole tensor, on every rank (a loop's condition must agree)."""
+
+    def reduce(func, args, kwargs):
+        tensor = args[0]
+        if len(args) > 1 or kwargs:
+            raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
+        local = tensor._local_tensor
+        mine = bool(local.any()) if kind == "any" else bool(local.all())
+        flag = torch.tensor([int(mine)], dtype=torch.int32, device=local.device)
+        op = dist.ReduceOp.MAX if kind == "any" else dist.ReduceOp.MIN
+        dist.all_reduce(flag, op=op, group=tensor.device_mesh.get_group())
+        return torch.tensor(bool(flag.item()), device=local.device)
 
     return reduce
 
@@ -497,6 +590,8 @@ _REDUCTIONS = {
     aten.max.default: _reduce_extreme("max"),
     aten.min.default: _reduce_extreme("min"),
     aten.sum.default: _reduce_sum,
+    aten.any.default: _reduce_any_all("any"),
+    aten.all.default: _reduce_any_all("all"),
 }
 
 
@@ -588,7 +683,7 @@ def _teach_full_state_dict_loading() -> None:
 
     def distribute_tensor_or_ragged(tensor, device_mesh=None, placements=None, **kwargs):
         if _is_ragged(placements):
-            return distribute_ragged(tensor, device_mesh, placements[0])
+            return distribute_ragged(tensor, device_mesh, placements[0])  # checks the element count
         return distribute(tensor, device_mesh, placements, **kwargs)
 
     def distribute_tensors_or_ragged(local_state_dict, keys, device, pg=None):
@@ -597,6 +692,13 @@ def _teach_full_state_dict_loading() -> None:
             entry = local_state_dict.get(key)
             if isinstance(entry, tuple) and isinstance(entry[0], RaggedDTensor):
                 local, whole = entry
+                if tuple(whole.shape) != tuple(local.shape):
+                    raise ValueError(
+                        f"{key}: shape {tuple(whole.shape)} in the state dict, {tuple(local.shape)} here"
+                    )
+                if local.is_meta:
+                    local_state_dict[key] = distribute_ragged(whole.to(local.dtype), local.device_mesh, local.ragged)
+                    continue
                 begin, end = local.element_range
                 local._local_tensor.copy_(whole.reshape(-1)[begin:end])
                 local_state_dict[key] = local

@@ -125,6 +125,10 @@ class Session:
         if self._mesh is None:
             self._owns_process_group = _ensure_process_group(self)
             device_type = "cpu" if self.device is None else "cuda"
+            if self.device is not None:
+                # init_device_mesh would otherwise pick the GPU from LOCAL_RANK, which several
+                # virtual ranks on one GPU do not have.
+                torch.cuda.set_device(self.device)
             self._mesh = init_device_mesh(device_type, (self.world_size,))
         return self._mesh
 

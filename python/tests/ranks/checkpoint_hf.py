@@ -24,6 +24,7 @@ set_state_dict on load).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -208,6 +209,28 @@ for options in (EVERYWHERE, StateDictOptions(full_state_dict=True, broadcast_fro
     again = {"model": get_model_state_dict(model, options=EVERYWHERE),
              "optim": get_optimizer_state_dict(model, optimizer, options=EVERYWHERE)}
     assert same(again, whole), f"a full state dict set back with {options}"
+# Gradient norms of every type (torch.nn.utils.get_total_norm), after GradScaler's unscale_.
+scaler = torch.amp.GradScaler(args.device)
+tokens = batch(0)
+scaler.scale(model(input_ids=tokens, labels=tokens).loss).backward()
+scaler.unscale_(optimizer)
+grads = [param.grad for param in model.parameters()]
+result["norm_types"] = {
+    str(norm_type): torch.nn.utils.get_total_norm(grads, norm_type).full_tensor().item()
+    for norm_type in (1.0, 2.0, 3.5, math.inf)
+}
+optimizer.zero_grad()
+
+# torch.nn.init on a parameter draws what one process draws (dbuf: every rank draws the whole tensor;
+# trunc_normal_ resamples while any element is out of range: the same rounds on every rank).
+if args.backend == "dbuf":
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    torch.manual_seed(7)
+    torch.nn.init.trunc_normal_(weight, std=0.02, a=-0.01, b=0.01)
+    torch.manual_seed(7)
+    want = torch.nn.init.trunc_normal_(torch.empty(weight.shape, device=args.device), std=0.02, a=-0.01, b=0.01)
+    assert torch.equal(weight.full_tensor(), want), "trunc_normal_ on a RaggedShard parameter"
+
 if rank != 0:
     for key in ("loaded", "saved", "final"):
         result.pop(key, None)
