@@ -16,8 +16,10 @@ exactly as torchtitan does. Every comparison of dbuf with dbuf is bit for bit:
   (full state dicts gathered by ``get_model_state_dict`` /
   ``get_optimizer_state_dict`` with ``full_state_dict``);
 * ``dcp_to_torch_save`` turns dbuf's checkpoint into one file equal to that;
-* ``model.state_dict()`` holds DTensors of the declared shapes (checked in the
-  rank script), and ``dcp.async_save`` writes what ``dcp.save`` does.
+* ``model.state_dict()`` holds DTensors of the declared shapes, and the full
+  state dict gathered on rank 0 before training is the single-process model's
+  ``state_dict()`` (checked in the rank script); ``dcp.async_save`` writes
+  what ``dcp.save`` does.
 """
 
 from __future__ import annotations

@@ -133,6 +133,16 @@ def batch(step: int) -> torch.Tensor:
 
 
 result: dict = {"losses": [], "norms": [], "step_s": []}
+if not args.load:
+    # The full state dict gathered on rank 0 is the single-process model's state_dict() (what
+    # save_pretrained writes): the same names, shapes and values.
+    gathered = get_model_state_dict(model, options=FULL)
+    if rank == 0:
+        single = make_model().state_dict()
+        assert gathered.keys() == single.keys(), sorted(set(gathered) ^ set(single))
+        for name, value in single.items():
+            assert torch.equal(gathered[name], value), f"{name}: gathered != one process's"
+
 if args.load:
     started = time.perf_counter()
     model_sd, optim_sd = get_state_dict(model, optimizer)
