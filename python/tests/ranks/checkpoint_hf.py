@@ -250,8 +250,9 @@ if args.backend == "dbuf":
 else:
     dist.destroy_process_group()
 print("done", file=sys.stderr, flush=True)
-# Past this point only the interpreter's teardown runs, and torch 2.15's with a gloo group sometimes
-# aborts in it ("terminate called without an active exception", seen once in 40-odd runs of the
-# FSDP2 side, after "done"): the results are written, so the exit status says how the run went.
+# Past this point only the interpreter's teardown runs, and torch 2.15 often aborts in it where a
+# DTensor still holds a DeviceMesh whose gloo group ran a collective ("terminate called without an
+# active exception"; FSDP2's and dbuf's alike, docs/python.md): the results are written, so the exit
+# status says how the run went.
 sys.stdout.flush()
 os._exit(0)
