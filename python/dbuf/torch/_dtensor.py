@@ -544,11 +544,16 @@ def _identity_of(kind: str, dtype: torch.dtype):
     return info.min if kind == "max" else info.max
 
 
+def _whole_tensor_operand(kind: str, args, kwargs) -> RaggedDTensor:
+    """The operand of a reduction over the whole tensor; one over some dimensions is refused."""
+    if len(args) > 1 or kwargs:
+        raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
+    return args[0]
+
+
 def _reduce_extreme(kind: str):
     def reduce(func, args, kwargs):
-        tensor = args[0]
-        if len(args) > 1 or kwargs:
-            raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
+        tensor = _whole_tensor_operand(kind, args, kwargs)
         local = tensor._local_tensor
         if local.numel() == 0:
             value = torch.full((), _identity_of(kind, local.dtype), dtype=local.dtype, device=local.device)
@@ -563,9 +568,7 @@ def _reduce_any_all(kind: str):
     """``any()`` / ``all()`` of the whole tensor, on every rank (a loop's condition must agree)."""
 
     def reduce(func, args, kwargs):
-        tensor = args[0]
-        if len(args) > 1 or kwargs:
-            raise NotImplementedError(f"dbuf.torch: {kind} over some dimensions of a RaggedShard DTensor")
+        tensor = _whole_tensor_operand(kind, args, kwargs)
         local = tensor._local_tensor
         mine = bool(local.any()) if kind == "any" else bool(local.all())
         flag = torch.tensor([int(mine)], dtype=torch.int32, device=local.device)
