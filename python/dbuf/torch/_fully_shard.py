@@ -23,6 +23,7 @@ The hooks, per unit (the order every rank follows, so the collectives match):
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from dataclasses import dataclass
@@ -30,11 +31,14 @@ from typing import Any, Callable, Iterable, overload
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy
+from torch.distributed.tensor import Shard
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ._dtensor import RaggedDTensor
 from ._session import Session, default_session
-from ._unit import Unit
+from ._unit import Reduction, Unit
 
 Granularity = str | Callable[[str, nn.Parameter], str | None]
 
@@ -58,14 +62,31 @@ class MixedPrecisionPolicy:
     cast_forward_inputs: bool = True
 
 
-class DBufModule:
-    """What ``fully_shard`` mixes into a module's class (like FSDP2's ``FSDPModule``)."""
+class DBufModule(FSDPModule):
+    """What ``fully_shard`` mixes into a module's class: torch's ``FSDPModule``, on dbufd.
+
+    ``isinstance(m, torch.distributed.fsdp.FSDPModule)`` holds, so code that
+    looks for FSDP2's modules finds dbuf's. Every public method of torch
+    2.15's ``FSDPModule`` is here with its meaning, or raises
+    ``NotImplementedError`` saying what dbuf cannot do (docs/python.md, the
+    parity table); the comm tuning knobs that only choose FSDP2's buffers and
+    streams are accepted and change nothing, since dbufd owns those.
+    """
 
     _dbuf_unit: Unit
+    _dbuf_hooks: _Hooks
+    # [DBuf<Orig>, DBufModule, FSDPModule, Orig, ...]: FSDPModule.__new__ builds Orig (container indexing).
+    _orig_cls_mro_index = 3
 
     @property
     def dbuf_unit(self) -> Unit:
         return self._dbuf_unit
+
+    def _get_fsdp_state(self) -> _Hooks:
+        """The unit's hooks: torch's ``register_fsdp_forward_method`` calls their ``_pre_forward`` / ``_post_forward``."""
+        return self._dbuf_hooks
+
+    # ------------------------------------------------------------ unshard / reshard
 
     def unshard(self, async_op: bool = False):
         """Gathers the unit's parameters now (collective). With async_op, returns a handle to wait on."""
@@ -80,22 +101,59 @@ class DBufModule:
         """Gives the unit's unsharded slot back."""
         self._dbuf_unit.reshard()
 
-    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
-        """False: backward keeps accumulating unsharded gradients in the slots, without communication.
+    def set_keep_unsharded_storage(self, keep: bool, *, recurse: bool = True) -> None:
+        """dbufd's unsharded slots keep one address for the group's life: kept already, nothing to set."""
 
-        The slots stay held until a backward with sync reduces them, so the
-        pool must hold every such unit (dbuf.torch.init(prefetch_depth=...)).
-        Accumulation is in the gradients' dtype (param_dtype), as FSDP2 with
-        reduce_dtype=None; with sync every micro-batch, dbuf accumulates the
-        reduced gradients in fp32 instead.
+    def reset_iter_state(self) -> None:
+        """After a forward or backward that raised: gradients of the failed iteration dropped, every unit resharded."""
+        _reset_iteration(self._dbuf_unit.session)
+
+    # ------------------------------------------------------------ backward
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """False: backward reduces nothing; the unsharded gradients are summed, in fp32, outside the slots.
+
+        The parameters are resharded as usual and only the unsharded
+        gradients are kept, as FSDP2 keeps them; the first backward with sync
+        adds them to its own and reduce-scatters the sum.
         """
         for unit in _units_of(self, recurse):
             unit.requires_gradient_sync = requires_gradient_sync
 
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """HSDP's all-reduce across replicas: a dbuf job shards over all its ranks, so there is none to skip."""
+
+    def set_is_last_backward(self, is_last_backward: bool) -> None:
+        """Every dbuf backward waits for its reductions at its end already: nothing to change."""
+
+    def set_manual_backward_finalization(self, enabled: bool) -> None:
+        if enabled:
+            raise NotImplementedError(
+                "dbuf.torch finalizes every backward itself (an autograd engine callback at its end); several "
+                "backward calls into one unit reduce-scatter and accumulate each call's gradients instead"
+            )
+
+    def finalize_backward(self, *, async_op: bool = False):
+        raise NotImplementedError("dbuf.torch finalizes every backward itself (see set_manual_backward_finalization)")
+
     def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
         """Whether forward gives the slot back (then backward gathers again), as fully_shard's argument."""
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"reshard_after_forward should be a bool, got {type(reshard_after_forward)}")
         for unit in _units_of(self, recurse):
             unit.reshard_after_forward = reshard_after_forward
+
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """False: the unit keeps its slot (its gathered parameters) after backward, for the next forward."""
+        for unit in _units_of(self, recurse):
+            unit.reshard_after_backward = reshard_after_backward
+
+    def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
+        if not unshard_in_backward:
+            raise NotImplementedError(
+                "dbuf.torch: a unit's gradients land in its unsharded slot, which backward takes by gathering; "
+                "skipping the gather in backward is not supported"
+            )
 
     def set_modules_to_forward_prefetch(self, modules: list[DBufModule]) -> None:
         """Units to gather when this one's forward starts (default: the next one in the order recorded)."""
@@ -105,6 +163,65 @@ class DBufModule:
         """Units to gather when this one's backward starts (default: the next one backward runs)."""
         self._dbuf_unit.backward_prefetch = [m._dbuf_unit for m in modules]
 
+    # ------------------------------------------------------------ gradient reduction
+
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """The reduced gradient is the ranks' sum divided by `factor` (default: the world size, the average)."""
+        if not factor > 0:
+            raise ValueError(f"the gradient divide factor must be positive, got {factor}")
+        self._dbuf_unit.reduction.divide_factor = float(factor)
+
+    def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        """The former name of :meth:`set_gradient_divide_factor`."""
+        warnings.warn("set_reduce_scatter_divide_factor is deprecated, use set_gradient_divide_factor",
+                      FutureWarning, stacklevel=2)
+        self.set_gradient_divide_factor(factor)
+
+    def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
+        """True: dbufd sums and the division by the factor (or the world size) runs after it, here."""
+        self._dbuf_unit.reduction.force_sum = bool(enable)
+
+    def set_reduce_scatter_unused_params(self, reduce_scatter_unused_params: bool, *, recurse: bool = True) -> None:
+        """dbuf reduce-scatters every parameter of a unit (zeros where a rank's backward gave it none): always
+        the behaviour of True."""
+
+    def set_custom_all_gather(self, comm: Any) -> None:
+        raise NotImplementedError("dbufd runs the all-gather into the unit's slot; a custom one cannot replace it")
+
+    def set_custom_reduce_scatter(self, comm: Any) -> None:
+        raise NotImplementedError("dbufd runs the reduce-scatter from the unit's slot; a custom one cannot replace it")
+
+    def set_all_reduce_hook(self, hook: Callable[[torch.Tensor], None], *, stream: Any = None) -> None:
+        raise NotImplementedError("dbuf.torch has no all-reduce after its reduce-scatter to hook (a 1-D job)")
+
+    def set_post_optim_event(self, event: torch.Event) -> None:
+        """GPU: the next all-gathers wait for `event` (the optimizer's step) instead of the whole current stream."""
+        self._dbuf_unit.session.post_optim_event = event
+
+    # Knobs choosing FSDP2's own staging buffers, streams and groups: dbufd owns those; accepted, nothing to set.
+    def set_reduce_scatter_max_input_buffers(self, max_input_buffers: int, *, recurse: bool = True) -> None:
+        """dbufd owns the reduce-scatter's buffers: nothing to set."""
+
+    def set_separate_reduce_scatter_group(self, enable: bool = True, *, recurse: bool = True) -> None:
+        """dbufd runs its collectives on its own communicators: nothing to set."""
+
+    def set_allocate_memory_from_process_group_for_comm(self, enable: bool) -> None:
+        """dbufd's slots are its own memory: nothing to set."""
+
+    def set_symm_mem_for_comm(self, backend: str = "NCCL") -> None:
+        """dbufd's slots are its own memory: nothing to set."""
+
+    # ------------------------------------------------------------ module conversions
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        """``to_empty`` / ``.to`` / ``.cpu``: the parameters stay in dbufd's memory (Unit.adopt_applied)."""
+        unit = self._dbuf_unit
+        if unit.inside:
+            raise RuntimeError(f"unit {unit.label}: {type(self).__name__} converted during its own forward")
+        grads = unit.sharded_grads()
+        converted = super()._apply(fn, recurse)
+        unit.adopt_applied(grads)
+        return converted
 
 class _UnshardHandle:
     def __init__(self, unit: Unit) -> None:
@@ -180,6 +297,8 @@ class _Hooks:
 
     def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
         unit, session = self.unit, self.session
+        if _in_backward():
+            return self._pre_recompute(args, kwargs)
         if session.forwards_running == 0:
             if session.root is None:
                 session.root = unit
@@ -192,6 +311,35 @@ class _Hooks:
             args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
         if torch.is_grad_enabled():
             args, kwargs = self._route_through_post_backward(args, kwargs)
+        return args, kwargs
+
+    # torch's register_fsdp_forward_method calls the state's hooks by these names.
+    _pre_forward = pre_forward
+
+    def _pre_recompute(self, args: tuple, kwargs: dict):
+        """The unit's forward run again inside backward: activation checkpointing's recompute.
+
+        The recompute must see the gathered parameters: they are gathered
+        once for the unit's backward (here, or by its pre-backward hook
+        already) and stay on the modules until its gradients are reduced.
+        Non-reentrant checkpointing recomputes after the unit's pre-backward
+        (its outputs' gradients are there): the recomputed graph only yields
+        saved tensors, so nothing is routed or hooked. Reentrant
+        checkpointing ran the forward without grad and now runs a backward of
+        its own through this recompute: the unit's backward happens there,
+        routed and hooked as a forward would be.
+        """
+        unit, session = self.unit, self.session
+        _begin_backward(session)
+        reentrant = not unit.pre_backward_done and torch.is_grad_enabled()
+        unit.recomputing = True
+        unit.unshard()
+        unit.use_unsharded()
+        unit.prepare_gradients()
+        if unit.cast_forward_inputs:
+            args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
+        if reentrant:
+            args, kwargs = self._route_through_post_backward(args, kwargs, count_in_pass=False)
         return args, kwargs
 
     def _start_iteration(self) -> None:
@@ -220,6 +368,8 @@ class _Hooks:
         # output is None and an exception is being handled), so that a
         # caught error leaves the unit resharded and the counts right.
         unit, session = self.unit, self.session
+        if unit.recomputing and _in_backward():
+            return self._post_recompute(output)
         if not unit.inside:
             return output  # its pre-hook failed before entering
         unit.modules_done.add(id(module))
@@ -233,7 +383,7 @@ class _Hooks:
         if not session.order_recorded and unit not in session.post_forward_order:
             session.post_forward_order.append(unit)
         grad = torch.is_grad_enabled()
-        if (failed or not grad or self._reshard_after_forward()) and not unit.holding_grads:
+        if failed or not grad or self._reshard_after_forward():
             unit.reshard()
         if grad and not failed:
             self._hook_outputs(output)
@@ -248,6 +398,20 @@ class _Hooks:
             output = _cast(output, unit.output_dtype)
         return output
 
+    _post_forward = post_forward
+
+    def _post_recompute(self, output: Any):
+        """After a recompute (see _pre_recompute); also when checkpointing stopped it early by raising."""
+        unit = self.unit
+        failed = sys.exc_info()[1] is not None and output is None
+        if failed:
+            return output
+        if not unit.pre_backward_done and torch.is_grad_enabled():
+            self._hook_outputs(output)  # reentrant: its own backward follows
+        if unit.output_dtype is not None:
+            output = _cast(output, unit.output_dtype)
+        return output
+
     def _reshard_after_forward(self) -> bool:
         value = self.unit.reshard_after_forward
         if value is None:
@@ -256,13 +420,16 @@ class _Hooks:
             return self.unit is not self.session.root
         return bool(value)
 
-    def _route_through_post_backward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _route_through_post_backward(
+        self, args: tuple, kwargs: dict, *, count_in_pass: bool = True
+    ) -> tuple[tuple, dict]:
         flat, spec = tree_flatten((args, kwargs))
         positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not positions:
             return args, kwargs  # no gradient reaches this call's inputs: the end of backward reduces
         self.unit.routed_calls += 1
-        self.session.pass_routes.append(self.unit)
+        if count_in_pass:
+            self.session.pass_routes.append(self.unit)
         routed = _PostBackward.apply(self.unit, *(flat[i] for i in positions))
         for i, tensor in zip(positions, routed):
             flat[i] = tensor
@@ -279,35 +446,19 @@ class _Hooks:
     def _pre_backward(self, grad: torch.Tensor) -> None:
         unit, session = self.unit, self.session
         task = torch._C._current_graph_task_id()
-        if session.backward_task != task:
-            # The first unit of this backward (the engine's graph task): the
-            # end-of-backward callback, once per backward.
-            if session.in_backward:
-                _recover_from_an_unfinished_backward(session)
-            session.in_backward = True
-            session.backward_task = task
-            session.order_recorded = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if session.in_backward and session.backward_task != task and not unit.recomputing:
+            # A new backward while the last one never reached its end: it raised.
+            _recover_from_an_unfinished_backward(session)
+        # (A unit recomputed by reentrant checkpointing runs its backward in a task nested in the
+        # one that began this backward: that one's end finishes both.)
+        _begin_backward(session)
         if unit.pre_backward_done:
             return
         unit.pre_backward_done = True
         unit.unshard()
+        unit.use_unsharded()  # activation checkpointing recomputes with what the modules hold
         unit.prepare_gradients()
         self._prefetch(unit.backward_prefetch, list(reversed(session.post_forward_order)))
-
-    def _end_of_backward(self) -> None:
-        session = self.session
-        steps = [
-            *(unit.reduce_gradients for unit in reversed(session.post_forward_order) if unit.pre_backward_done),
-            *(unit.finish_backward for unit in session.units),
-        ]
-        try:
-            _run_all(steps)
-            _run_all([unit.reshard for unit in list(session.slot_holders) if not unit.holding_grads])
-            session.collect()
-        finally:
-            session.in_backward = False
-            session.backward_task = None
 
     def _prefetch(self, explicit: list[Unit] | None, order: list[Unit]) -> None:
         """Starts gathering the unit after this one in `order` (or the explicit ones), if a slot is free."""
@@ -335,15 +486,55 @@ def _run_all(steps: list[Callable[[], None]]) -> None:
         raise first
 
 
+def _begin_backward(session: Session) -> None:
+    """The first unit of a backward: the end-of-backward callback, once per backward (on the engine's graph task)."""
+    if session.in_backward:
+        return
+    session.in_backward = True
+    session.backward_task = torch._C._current_graph_task_id()
+    session.order_recorded = True
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_of_backward(session))
+
+
+def _end_of_backward(session: Session) -> None:
+    """Reduces what no post-backward reduced, waits, sets the sharded gradients, gives the slots back."""
+    steps = [
+        *(unit.reduce_gradients for unit in reversed(session.post_forward_order) if unit.pre_backward_done),
+        *(unit.finish_backward for unit in session.units),
+    ]
+    try:
+        _run_all(steps)
+        _run_all([unit.reshard for unit in list(session.slot_holders) if unit.reshard_after_backward])
+        session.collect()
+    finally:
+        session.in_backward, session.backward_task = False, None
+
+
+def _in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (a forward now is a recompute)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def _recover_from_an_unfinished_backward(session: Session) -> None:
     """A backward raised before its end (its callback never ran): drop its gradients, give the slots back."""
     warnings.warn(
         "dbuf.torch: the previous backward did not finish (it raised); its gradients are dropped", stacklevel=3
     )
+    _reset_iteration(session)
+
+
+def _reset_iteration(session: Session) -> None:
+    """Every unit out of its forward / backward: gradients in flight dropped, slots given back, passes reset."""
     for unit in session.units:
-        unit.abandon_backward()
-    session.in_backward = False
-    session.backward_task = None
+        if unit.inside:
+            unit.inside = False
+            unit.use_sharded()
+    session.forwards_running = 0
+    session.pass_routes.clear()
+    try:
+        _run_all([unit.abandon_backward for unit in session.units])
+    finally:
+        session.in_backward, session.backward_task = False, None
 
 
 # ---------------------------------------------------------------- fully_shard
@@ -395,12 +586,15 @@ def fully_shard(module: list[nn.Module], **kwargs: Any) -> list[nn.Module]: ...
 def fully_shard(
     module,
     *,
-    reshard_after_forward: bool | None = None,
+    mesh: DeviceMesh | None = None,
+    reshard_after_forward: bool | int | None = None,
+    shard_placement_fn: Callable[[nn.Parameter], Shard | None] | None = None,
     mp_policy: Any = MixedPrecisionPolicy(),
-    granularity: Granularity = "element",
+    offload_policy: OffloadPolicy | None = None,
     ignored_params: set[nn.Parameter] | None = None,
+    dp_mesh_dims: Any = None,
+    granularity: Granularity = "element",
     session: Session | None = None,
-    mesh: Any = None,
 ):
     """Shards ``module``'s parameters through dbufd: one unit = one dbuf group.
 
@@ -414,53 +608,66 @@ def fully_shard(
     and reduce-scatter the gradients (avg over ranks, in fp32, ranks summed in
     rank order) into the sharded gradients.
 
+    Takes every argument of torch 2.15's ``fully_shard`` (docs/python.md's
+    parity table says what each does here), plus dbuf's own two.
+
     Args:
         module: a module, or a list of modules forming one unit (FSDP2's
             grouped form).
+        mesh: a 1-D DeviceMesh over the job's ranks (None: the session's).
+            The parameters' DTensors live on it.
         reshard_after_forward: give the slot back after forward and gather
             again in backward (None: True except for the root unit, the first
-            whose forward runs, as in FSDP2).
+            whose forward runs, as in FSDP2). An int is FSDP2's group size to
+            reshard to: the world size means True, 1 means False, others are
+            refused (dbufd gathers over the whole job).
+        shard_placement_fn: FSDP2's per-parameter placement: ``Shard(d)`` keeps
+            each slice along dim d whole on one rank (the RaggedShard rule of
+            blocks of ``stride(d)`` elements); None the default rule.
         mp_policy: a :class:`MixedPrecisionPolicy` (or FSDP2's).
+        offload_policy: FSDP2's ``OffloadPolicy()`` (the default);
+            ``CPUOffloadPolicy`` where dbufd keeps the shards in host memory
+            already (its host backend).
+        ignored_params: parameters to leave alone (not sharded).
+        dp_mesh_dims: FSDP2's data-parallel dims of a larger mesh: refused.
         granularity: RaggedShard rule for the unit's 2D+ tensors ('element',
             'rows:R', 'block:RxC', 'matrix' or an element count), or a
             function (fqn, parameter) -> rule or None (the default rule) for
             each tensor's own.
-        ignored_params: parameters to leave alone (not sharded).
         session: the dbuf.torch session (default: :func:`dbuf.torch.init`'s,
             made from torchrun's environment on first use).
-        mesh: FSDP2's device mesh; only None is supported (the job is the mesh).
 
     Returns:
-        The module (its class now also derives from :class:`DBufModule`), or the list.
+        The module (its class now also derives from :class:`DBufModule`, an
+        ``FSDPModule``), or the list.
     """
-    if mesh is not None:
-        raise NotImplementedError("dbuf.torch.fully_shard: the job's ranks are the mesh; pass mesh=None")
     modules = list(module) if isinstance(module, (list, tuple)) else [module]
     if not modules:
         raise ValueError("fully_shard needs at least one module")
     for m in modules:
         if getattr(m, "_dbuf_unit", None) is not None:
             raise ValueError(f"{type(m).__name__} is already a dbuf unit")
+    if dp_mesh_dims is not None:
+        raise NotImplementedError("dbuf.torch.fully_shard shards over a 1-D mesh of the job's ranks; dp_mesh_dims "
+                                  "(data-parallel dims of a larger mesh) is not supported")
     session = session if session is not None else default_session()
+    _adopt_mesh(session, mesh)
+    _check_offload(session, offload_policy)
+    reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session.world_size)
     params = _managed_parameters(modules, set(ignored_params or ()), session)
-    rules: dict[str, str] = {}
     default_rule = granularity if isinstance(granularity, str) else "element"
-    if callable(granularity):
-        for fqn, param, _ in params:
-            rule = granularity(fqn, param)
-            if rule is not None:
-                rules[fqn] = rule
     unit = Unit(
         session,
         modules,
         params,
         granularity=default_rule,
-        tensor_granularity=rules,
+        tensor_granularity=_tensor_rules(params, granularity, shard_placement_fn),
         param_dtype=getattr(mp_policy, "param_dtype", None),
         reshard_after_forward=reshard_after_forward,
         output_dtype=getattr(mp_policy, "output_dtype", None),
         cast_forward_inputs=bool(getattr(mp_policy, "cast_forward_inputs", True)),
         label=_label(modules),
+        reduction=Reduction(reduce_dtype=getattr(mp_policy, "reduce_dtype", None)),
     )
     session.units.append(unit)
     for _, param, _ in params:
@@ -468,11 +675,88 @@ def fully_shard(
     hooks = _Hooks(unit)
     for m in modules:
         m._dbuf_unit = unit
+        m._dbuf_hooks = hooks
         m.register_forward_pre_hook(hooks.pre_forward, prepend=True, with_kwargs=True)
         m.register_forward_hook(hooks.post_forward, always_call=True)
         _mix_in(m)
     return modules if isinstance(module, (list, tuple)) else module
 
+
+def _adopt_mesh(session: Session, mesh: DeviceMesh | None) -> None:
+    """A trainer's mesh: 1-D over the job's ranks, then the session's (its DTensors live on it)."""
+    if mesh is None:
+        return
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"fully_shard's mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise NotImplementedError(
+            f"dbuf.torch.fully_shard shards over a 1-D mesh of the job's ranks; got a {mesh.ndim}-D mesh "
+            f"{tuple(mesh.shape)} (HSDP's (replicate, shard) and TP / EP meshes are not supported yet)"
+        )
+    ranks = mesh.mesh.flatten().tolist()
+    if ranks != list(range(session.world_size)) or mesh.get_local_rank() != session.rank:
+        raise ValueError(
+            f"fully_shard's mesh must hold the dbuf job's ranks 0..{session.world_size - 1} in order (this is "
+            f"rank {session.rank}); got ranks {ranks}"
+        )
+    session.adopt_mesh(mesh)
+
+
+def _check_offload(session: Session, offload_policy: OffloadPolicy | None) -> None:
+    if offload_policy is None or type(offload_policy) is OffloadPolicy:
+        return
+    if isinstance(offload_policy, CPUOffloadPolicy) and session.device is None:
+        return  # the host backend keeps shards, gradients and the optimizer's states in host memory already
+    raise NotImplementedError(
+        f"dbuf.torch.fully_shard: {type(offload_policy).__name__} is not supported with dbufd's "
+        f"{'cuda' if session.device is not None else 'host'} backend (dbufd keeps the shards in the memory of its "
+        f"backend: attach without a device for host memory)"
+    )
+
+
+def _reshard_after_forward_of(value: bool | int | None, world_size: int) -> bool | None:
+    """FSDP2's int form (the group size to reshard to): world size = True, 1 = False, others refused."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, int):
+        raise ValueError(f"reshard_after_forward should be a bool or an int, not {value!r}")
+    if value == world_size:
+        return True
+    if value == 1:
+        return False
+    raise NotImplementedError(
+        f"reshard_after_forward={value}: dbufd gathers over the whole job ({world_size} ranks) and cannot keep a "
+        f"copy resharded to {value} ranks after forward; pass True (reshard to {world_size}) or False (keep)"
+    )
+
+
+def _tensor_rules(params, granularity: Granularity, shard_placement_fn) -> dict[str, str]:
+    """Each tensor's own RaggedShard rule, from the granularity function or FSDP2's shard_placement_fn."""
+    rules: dict[str, str] = {}
+    for fqn, param, _ in params:
+        rule = granularity(fqn, param) if callable(granularity) else None
+        if rule is None and shard_placement_fn is not None:
+            rule = _rule_of_placement(fqn, param, shard_placement_fn(param))
+        if rule is not None:
+            rules[fqn] = rule
+    return rules
+
+
+def _rule_of_placement(fqn: str, param: nn.Parameter, placement: Shard | None) -> str | None:
+    """``Shard(d)``: blocks of stride(d) elements, so no slice along dim d is split between ranks.
+
+    FSDP2 cuts dim d into equal chunks; RaggedShard keeps whole slices along it,
+    which is what trainers ask Shard(d) for (whole rows, whole experts).
+    """
+    if placement is None:
+        return None
+    if not isinstance(placement, Shard):
+        raise ValueError(f"shard_placement_fn returned {placement!r} for {fqn}; FSDP2 takes Shard(dim) or None")
+    dim = placement.dim + param.dim() if placement.dim < 0 else placement.dim
+    if not 0 <= dim < max(param.dim(), 1):
+        raise ValueError(f"shard_placement_fn returned {placement!r} for {fqn}, a {param.dim()}-D tensor")
+    stride = math.prod(param.shape[dim + 1 :])
+    return "element" if stride == 1 else str(stride)
 
 
 def units(module: nn.Module) -> Iterable[Unit]:

@@ -104,6 +104,7 @@ class Session:
         self._staging: dbuf.Group | None = None
         self.stats = Stats()
         self._prefetch_stream = None
+        self.post_optim_event = None  # GPU: FSDPModule.set_post_optim_event's, waited for by the next prefetch
         self.unwaited: list[dbuf.Op] = []  # GPU: stream-ordered ops used, their results not yet collected
         self._claimed: dict[int, tuple[weakref.ref, Unit]] = {}
         self._mesh = mesh
@@ -132,6 +133,16 @@ class Session:
             self._mesh = init_device_mesh(device_type, (self.world_size,))
         return self._mesh
 
+    def adopt_mesh(self, mesh: DeviceMesh) -> None:
+        """The trainer's 1-D mesh over the job's ranks (fully_shard's mesh=) becomes this session's."""
+        if self._mesh is None:
+            self._mesh = mesh
+        elif self._mesh != mesh:
+            raise ValueError(
+                f"fully_shard's mesh {mesh} is not the mesh this job's units already live on ({self._mesh}): pass "
+                f"the same mesh to every fully_shard call"
+            )
+
     # ------------------------------------------------------------ placement
 
     @property
@@ -149,7 +160,11 @@ class Session:
             return None
         if self._prefetch_stream is None:
             self._prefetch_stream = torch.cuda.Stream(self.device)
-        self._prefetch_stream.wait_stream(self.stream())  # the shards as the optimizer left them
+        event, self.post_optim_event = self.post_optim_event, None
+        if event is not None:
+            self._prefetch_stream.wait_event(event)  # the shards as the optimizer left them
+        else:
+            self._prefetch_stream.wait_stream(self.stream())
         return self._prefetch_stream
 
     def collect(self) -> None:

@@ -30,7 +30,7 @@ from torch import nn
 import dbuf
 
 from ._dtensor import RaggedDTensor, local_elements
-from ._ragged import ragged_shard_of
+from ._ragged import RaggedShard, ragged_shard_of
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -46,6 +46,28 @@ def dbuf_dtype(dtype: torch.dtype) -> str:
 
 
 @dataclass
+class Reduction:
+    """How a unit's gradients are reduced (FSDPModule's setters and the mixed precision policy).
+
+    dbufd sums in fp32 in rank order. ``divide_factor``: the sum is divided by
+    it (None: by the world size, dbufd's AVG); ``force_sum``: dbufd sums and
+    the division runs afterwards, here, even for the average;
+    ``reduce_dtype``: a dtype narrower than fp32 rounds the reduced gradient
+    to it, the precision FSDP2 communicates it in.
+    """
+
+    divide_factor: float | None = None
+    force_sum: bool = False
+    reduce_dtype: torch.dtype | None = None
+
+    def rounds(self) -> bool:
+        return self.reduce_dtype is not None and self.reduce_dtype.itemsize < 4
+
+    def divides_here(self) -> bool:
+        return self.divide_factor is not None or self.force_sum
+
+
+@dataclass
 class ParamEntry:
     """One parameter of a unit (a tensor of its group)."""
 
@@ -57,6 +79,7 @@ class ParamEntry:
     local: torch.Tensor  # its local elements: this rank's part of the sharded region (1-D)
     shard_grad: torch.Tensor  # this rank's part of the fp32 sharded gradient (1-D)
     sharded_grad: RaggedDTensor  # shard_grad as the parameter's .grad
+    placement: RaggedShard  # this tensor's layout over the ranks
     unsharded: nn.Parameter | None = None  # over the slot; made at the first unshard
     unsharded_grad: torch.Tensor | None = None
     unsharded_ptr: int = 0
@@ -78,13 +101,16 @@ class Unit:
         output_dtype: torch.dtype | None,
         cast_forward_inputs: bool,
         label: str,
+        reduction: Reduction | None = None,
     ) -> None:
         self.session = session
         self.modules = modules
         self.label = label
         self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = True
         self.output_dtype = output_dtype
         self.requires_gradient_sync = True
+        self.reduction = reduction or Reduction()
         self.entries: list[ParamEntry] = []
         self.group: dbuf.Group | None = None
         self.forward_prefetch: list[Unit] | None = None  # explicit, else the recorded order
@@ -94,8 +120,10 @@ class Unit:
         self.gather_event: torch.cuda.Event | None = None  # GPU: where the gather's stream is after it
         self.reduce_op: dbuf.Op | None = None
         self.added_back: list[tuple[ParamEntry, torch.Tensor]] = []  # see reduce_gradients
-        self.releasable = False  # its gradients are being reduced: the slot may go back
-        self.holding_grads = False  # accumulating without sync: the slot keeps the gradients
+        self.reduction_pending = False  # the reduce-scatter's result still to divide / round (wait_reduce)
+        # Accumulating without sync: each parameter's unsharded gradient so far, in fp32, outside the slot.
+        self.set_aside: dict[int, torch.Tensor] = {}
+        self.releasable = False  # its gradients are reduced or set aside: the slot may go back
         if not params:
             self.param_dtype = param_dtype
             self.cast_forward_inputs = False
@@ -148,6 +176,7 @@ class Unit:
                 local=local,
                 shard_grad=shard_grad,
                 sharded_grad=RaggedDTensor.from_local(shard_grad, mesh, placement, param.shape),
+                placement=placement,
             )
             self.entries.append(entry)
         self.use_sharded()
@@ -160,6 +189,7 @@ class Unit:
         self.routed_calls = 0  # forward calls since the last backward whose inputs need gradients
         self.pre_backward_done = False
         self.post_backward_done = False
+        self.recomputing = False  # activation checkpointing ran its forward again in this backward
         self.grads_prepared = False
         self.reduced = False
 
@@ -189,6 +219,44 @@ class Unit:
         for entry in self.entries:
             for module, name in entry.registrations:
                 module._parameters[name] = entry.sharded
+
+    def sharded_grads(self) -> list[torch.Tensor | None]:
+        return [entry.sharded.grad for entry in self.entries]
+
+    def adopt_applied(self, grads_before: list[torch.Tensor | None]) -> None:
+        """After ``nn.Module._apply`` (``to_empty``, ``.to``, ``.cpu``): the parameters back in dbufd's memory.
+
+        ``_apply`` swaps a new DTensor into each parameter (or registers a
+        new one); its values are copied into the unit's sharded region and
+        the parameters point there again, so the optimizer's references and
+        the collectives keep one memory. A dtype or a device other than
+        dbufd's is refused, after the parameters are restored.
+        """
+        refused: list[str] = []
+        with torch.no_grad():
+            for entry, grad_before in zip(self.entries, grads_before):
+                module, name = entry.registrations[0]
+                applied = module._parameters[name]
+                local = applied.to_local() if isinstance(applied, RaggedDTensor) else applied
+                if local.dtype != entry.local.dtype or local.device != entry.local.device:
+                    refused.append(f"{entry.fqn} ({local.dtype} on {local.device})")
+                elif local.data_ptr() != entry.local.data_ptr() and local.device.type != "meta":
+                    entry.local.copy_(local.reshape(-1))
+                if applied is entry.sharded:  # swapped in place: point it back at the sharded region
+                    fresh = nn.Parameter(
+                        RaggedDTensor.from_local(entry.local, self.session.mesh, entry.placement, entry.sharded.shape),
+                        requires_grad=entry.requires_grad,
+                    )
+                    torch.utils.swap_tensors(entry.sharded, fresh)
+                    entry.sharded.fqn = entry.fqn
+                entry.sharded.grad = entry.sharded_grad if grad_before is entry.sharded_grad else grad_before
+        self.use_sharded()
+        if refused:
+            raise TypeError(
+                f"unit {self.label}: dbufd keeps its parameters in {self.sharded_dtype} on "
+                f"{self.session.torch_device}; refused {', '.join(refused)} (parameters left as they were; "
+                f"for another compute dtype use fully_shard's mp_policy)"
+            )
 
     # ------------------------------------------------------------ unshard / reshard
 
@@ -259,7 +327,6 @@ class Unit:
             self.group.reshard_on_stream(self.session.stream())
         self.session.slot_holders.remove(self)
         self.releasable = False
-        self.holding_grads = False
 
     # ------------------------------------------------------------ gradients
 
@@ -271,34 +338,38 @@ class Unit:
         for entry in self.entries:
             if not entry.requires_grad:
                 continue
-            if not self.holding_grads:
-                entry.unsharded_grad.zero_()
+            entry.unsharded_grad.zero_()
             entry.unsharded.grad = entry.unsharded_grad
 
     def reduce_gradients(self) -> None:
-        """After the unit's backward: reduce-scatter (avg) into the fp32 sharded gradients, or keep accumulating."""
+        """After the unit's backward: reduce-scatter into the fp32 sharded gradients, or set them aside (no sync)."""
         if self.post_backward_done or not self.grads_prepared:
             return
         self.post_backward_done = True
         self.grads_prepared = False
+        self.use_sharded()  # what activation checkpointing recomputed is done with the unsharded ones
         for entry in self.entries:
             if entry.unsharded is not None:
                 entry.unsharded.grad = None  # the values are in the slot
+        self.releasable = True
         if not self.requires_gradient_sync:
-            self.holding_grads = True
+            self._set_aside_gradients()
             return
+        self._take_back_set_aside()
         accumulate = self._stage_sharded_gradients()
-        if accumulate and self.sharded_dtype != torch.float32:
-            # dbufd adds into fp32 sharded gradients only: the reduction
-            # overwrites, and the gradients so far are added back, in the
-            # parameters' own dtype, once it is done (wait_reduce).
+        if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.divides_here()
+                           or self.reduction.rounds()):
+            # dbufd adds into fp32 sharded gradients only, and before any
+            # division or rounding here: the reduction overwrites, and the
+            # gradients so far are added back, in the parameters' own dtype,
+            # once it is done (wait_reduce).
             self.added_back = [(e, e.shard_grad.clone()) for e in self.entries if e.requires_grad]
             accumulate = False
+        op = dbuf.ReduceOp.SUM if self.reduction.divides_here() else dbuf.ReduceOp.AVG
         self.reduce_op = self.group.reduce_scatter(
-            op=dbuf.ReduceOp.AVG, accumulate=accumulate, async_op=True, stream=self.session.stream()
+            op=op, accumulate=accumulate, async_op=True, stream=self.session.stream()
         )
-        self.holding_grads = False
-        self.releasable = True
+        self.reduction_pending = True
         self.reduced = True
         self.session.stats.reduce_scatters += 1
         self.session.stats.reduce_scatter_bytes += self.unsharded_elems * self.param_dtype.itemsize
@@ -322,14 +393,57 @@ class Unit:
                         entry.shard_grad.copy_(local_elements(grad))
         return accumulate
 
+    def _set_aside_gradients(self) -> None:
+        """No sync: this backward's unsharded gradients are added to those set aside (fp32); the slot can go back.
+
+        Unsharded gradients only are kept, the parameters are resharded, as
+        FSDP2 keeps them (in fp32 where its reduce_dtype is fp32).
+        """
+        with torch.no_grad():
+            for entry in self.entries:
+                if not entry.requires_grad:
+                    continue
+                kept = self.set_aside.get(entry.index)
+                if kept is None:
+                    self.set_aside[entry.index] = entry.unsharded_grad.to(torch.float32, copy=True)
+                else:
+                    kept.add_(entry.unsharded_grad)
+
+    def _take_back_set_aside(self) -> None:
+        """The gradients set aside by backwards without sync, added to this one's in the slot before it is reduced."""
+        set_aside, self.set_aside = self.set_aside, {}
+        with torch.no_grad():
+            for entry in self.entries:
+                kept = set_aside.get(entry.index)
+                if kept is not None:
+                    entry.unsharded_grad.copy_(kept.add_(entry.unsharded_grad))
+
     def wait_reduce(self) -> None:
         if self.reduce_op is not None:
             op, self.reduce_op = self.reduce_op, None
             op.wait()
+        if self.reduction_pending:
+            self.reduction_pending = False
+            self._finish_reduction()
         added_back, self.added_back = self.added_back, []
         with torch.no_grad():
             for entry, earlier in added_back:
                 entry.shard_grad.add_(earlier)
+
+    def _finish_reduction(self) -> None:
+        """The division and the rounding of reduce_dtype that dbufd's fp32 sum leaves to this side."""
+        reduction = self.reduction
+        if not (reduction.divides_here() or reduction.rounds()):
+            return
+        divisor = reduction.divide_factor if reduction.divide_factor is not None else self.session.world_size
+        with torch.no_grad():
+            for entry in self.entries:
+                if not entry.requires_grad:
+                    continue
+                if reduction.divides_here():
+                    entry.shard_grad.div_(divisor)
+                if reduction.rounds():
+                    entry.shard_grad.copy_(entry.shard_grad.to(reduction.reduce_dtype))
 
     def finish_backward(self) -> None:
         """End of backward: the reduction done, the sharded gradients on the sharded parameters."""
@@ -340,6 +454,7 @@ class Unit:
 
     def _finish_backward(self) -> None:
         self.wait_reduce()
+        self.use_sharded()
         for entry in self.entries:
             if entry.unsharded is not None and entry.unsharded.grad is not None:
                 raise dbuf.InternalError(
@@ -350,11 +465,14 @@ class Unit:
                 entry.sharded.grad = entry.sharded_grad
 
     def abandon_backward(self) -> None:
-        """After a backward that raised: its gradients dropped, the slot given back, the pass reset."""
+        """After a backward that raised: its gradients dropped, the slot given back, the pass reset.
+
+        Gradients set aside by earlier backwards without sync are kept.
+        """
         for entry in self.entries:
             if entry.unsharded is not None:
                 entry.unsharded.grad = None
-        self.holding_grads = False
+        self.use_sharded()
         try:
             self.reshard()
         finally:

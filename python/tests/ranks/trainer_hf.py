@@ -1,0 +1,183 @@
+"""One rank of a trainer written for FSDP2, the way torchtitan and accelerate call it, on FSDP2 or on dbuf.
+
+  trainer_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--ac none|full|full-reentrant|selective|
+                hf|hf-reentrant|call] [--compile] [--mp bf16] [--accum N] [--steps N] [--meta-init]
+
+The script only speaks torch's FSDP2 API (``from torch.distributed.fsdp import
+fully_shard, FSDPModule, MixedPrecisionPolicy, OffloadPolicy``); ``--backend
+dbuf`` runs it under dbuf's switch (``$DBUF_FSDP=1``, which rank processes of
+this test set, installs dbuf.torch in FSDP2's place at startup), so nothing
+in it names dbuf. Activation checkpointing, in the patterns trainers use:
+
+  full            torchtitan: ``checkpoint_wrapper`` (non-reentrant) around each block, then ``fully_shard``
+  full-reentrant  the same with ``CheckpointImpl.REENTRANT``
+  selective       torchtitan's op-level policy: save every other matmul, recompute the rest
+  hf / hf-reentrant  transformers' ``activation_checkpointing_enable`` (checkpoints each layer's forward)
+  call            ``torch.utils.checkpoint.checkpoint(block, ...)`` around the sharded block's call (its hooks
+                  inside the checkpoint, so they run again in the recompute); call-reentrant the same, reentrant
+
+``--compile``: each block ``.compile(fullgraph=True)`` before ``fully_shard``
+(torchtitan's order). ``--accum N``: N micro-batches per step, gradient sync on
+the last only (``set_requires_gradient_sync``, accelerate's ``no_sync``).
+``--meta-init``: the model made on the meta device, sharded, then
+``to_empty`` and initialised (torchtitan's init path). Writes OUT.pt.<rank>:
+the losses of every micro-batch and the gradient norm of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+GLOBAL_BATCH, SEQ, VOCAB = 12, 10, 101
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--backend", choices=("dbuf", "fsdp2"), required=True)
+p.add_argument("--model", choices=("llama", "qwen3moe"), default="llama")
+p.add_argument("--ac", default="none", choices=("none", "full", "full-reentrant", "selective", "hf", "hf-reentrant",
+                                                "call", "call-reentrant"))
+p.add_argument("--compile", action="store_true")
+p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
+p.add_argument("--accum", type=int, default=1)
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--meta-init", action="store_true")
+args = p.parse_args()
+
+torch.set_num_threads(1)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if (os.environ.get("DBUF_FSDP") == "1") != (args.backend == "dbuf"):
+    sys.exit(f"--backend {args.backend} with DBUF_FSDP={os.environ.get('DBUF_FSDP')}")
+
+
+def make_model() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=44, intermediate_size=70, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=22, tie_word_embeddings=False,
+                  use_cache=False)  # a KV cache would change what a checkpointed layer recomputes
+    if args.model == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2)
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def selective_policy():
+    """torchtitan's op-level selective checkpointing: keep every other matmul's output, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *op_args, **op_kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+            if counts[mode] % 2 == 1:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+class CheckpointedCall(torch.nn.Module):
+    """Checkpoints the whole call of a (sharded) block, its module hooks included."""
+
+    def __init__(self, block: torch.nn.Module, reentrant: bool) -> None:
+        super().__init__()
+        self.block, self.reentrant = block, reentrant
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(partial(self.block, **kwargs), *args, use_reentrant=self.reentrant)
+
+
+def apply_ac(layers: torch.nn.ModuleList) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for index, layer in enumerate(layers):
+        if args.ac == "full":
+            layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        elif args.ac == "full-reentrant":
+            layers[index] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.REENTRANT)
+        elif args.ac == "selective":
+            layers[index] = checkpoint_wrapper(layer, context_fn=selective_policy, preserve_rng_state=False)
+
+
+torch.manual_seed(0)
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (world,))
+if args.meta_init:
+    with torch.device("meta"):
+        model = make_model()
+else:
+    model = make_model()
+layers = model.model.layers
+if args.ac in ("hf", "hf-reentrant"):
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": args.ac == "hf-reentrant"})
+apply_ac(layers)
+if args.compile:
+    for layer in layers:
+        layer.compile(fullgraph=True)
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.mp == "bf16" else None, reduce_dtype=torch.float32)
+for layer in layers:
+    fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True, offload_policy=OffloadPolicy())
+fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+assert all(isinstance(m, FSDPModule) for m in (model, *layers))
+if args.ac.startswith("call"):
+    for index, layer in enumerate(layers):
+        layers[index] = CheckpointedCall(layer, reentrant=args.ac == "call-reentrant")
+if args.meta_init:
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        reference = make_model()  # the same values, drawn again, copied in parameter by parameter
+        for (name, param), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+            param.copy_(want)
+        for (name, buffer), (_, want) in zip(model.named_buffers(), reference.named_buffers()):
+            buffer.copy_(want)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def micro_batch(step: int, micro: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
+    share = GLOBAL_BATCH // world
+    return tokens[rank * share : (rank + 1) * share]
+
+
+result: dict = {"losses": [], "norms": [], "all_gathers": []}
+for step in range(args.steps):
+    if args.backend == "dbuf":
+        import dbuf.torch
+
+        dbuf.torch.default_session().reset_step_stats()
+    for micro in range(args.accum):
+        last = micro == args.accum - 1
+        model.set_requires_gradient_sync(last)
+        tokens = micro_batch(step, micro)
+        loss = model(input_ids=tokens, labels=tokens).loss / args.accum
+        loss.backward()
+        result["losses"].append(loss.item())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    result["norms"].append(norm.full_tensor().item())
+    optimizer.step()
+    optimizer.zero_grad()
+    if args.backend == "dbuf":
+        result["all_gathers"].append(dbuf.torch.default_session().stats.all_gathers)
+
+torch.save(result, f"{args.out}.{rank}")
+dist.barrier()
+print("done", file=sys.stderr, flush=True)
+# torch 2.15 often aborts in the interpreter's teardown where a DeviceMesh's gloo group ran a
+# collective (docs/python.md): the results are written, so the exit status says how the run went.
+sys.stdout.flush()
+os._exit(0)
