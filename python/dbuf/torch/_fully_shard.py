@@ -219,7 +219,7 @@ class DBufModule(FSDPModule):
         if unit.inside:
             raise RuntimeError(f"unit {unit.label}: {type(self).__name__} converted during its own forward")
         grads = unit.sharded_grads()
-        converted = super()._apply(fn, recurse)
+        converted = super(FSDPModule, self)._apply(fn, recurse)  # the module's own, not FSDP2's
         unit.adopt_applied(grads)
         return converted
 

@@ -34,6 +34,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -137,13 +138,14 @@ if args.ac.startswith("call"):
     for index, layer in enumerate(layers):
         layers[index] = CheckpointedCall(layer, reentrant=args.ac == "call-reentrant")
 if args.meta_init:
+    # torchtitan's path: real memory for the sharded parameters, then the weights loaded whole
+    # (torch's full state dict API gives each rank its part).
     model.to_empty(device="cpu")
-    with torch.no_grad():
-        reference = make_model()  # the same values, drawn again, copied in parameter by parameter
-        for (name, param), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
-            param.copy_(want)
-        for (name, buffer), (_, want) in zip(model.named_buffers(), reference.named_buffers()):
-            buffer.copy_(want)
+    reference = make_model()
+    set_model_state_dict(model, reference.state_dict(), options=StateDictOptions(full_state_dict=True))
+    with torch.no_grad():  # the buffers no state dict holds (rotary frequencies), made again
+        for buffer, made in zip(model.buffers(), reference.buffers()):
+            buffer.copy_(made)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
