@@ -82,6 +82,25 @@ class DBufModule(FSDPModule):
     def dbuf_unit(self) -> Unit:
         return self._dbuf_unit
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The unit's hooks around the module's call, outside what torch.compile compiles of it.
+
+        ``block.compile()`` compiles the module's ``_call_impl`` (its registered
+        hooks included) and torch.compile of a whole model traces into each
+        module's call: the hooks' collectives and parameter swaps are not graph
+        operations, so they run here, eagerly (dynamo breaks the graph at them),
+        as FSDP2's hooks do. Like a forward pre-hook registered first and a
+        forward hook with ``always_call``, around every other hook.
+        """
+        hooks = self._dbuf_hooks
+        args, kwargs = hooks.eager_pre_forward(self, args, kwargs)
+        try:
+            output = super().__call__(*args, **kwargs)
+        except BaseException:
+            hooks.eager_post_forward(self, args, None)  # sees the exception being handled
+            raise
+        return hooks.eager_post_forward(self, args, output)
+
     def _get_fsdp_state(self) -> _Hooks:
         """The unit's hooks: torch's ``register_fsdp_forward_method`` calls their ``_pre_forward`` / ``_post_forward``."""
         return self._dbuf_hooks
@@ -292,6 +311,11 @@ class _Hooks:
     def __init__(self, unit: Unit) -> None:
         self.unit = unit
         self.session: Session = unit.session
+        # What DBufModule.__call__ runs: never traced by torch.compile (see there).
+        self.eager_pre_forward = torch._dynamo.disable(self.pre_forward, recursive=True,
+                                                       reason="dbuf.torch's FSDP hooks")
+        self.eager_post_forward = torch._dynamo.disable(self.post_forward, recursive=True,
+                                                        reason="dbuf.torch's FSDP hooks")
 
     # forward
 
@@ -364,9 +388,9 @@ class _Hooks:
             self._prefetch(unit.forward_prefetch, session.forward_order)
 
     def post_forward(self, module: nn.Module, args: tuple, output: Any):
-        # Registered with always_call: runs when the forward raised too (then
-        # output is None and an exception is being handled), so that a
-        # caught error leaves the unit resharded and the counts right.
+        # Runs when the forward raised too (then output is None and an
+        # exception is being handled), so that a caught error leaves the unit
+        # resharded and the counts right.
         unit, session = self.unit, self.session
         if unit.recomputing and _in_backward():
             return self._post_recompute(output)
@@ -676,8 +700,6 @@ def fully_shard(
     for m in modules:
         m._dbuf_unit = unit
         m._dbuf_hooks = hooks
-        m.register_forward_pre_hook(hooks.pre_forward, prepend=True, with_kwargs=True)
-        m.register_forward_hook(hooks.post_forward, always_call=True)
         _mix_in(m)
     return modules if isinstance(module, (list, tuple)) else module
 
