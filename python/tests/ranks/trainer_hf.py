@@ -51,6 +51,8 @@ p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--meta-init", action="store_true")
+p.add_argument("--chunked-loss", type=int, default=0,
+               help="torchtitan's ChunkedLossWrapper: lm_head a unit of its own, a backward per sequence chunk")
 args = p.parse_args()
 
 torch.set_num_threads(1)
@@ -132,8 +134,11 @@ if args.compile:
 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.mp == "bf16" else None, reduce_dtype=torch.float32)
 for layer in layers:
     fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True, offload_policy=OffloadPolicy())
-fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
-assert all(isinstance(m, FSDPModule) for m in (model, *layers))
+# The chunked loss runs the decoder (torchtitan's forward without lm_head) and lm_head apart: each is a root.
+roots = [model.model, model.lm_head] if args.chunked_loss else [model]
+for root in roots:
+    fully_shard(root, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+assert all(isinstance(m, FSDPModule) for m in (*roots, *layers))
 if args.ac.startswith("call"):
     for index, layer in enumerate(layers):
         layers[index] = CheckpointedCall(layer, reentrant=args.ac == "call-reentrant")
@@ -156,6 +161,52 @@ def micro_batch(step: int, micro: int) -> torch.Tensor:
     return tokens[rank * share : (rank + 1) * share]
 
 
+class DecoderBackward(torch.autograd.Function):
+    """torchtitan's bridge: the loss whose backward sends the chunks' summed gradient into the decoder."""
+
+    @staticmethod
+    def forward(ctx, hidden, hidden_grad, loss):
+        ctx.save_for_backward(hidden_grad)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (hidden_grad,) = ctx.saved_tensors
+        return hidden_grad * grad_output, None, None
+
+
+def chunked_loss(tokens: torch.Tensor) -> torch.Tensor:
+    """torchtitan 0.3's ChunkedLossWrapper call sequence: lm_head kept gathered over the chunks, each chunk's
+    loss backward at once (gradient sync on the last chunk only), then the decoder's backward."""
+    hidden = model.model(input_ids=tokens).last_hidden_state[:, :-1]
+    labels = tokens[:, 1:]
+    chunks = [c.detach().requires_grad_() for c in hidden.chunk(args.chunked_loss, dim=1)]
+    label_chunks = labels.chunk(args.chunked_loss, dim=1)
+    lm_head = model.lm_head
+    lm_head.set_reshard_after_forward(False)
+    lm_head.set_reshard_after_backward(False)
+    lm_head.set_requires_gradient_sync(False, recurse=False)
+    lm_head.unshard()
+    hidden_grad = torch.zeros_like(hidden, dtype=torch.float32)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    offset = 0
+    for index, (chunk, chunk_labels) in enumerate(zip(chunks, label_chunks)):
+        if index == len(chunks) - 1:
+            lm_head.set_requires_gradient_sync(True, recurse=False)
+        logits = lm_head(chunk).float()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), chunk_labels.flatten(), reduction="sum")
+        loss = loss / labels.numel()
+        total = total + loss.detach()
+        loss.backward()
+        hidden_grad[:, offset : offset + chunk.shape[1]] = chunk.grad
+        offset += chunk.shape[1]
+    lm_head.set_reshard_after_forward(True)
+    lm_head.set_reshard_after_backward(True)
+    lm_head.set_requires_gradient_sync(True, recurse=False)
+    lm_head.reshard()
+    return DecoderBackward.apply(hidden, hidden_grad.to(hidden.dtype), total)
+
+
 result: dict = {"losses": [], "norms": [], "all_gathers": []}
 for step in range(args.steps):
     if args.backend == "dbuf":
@@ -164,9 +215,13 @@ for step in range(args.steps):
         dbuf.torch.default_session().reset_step_stats()
     for micro in range(args.accum):
         last = micro == args.accum - 1
-        model.set_requires_gradient_sync(last)
+        for root in roots:
+            root.set_requires_gradient_sync(last)
         tokens = micro_batch(step, micro)
-        loss = model(input_ids=tokens, labels=tokens).loss / args.accum
+        if args.chunked_loss:
+            loss = chunked_loss(tokens) / args.accum
+        else:
+            loss = model(input_ids=tokens, labels=tokens).loss / args.accum
         loss.backward()
         result["losses"].append(loss.item())
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
