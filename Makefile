@@ -9,7 +9,7 @@ GPU_BUILD_DIR ?= build-gpu
 # The virtual environment of the Python package and its tests (scripts/python-env.sh).
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps venv configure build python demo test bench fuzz sanitize gpu-bundle clean format
+.PHONY: all deps venv configure build python demo test test-matrix bench fuzz sanitize gpu-bundle clean format
 
 all: build
 
@@ -39,7 +39,11 @@ demo: build python
 	./scripts/demo_python.sh $(BUILD_DIR) $(PYTHON)
 
 test: build python
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -LE trainers_matrix
+
+# The whole matrix of python/tests/test_trainers.py (make test runs a pairwise-covering subset).
+test-matrix: build python
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -L trainers_matrix
 
 # Hardening (docs/reliability.md), each in a tree of its own: every libFuzzer
 # harness for FUZZ_SECONDS, and the suite under ASan + UBSan and under TSan.

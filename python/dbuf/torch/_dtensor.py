@@ -300,8 +300,11 @@ def _refuse(func, args, kwargs):
 
 
 def _copy(func, args, kwargs):
-    if not isinstance(args[1], DTensor):
-        return _copy_from_whole(args[0], args[1])
+    source = args[1]
+    if not isinstance(source, DTensor):
+        return _copy_from_whole(args[0], source)
+    if not isinstance(source, RaggedDTensor) and all(p.is_replicate() for p in source.placements):
+        return _copy_from_whole(args[0], source.to_local())  # every rank holds it whole
     return _elementwise(func, args, kwargs)
 
 
@@ -339,10 +342,17 @@ def _unscale(func, args, kwargs):
 
 
 def _new_like(func, args, kwargs):
-    """``new_zeros`` and the like with the operand's own shape: the same layout."""
+    """``new_zeros`` and the like: with the operand's own shape, the same layout; with another, Replicate.
+
+    Another shape has no ragged layout to inherit; as DTensor does for a
+    sharded operand, the new tensor is whole on every rank (a Replicate
+    DTensor on the same mesh), which init code fills identically everywhere
+    and then copies into the parameter (each rank keeping its elements).
+    """
     lead = args[0]
     if tuple(args[1]) != tuple(lead.shape):
-        raise NotImplementedError(f"dbuf.torch: {func} with another shape than the RaggedShard DTensor's")
+        whole = func(lead._local_tensor, *args[1:], **kwargs)
+        return DTensor.from_local(whole, lead.device_mesh, [Replicate()], run_check=False)
     return _elementwise(func, (lead, [lead._local_tensor.numel()], *args[2:]), kwargs)
 
 

@@ -331,6 +331,7 @@ class _Hooks:
         first_call = not unit.forward_ran
         if not unit.inside:
             self._enter(first_call)
+        session.forwards_running += 1
         if unit.cast_forward_inputs:
             args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
         if torch.is_grad_enabled():
@@ -374,14 +375,14 @@ class _Hooks:
             session.order_recorded = True  # the first iteration's
         for unit in session.units:
             unit.forward_ran = False
+            unit.routed_calls = 0  # calls of the last iteration that no backward reached
 
     def _enter(self, first_call: bool) -> None:
         unit, session = self.unit, self.session
-        unit.inside = True
-        unit.forward_ran = True
-        session.forwards_running += 1
         unit.unshard()
         unit.use_unsharded()
+        unit.inside = True
+        unit.forward_ran = True
         if first_call:
             if not session.order_recorded and unit not in session.forward_order:
                 session.forward_order.append(unit)
@@ -394,24 +395,21 @@ class _Hooks:
         unit, session = self.unit, self.session
         if unit.recomputing and _in_backward():
             return self._post_recompute(output)
-        if not unit.inside:
-            return output  # its pre-hook failed before entering
+        session.forwards_running -= 1
         unit.modules_done.add(id(module))
         failed = sys.exc_info()[1] is not None and output is None
-        if len(unit.modules_done) < len(unit.modules) and not failed:
-            return output  # a grouped unit: the others' forwards are still to come
-        unit.modules_done = set()
-        unit.inside = False
-        session.forwards_running -= 1
-        unit.use_sharded()
-        if not session.order_recorded and unit not in session.post_forward_order:
-            session.post_forward_order.append(unit)
         grad = torch.is_grad_enabled()
-        if failed or not grad or self._reshard_after_forward():
-            unit.reshard()
         if grad and not failed:
             self._hook_outputs(output)
+        if failed or len(unit.modules_done) == len(unit.modules):
+            _leave(unit, failed)
+        # (else a grouped unit whose other modules are still to run)
         if session.forwards_running == 0:
+            # The top-level call returns: a grouped unit some of whose modules
+            # did not run in it (torchtitan's [norm, lm_head] with lm_head
+            # applied by the loss) is done with this forward too.
+            for pending in [u for u in session.units if u.inside]:
+                _leave(pending, failed)
             if failed:
                 # No backward will come for a forward that raised: its
                 # calls no longer count for the next backward's reductions.
@@ -435,14 +433,6 @@ class _Hooks:
         if unit.output_dtype is not None:
             output = _cast(output, unit.output_dtype)
         return output
-
-    def _reshard_after_forward(self) -> bool:
-        value = self.unit.reshard_after_forward
-        if value is None:
-            # FSDP2's heuristic: the root's parameters would be gathered again
-            # at once for backward, so it keeps them.
-            return self.unit is not self.session.root
-        return bool(value)
 
     def _route_through_post_backward(
         self, args: tuple, kwargs: dict, *, count_in_pass: bool = True
@@ -510,6 +500,26 @@ def _run_all(steps: list[Callable[[], None]]) -> None:
         raise first
 
 
+def _leave(unit: Unit, failed: bool) -> None:
+    """The unit's forward is over: sharded parameters back on the modules, the slot given back unless kept."""
+    session = unit.session
+    unit.modules_done = set()
+    unit.inside = False
+    unit.use_sharded()
+    if not session.order_recorded and unit not in session.post_forward_order:
+        session.post_forward_order.append(unit)
+    if failed or not torch.is_grad_enabled() or _reshards_after_forward(unit):
+        unit.reshard()
+
+
+def _reshards_after_forward(unit: Unit) -> bool:
+    if unit.reshard_after_forward is None:
+        # FSDP2's heuristic: the root's parameters would be gathered again
+        # at once for backward, so it keeps them.
+        return unit is not unit.session.root
+    return bool(unit.reshard_after_forward)
+
+
 def _begin_backward(session: Session) -> None:
     """The first unit of a backward: the end-of-backward callback, once per backward (on the engine's graph task)."""
     if session.in_backward:
@@ -522,9 +532,12 @@ def _begin_backward(session: Session) -> None:
 
 def _end_of_backward(session: Session) -> None:
     """Reduces what no post-backward reduced, waits, sets the sharded gradients, gives the slots back."""
+    # Only the units this backward reached: the others' forwards still wait for a backward of their own
+    # (torchtitan's chunked loss runs lm_head's backward per chunk before the decoder's).
+    reached = [unit for unit in session.units if unit.in_this_backward]
     steps = [
         *(unit.reduce_gradients for unit in reversed(session.post_forward_order) if unit.pre_backward_done),
-        *(unit.finish_backward for unit in session.units),
+        *(unit.finish_backward for unit in reached),
     ]
     try:
         _run_all(steps)

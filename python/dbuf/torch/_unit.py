@@ -193,6 +193,11 @@ class Unit:
         self.grads_prepared = False
         self.reduced = False
 
+    @property
+    def in_this_backward(self) -> bool:
+        """Whether the backward in progress reached this unit (its end finishes only those)."""
+        return self.pre_backward_done or self.grads_prepared or self.reduced or self.recomputing
+
     def _bind_unsharded(self) -> None:
         """The unsharded parameters and gradients over the slot (made once: its address is stable)."""
         for entry in self.entries:
