@@ -25,5 +25,7 @@ if [[ -x "$python" ]]; then
   "$python" python/bench/optimizer_step_bench.py
   echo "== python: a transformers Llama, 4 ranks: dbuf.torch vs FSDP2 step time, DCP save and load time =="
   DBUF_DAEMON="$daemon" "$python" python/bench/checkpoint_bench.py
+  echo "== python: a trainer written for FSDP2 (transformers Llama, 4 ranks), AC and compile: dbuf vs FSDP2 step time, peak memory =="
+  DBUF_DAEMON="$daemon" "$python" python/bench/trainer_bench.py
   if [[ $EUID -eq 0 ]]; then echo "== python: a job across 2 nodes (network namespaces, 1 Gbit/s links): dbuf vs gloo all-gather / reduce-scatter, time and bytes on the wire =="; DBUF_DAEMON="$daemon" "$python" python/bench/multinode_bench.py --quick; fi
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the virtual environment .venv at the repository root with the pinned
-# packages of python/requirements.txt, using the python3 on PATH. Idempotent
+# packages of python/requirements.txt (and requirements-nodeps.txt), using the python3 on PATH. Idempotent
 # and fast when up to date: .venv/.requirements.sha256 holds the hash of the
 # requirements.txt last installed, and pip runs only when that file changed
 # (or the environment is missing or broken). When `python3 -m venv` fails for
@@ -10,9 +10,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv"
 requirements="$root/python/requirements.txt"
+requirements_nodeps="$root/python/requirements-nodeps.txt"  # installed with --no-deps
 stamp="$venv/.requirements.sha256"
 
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
+want=$(cat "$requirements" "$requirements_nodeps" | sha256sum | cut -d' ' -f1)
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c '' 2>/dev/null; then
   echo "python-env: $venv is up to date with python/requirements.txt"
   exit 0
@@ -39,5 +40,6 @@ fi
 
 echo "python-env: installing python/requirements.txt into $venv"
 "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$requirements"
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$requirements_nodeps"
 echo "$want" >"$stamp"
 echo "python-env: $venv ready ($("$venv/bin/python" --version))"

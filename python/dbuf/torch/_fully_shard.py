@@ -375,7 +375,6 @@ class _Hooks:
             session.order_recorded = True  # the first iteration's
         for unit in session.units:
             unit.forward_ran = False
-            unit.routed_calls = 0  # calls of the last iteration that no backward reached
 
     def _enter(self, first_call: bool) -> None:
         unit, session = self.unit, self.session

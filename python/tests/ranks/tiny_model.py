@@ -108,8 +108,9 @@ def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micr
     Each rank's forward / backward runs on a copy of the master cast to
     param_dtype. sync_every_micro: every micro-batch's gradients are reduced
     (fp32 sum in rank order, times 1/world, then in the master's dtype) and
-    the reductions added in the master's dtype; else each rank accumulates
-    its micro-batches in param_dtype and the sums are reduced once.
+    the reductions added in the master's dtype; else each rank sums its
+    micro-batches in fp32 and the sums are reduced once, as dbuf.torch does:
+    rounded to param_dtype, and what the rounding lost, each reduced, added.
     two_forwards: each rank's loss is the sum over two micro-batches, one
     backward. clip: torch's clip_grad_norm_ on the reduced gradients.
     skip_steps: steps whose gradients are dropped (no update).
@@ -136,14 +137,19 @@ def reference(steps: int, world: int, *, micro_batches: int = 1, sync_every_micr
                 row.append(loss.item())
                 grads = [p.grad for p in work.parameters() if p.requires_grad]
                 if not sync_every_micro:
-                    kept[rank] = grads if kept[rank] is None else [a + b for a, b in zip(kept[rank], grads)]
+                    kept[rank] = ([g.float() for g in grads] if kept[rank] is None
+                                  else [a + b for a, b in zip(kept[rank], grads)])
                 per_rank.append(grads)
             step_losses.append(row)
             if sync_every_micro:
                 now = [g.to(master_dtype) for g in _reduce(per_rank, world, ranks_per_node)]
                 reduced = now if reduced is None else [a + b for a, b in zip(reduced, now)]
         if not sync_every_micro:
-            reduced = [g.to(master_dtype) for g in _reduce(kept, world, ranks_per_node)]
+            # The fp32 sums reduced as two param_dtype parts (the rounded sum, then what rounding lost).
+            high = [[g.to(param_dtype) for g in sums] for sums in kept]
+            low = [[(g - h.float()).to(param_dtype) for g, h in zip(sums, highs)] for sums, highs in zip(kept, high)]
+            reduced = [(a + b).to(master_dtype) for a, b in
+                       zip(_reduce(high, world, ranks_per_node), _reduce(low, world, ranks_per_node))]
         losses.append(step_losses)
         if step in skip_steps:
             continue

@@ -17,18 +17,23 @@ in it names dbuf. Activation checkpointing, in the patterns trainers use:
                   inside the checkpoint, so they run again in the recompute); call-reentrant the same, reentrant
 
 ``--compile``: each block ``.compile(fullgraph=True)`` before ``fully_shard``
-(torchtitan's order). ``--accum N``: N micro-batches per step, gradient sync on
+(torchtitan's order); ``--compile-model``: the whole model compiled after it. ``--accum N``: N micro-batches per step, gradient sync on
 the last only (``set_requires_gradient_sync``, accelerate's ``no_sync``).
 ``--meta-init``: the model made on the meta device, sharded, then
-``to_empty`` and initialised (torchtitan's init path). Writes OUT.pt.<rank>:
-the losses of every micro-batch and the gradient norm of each step.
+``to_empty`` and its weights loaded whole (torchtitan's path).
+``--chunked-loss N``: torchtitan's chunked loss (lm_head its own unit). Writes
+OUT.pt.<rank>: the losses of every micro-batch, each step's gradient norm and
+seconds, dbuf's all-gathers per step, and the peak resident memory the
+process added (``peak_rss_bytes``, python/bench/trainer_bench.py's figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
+import time
 from collections import defaultdict
 from functools import partial
 
@@ -38,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-GLOBAL_BATCH, SEQ, VOCAB = 12, 10, 101
+VOCAB = 101
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
@@ -47,10 +52,15 @@ p.add_argument("--model", choices=("llama", "qwen3moe"), default="llama")
 p.add_argument("--ac", default="none", choices=("none", "full", "full-reentrant", "selective", "hf", "hf-reentrant",
                                                 "call", "call-reentrant"))
 p.add_argument("--compile", action="store_true")
+p.add_argument("--compile-model", action="store_true", help="torch.compile of the whole model, after fully_shard")
 p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--meta-init", action="store_true")
+p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--seq", type=int, default=10)
+p.add_argument("--global-batch", type=int, default=12)
 p.add_argument("--chunked-loss", type=int, default=0,
                help="torchtitan's ChunkedLossWrapper: lm_head a unit of its own, a backward per sequence chunk")
 args = p.parse_args()
@@ -61,16 +71,29 @@ if (os.environ.get("DBUF_FSDP") == "1") != (args.backend == "dbuf"):
     sys.exit(f"--backend {args.backend} with DBUF_FSDP={os.environ.get('DBUF_FSDP')}")
 
 
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+RSS_AT_START = resident_bytes()
+
+
 def make_model() -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=44, intermediate_size=70, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=22, tie_word_embeddings=False,
+    common = dict(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=70 * args.hidden // 44,
+                  num_hidden_layers=args.layers, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=args.hidden // 2, tie_word_embeddings=False,
                   use_cache=False)  # a KV cache would change what a checkpointed layer recomputes
     if args.model == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2)
+    # bf16: the experts' loop, as torch 2.15's CPU grouped_mm wants 16-byte strides these dims do not have
+    # (FSDP2's run fails the same way).
+    experts = {"experts_implementation": "eager"} if args.mp == "bf16" else {}
+    config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2,
+                                         **experts)
     return transformers.Qwen3MoeForCausalLM(config)
 
 
@@ -142,6 +165,8 @@ assert all(isinstance(m, FSDPModule) for m in (*roots, *layers))
 if args.ac.startswith("call"):
     for index, layer in enumerate(layers):
         layers[index] = CheckpointedCall(layer, reentrant=args.ac == "call-reentrant")
+if args.compile_model:
+    model.compile()
 if args.meta_init:
     # torchtitan's path: real memory for the sharded parameters, then the weights loaded whole
     # (torch's full state dict API gives each rank its part).
@@ -156,8 +181,8 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 def micro_batch(step: int, micro: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + micro)
-    tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
-    share = GLOBAL_BATCH // world
+    tokens = torch.randint(0, VOCAB, (args.global_batch, args.seq), generator=g)
+    share = args.global_batch // world
     return tokens[rank * share : (rank + 1) * share]
 
 
@@ -207,8 +232,9 @@ def chunked_loss(tokens: torch.Tensor) -> torch.Tensor:
     return DecoderBackward.apply(hidden, hidden_grad.to(hidden.dtype), total)
 
 
-result: dict = {"losses": [], "norms": [], "all_gathers": []}
+result: dict = {"losses": [], "norms": [], "all_gathers": [], "step_s": []}
 for step in range(args.steps):
+    started = time.perf_counter()
     if args.backend == "dbuf":
         import dbuf.torch
 
@@ -228,8 +254,13 @@ for step in range(args.steps):
     result["norms"].append(norm.full_tensor().item())
     optimizer.step()
     optimizer.zero_grad()
+    result["step_s"].append(time.perf_counter() - started)
     if args.backend == "dbuf":
         result["all_gathers"].append(dbuf.torch.default_session().stats.all_gathers)
+
+# The most this process held resident, over what it held before making the model: parameters,
+# gradients, optimizer state, activations, and (dbuf) the shared memory of dbufd's slots it touched.
+result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - RSS_AT_START
 
 torch.save(result, f"{args.out}.{rank}")
 dist.barrier()
