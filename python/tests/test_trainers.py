@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import run_ranks
 
@@ -136,6 +137,11 @@ def test_activation_checkpointing_patterns(daemon, tmp_path, ac):
     assert_as_fsdp2(daemon, tmp_path, ["--model", "llama", "--ac", ac])
 
 
+def test_whole_model_compile(daemon, tmp_path):
+    """torch.compile of the whole model after fully_shard: dynamo runs the units' hooks eagerly, between graphs."""
+    assert_as_fsdp2(daemon, tmp_path, ["--model", "llama", "--compile-model"])
+
+
 def test_meta_device_init(daemon, tmp_path):
     """Meta device, fully_shard, to_empty, a full state dict loaded: the parameters stay dbufd's and train."""
     assert_as_fsdp2(daemon, tmp_path, ["--model", "llama", "--meta-init"])
@@ -163,3 +169,34 @@ def test_torchtitan(daemon, tmp_path, ac):
     flags = ["--ac", ac, *(["--compile"] if ac == "selective" else [])]
     dbuf = assert_as_fsdp2(daemon, tmp_path, flags, gathers=None, script="torchtitan_llama3.py")
     assert dbuf["init_as_one_process"]
+
+
+def test_hsdp(daemon, tmp_path):
+    """HSDP: a 2-D (replicate 2, shard 2) mesh. Each replica's ranks are a dbuf job of their own, the
+    sharded gradients summed over the replicas in replica order; FSDP2's losses, and what
+    torch.distributed.checkpoint saves is the same model (each replica's shards written once)."""
+    flags = ["--model", "llama", "--hsdp", "--accum", "2", "--mp", "bf16"]
+    fsdp2 = run(daemon, tmp_path, "fsdp2", [*flags, "--save", str(tmp_path / "fsdp2.dcp")], "trainer_hf.py")
+    dbuf = run(daemon, tmp_path, "dbuf", [*flags, "--save", str(tmp_path / "dbuf.dcp")], "trainer_hf.py")
+    assert dbuf["replicas"] == 2
+    assert dbuf["losses"][0] == fsdp2["losses"][0]
+    for what in ("losses", "norms"):
+        for got, want in zip(dbuf[what], fsdp2[what]):
+            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), f"{what}: dbuf {dbuf[what]}, FSDP2 {fsdp2[what]}"
+    saved = {}
+    for backend in ("fsdp2", "dbuf"):
+        dcp_to_torch_save(tmp_path / f"{backend}.dcp", tmp_path / f"{backend}.pt")
+        saved[backend] = torch.load(tmp_path / f"{backend}.pt", weights_only=False)["model"]
+    assert saved["dbuf"].keys() == saved["fsdp2"].keys()
+    for name, want in saved["fsdp2"].items():
+        assert saved["dbuf"][name].shape == want.shape, name
+        torch.testing.assert_close(saved["dbuf"][name], want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fsdp_module_api(daemon, tmp_path):
+    """Every method of torch's FSDPModule and argument of its fully_shard: each one's meaning or a clear refusal."""
+    out = tmp_path / "api"
+    run_ranks("fsdp_api.py", 2, daemon.socket, str(out), job="api", env={"DBUF_FSDP": "1"})
+    assert torch.load(f"{out}.0") == torch.load(f"{out}.1") == [
+        "every public method", "every argument", "refused arguments", "accepted arguments",
+        "refused and accepted methods", "divide factor", "register_fsdp_forward_method", "reset_iter_state", "_apply"]

@@ -1,24 +1,32 @@
 """``dbuf.torch.fully_shard``: PyTorch FSDP2's ``fully_shard``, backed by dbufd groups.
 
 Named and shaped after ``torch.distributed.fsdp.fully_shard`` wherever the
-meaning is the same, so moving a training script over is a change of import.
+meaning is the same (its every argument; the modules are ``FSDPModule`` s), so
+a training script moves over by the switch of switch.py or a change of import.
 Each call makes one unit = one dbuf group registered by every rank; the
 daemon's planner places it (RaggedShard: no split blocks, minimal padding).
 
-The hooks, per unit (the order every rank follows, so the collectives match):
+The hooks, per unit (the order every rank follows, so the collectives match),
+run around the module's call (DBufModule.__call__, outside torch.compile):
   forward pre-hook   gather (or wait for the prefetch), swap the unsharded
                      parameters in, prefetch the next unit, cast inputs, and
                      route the inputs through a function whose backward marks
                      the end of this unit's backward;
-  forward hook       swap the sharded parameters back, reshard (unless the
-                     unit keeps its parameters for backward), hook the outputs;
-  pre-backward       (the outputs' gradients are ready) gather again, point
-                     the unsharded parameters' .grad into the slot, prefetch
-                     the unit backward runs next;
-  post-backward      reduce-scatter (avg, fp32) into the sharded gradients;
-  end of backward    (a callback of the autograd engine) the units whose
-                     post-backward did not run, the waits, the reshards, and
-                     the sharded gradients set on the sharded parameters.
+  forward hook       hook the outputs; once the unit's forward is over, swap
+                     the sharded parameters back and reshard (unless the unit
+                     keeps its parameters for backward);
+  pre-backward       (the outputs' gradients are ready) gather again, put the
+                     unsharded parameters on the modules (activation
+                     checkpointing recomputes with them), point their .grad
+                     into the slot, prefetch the unit backward runs next;
+  recompute          a forward inside backward (activation checkpointing):
+                     uses the unit's gathered parameters (see _pre_recompute);
+  post-backward      reduce-scatter (avg, fp32) into the sharded gradients, or
+                     set the unsharded ones aside (no sync);
+  end of backward    (a callback of the autograd engine) for the units this
+                     backward reached: those whose post-backward did not run,
+                     the waits, the reshards, and the sharded gradients set on
+                     the sharded parameters.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from torch.distributed.tensor import Shard
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ._dtensor import RaggedDTensor
-from ._session import Session, default_session
+from ._session import Session, default_session, init_replica, is_initialized
 from ._unit import Reduction, Unit
 
 Granularity = str | Callable[[str, nn.Parameter], str | None]
@@ -140,7 +148,12 @@ class DBufModule(FSDPModule):
             unit.requires_gradient_sync = requires_gradient_sync
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
-        """HSDP's all-reduce across replicas: a dbuf job shards over all its ranks, so there is none to skip."""
+        """HSDP's sum across the replicas runs with every reduction; without replicas there is none to skip."""
+        if not requires_all_reduce and self._dbuf_unit.session.replicas > 1:
+            raise NotImplementedError(
+                "dbuf.torch sums across HSDP's replicas with every reduce-scatter; to accumulate without "
+                "communication use set_requires_gradient_sync(False)"
+            )
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
         """Every dbuf backward waits for its reductions at its end already: nothing to change."""
@@ -534,8 +547,10 @@ def _end_of_backward(session: Session) -> None:
     # Only the units this backward reached: the others' forwards still wait for a backward of their own
     # (torchtitan's chunked loss runs lm_head's backward per chunk before the decoder's).
     reached = [unit for unit in session.units if unit.in_this_backward]
+    # In backward's order where the first iteration recorded it; units made since, after those.
+    order = [*reversed(session.post_forward_order), *(u for u in reached if u not in session.post_forward_order)]
     steps = [
-        *(unit.reduce_gradients for unit in reversed(session.post_forward_order) if unit.pre_backward_done),
+        *(unit.reduce_gradients for unit in order if unit.pre_backward_done),
         *(unit.finish_backward for unit in reached),
     ]
     try:
@@ -686,8 +701,7 @@ def fully_shard(
     if dp_mesh_dims is not None:
         raise NotImplementedError("dbuf.torch.fully_shard shards over a 1-D mesh of the job's ranks; dp_mesh_dims "
                                   "(data-parallel dims of a larger mesh) is not supported")
-    session = session if session is not None else default_session()
-    _adopt_mesh(session, mesh)
+    session = _session_for(mesh, session)
     _check_offload(session, offload_policy)
     reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session.world_size)
     params = _managed_parameters(modules, set(ignored_params or ()), session)
@@ -716,16 +730,29 @@ def fully_shard(
     return modules if isinstance(module, (list, tuple)) else module
 
 
-def _adopt_mesh(session: Session, mesh: DeviceMesh | None) -> None:
-    """A trainer's mesh: 1-D over the job's ranks, then the session's (its DTensors live on it)."""
-    if mesh is None:
-        return
-    if not isinstance(mesh, DeviceMesh):
+def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
+    """The session a unit on `mesh` belongs to, the mesh checked and adopted.
+
+    None: the session's own mesh. 1-D: over the job's ranks, in order. 2-D:
+    HSDP's (replicate, shard): the job is this replica's shard group; the
+    first fully_shard on it makes the default session for that replica.
+    """
+    if mesh is not None and not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard's mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh is not None and mesh.ndim == 2:
+        if session is None:
+            replica, shard = mesh.get_coordinate()
+            replicas, shards = mesh.shape
+            session = default_session() if is_initialized() else init_replica(replica, replicas, shard, shards)
+        session.adopt_hsdp_mesh(mesh)
+        return session
+    session = session if session is not None else default_session()
+    if mesh is None:
+        return session
     if mesh.ndim != 1:
         raise NotImplementedError(
-            f"dbuf.torch.fully_shard shards over a 1-D mesh of the job's ranks; got a {mesh.ndim}-D mesh "
-            f"{tuple(mesh.shape)} (HSDP's (replicate, shard) and TP / EP meshes are not supported yet)"
+            f"dbuf.torch.fully_shard takes a 1-D mesh over the job's ranks or HSDP's 2-D (replicate, shard) mesh; "
+            f"got a {mesh.ndim}-D mesh {tuple(mesh.shape)} (TP / EP meshes are not supported yet)"
         )
     ranks = mesh.mesh.flatten().tolist()
     if ranks != list(range(session.world_size)) or mesh.get_local_rank() != session.rank:
@@ -734,6 +761,7 @@ def _adopt_mesh(session: Session, mesh: DeviceMesh | None) -> None:
             f"rank {session.rank}); got ranks {ranks}"
         )
     session.adopt_mesh(mesh)
+    return session
 
 
 def _check_offload(session: Session, offload_policy: OffloadPolicy | None) -> None:

@@ -109,6 +109,10 @@ class Session:
         self._claimed: dict[int, tuple[weakref.ref, Unit]] = {}
         self._mesh = mesh
         self._owns_process_group = False
+        # HSDP (fully_shard's 2-D mesh): this job is one replica's shard group; the sharded gradients are
+        # summed over the replicas through the mesh's replicate group (sum_over_replicas).
+        self.replicas = 1
+        self.replicate_group: dist.ProcessGroup | None = None
 
     # ------------------------------------------------------------ the job's mesh
 
@@ -142,6 +146,40 @@ class Session:
                 f"fully_shard's mesh {mesh} is not the mesh this job's units already live on ({self._mesh}): pass "
                 f"the same mesh to every fully_shard call"
             )
+
+    def adopt_hsdp_mesh(self, mesh: DeviceMesh) -> None:
+        """fully_shard's 2-D (replicate, shard) mesh: this job shards over dim 1, the replicas are dim 0.
+
+        The parameters' DTensors live on the shard dimension (a 1-D mesh of this
+        replica's ranks); every replica holds the same shards.
+        """
+        replicas, shards = mesh.shape
+        if (shards, mesh.get_coordinate()[1]) != (self.world_size, self.rank):
+            raise ValueError(
+                f"fully_shard's HSDP mesh {tuple(mesh.shape)} puts this rank at shard {mesh.get_coordinate()[1]} of "
+                f"{shards}; its dbuf job has it as rank {self.rank} of {self.world_size}"
+            )
+        if self.replicate_group is not None and self.replicas != replicas:
+            raise ValueError(f"an HSDP mesh of {replicas} replicas after one of {self.replicas}")
+        self.adopt_mesh(DeviceMesh.from_group(mesh.get_group(1), mesh.device_type))
+        self.replicas, self.replicate_group = replicas, mesh.get_group(0)
+
+    def sum_over_replicas(self, tensors: list[torch.Tensor]) -> None:
+        """HSDP: each tensor replaced, in place, by its sum over the replicas, added in replica order.
+
+        Gathered, then added here in one order, so that every replica gets the
+        same bits (its shards must stay equal to the others') in a defined order.
+        """
+        flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
+        parts = [torch.empty_like(flat) for _ in range(self.replicas)]
+        dist.all_gather(parts, flat, group=self.replicate_group)
+        total = parts[0]
+        for part in parts[1:]:
+            total.add_(part)
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(total[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
 
     # ------------------------------------------------------------ placement
 
@@ -391,6 +429,30 @@ def init(
 def default_session() -> Session:
     """The default session, made from the environment on first use (see :func:`init`)."""
     return _default if _default is not None else init()
+
+
+def init_replica(replica: int, replicas: int, shard: int, shards: int) -> Session:
+    """The default session of one HSDP replica: the job of its `shards` ranks (made by fully_shard's 2-D mesh).
+
+    Its job id is the launch's with ``.replica<r>`` appended; where the
+    replica's ranks lie within one node (``$LOCAL_WORLD_SIZE`` a multiple of
+    `shards`) it is a one-node job, else one across nodes of
+    ``$LOCAL_WORLD_SIZE`` ranks each.
+    """
+    job = _job_from_env()
+    if job is None:
+        raise ValueError("HSDP needs a job id: set $DBUF_JOB or launch with torchrun")
+    per_node = _env_int("LOCAL_WORLD_SIZE", shards)
+    if per_node % shards == 0:
+        local_world_size = 0
+    elif shards % per_node == 0:
+        local_world_size = per_node
+    else:
+        raise ValueError(
+            f"HSDP with {shards} ranks per replica and {per_node} per node: a replica must be within a node or "
+            f"span whole nodes"
+        )
+    return init(job=f"{job}.replica{replica}", rank=shard, world_size=shards, local_world_size=local_world_size)
 
 
 def is_initialized() -> bool:

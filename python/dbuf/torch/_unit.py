@@ -363,7 +363,7 @@ class Unit:
         residuals = self._take_back_set_aside()
         accumulate = self._stage_sharded_gradients()
         if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.divides_here()
-                           or self.reduction.rounds()):
+                           or self.reduction.rounds() or self.session.replicas > 1):
             # dbufd adds into fp32 sharded gradients only, and before any
             # division or rounding here: the reduction overwrites, and the
             # gradients so far are added back, in the parameters' own dtype,
@@ -463,19 +463,33 @@ class Unit:
                 entry.shard_grad.add_(earlier)
 
     def _finish_reduction(self) -> None:
-        """The division and the rounding of reduce_dtype that dbufd's fp32 sum leaves to this side."""
-        reduction = self.reduction
-        if not (reduction.divides_here() or reduction.rounds()):
+        """What dbufd's reduction over this job's ranks leaves to this side.
+
+        HSDP: the sum over the replicas; then the division (by the divide
+        factor, or the whole world's size after a forced sum, or the replicas'
+        count after dbufd's average), then the rounding to a narrower
+        reduce_dtype.
+        """
+        reduction, replicas = self.reduction, self.session.replicas
+        if reduction.divide_factor is not None:
+            divisor = reduction.divide_factor
+        elif reduction.force_sum:
+            divisor = self.session.world_size * replicas
+        elif replicas > 1:
+            divisor = replicas
+        else:
+            divisor = None
+        if divisor is None and not reduction.rounds():
             return
-        divisor = reduction.divide_factor if reduction.divide_factor is not None else self.session.world_size
+        grads = [entry.shard_grad for entry in self.entries if entry.requires_grad]
         with torch.no_grad():
-            for entry in self.entries:
-                if not entry.requires_grad:
-                    continue
-                if reduction.divides_here():
-                    entry.shard_grad.div_(divisor)
+            if replicas > 1:
+                self.session.sum_over_replicas(grads)
+            for grad in grads:
+                if divisor is not None:
+                    grad.div_(divisor)
                 if reduction.rounds():
-                    entry.shard_grad.copy_(entry.shard_grad.to(reduction.reduce_dtype))
+                    grad.copy_(grad.to(reduction.reduce_dtype))
 
     def finish_backward(self) -> None:
         """End of backward: the reduction done, the sharded gradients on the sharded parameters."""

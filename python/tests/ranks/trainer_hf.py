@@ -57,6 +57,8 @@ p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--meta-init", action="store_true")
+p.add_argument("--hsdp", action="store_true", help="a 2-D (replicate 2, shard world/2) mesh: HSDP")
+p.add_argument("--save", default=None, help="at the end, the model saved with torch.distributed.checkpoint there")
 p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--seq", type=int, default=10)
@@ -141,7 +143,10 @@ def apply_ac(layers: torch.nn.ModuleList) -> None:
 
 torch.manual_seed(0)
 dist.init_process_group("gloo")
-mesh = init_device_mesh("cpu", (world,))
+if args.hsdp:
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+else:
+    mesh = init_device_mesh("cpu", (world,))
 if args.meta_init:
     with torch.device("meta"):
         model = make_model()
@@ -262,6 +267,13 @@ for step in range(args.steps):
 # gradients, optimizer state, activations, and (dbuf) the shared memory of dbufd's slots it touched.
 result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - RSS_AT_START
 
+if args.backend == "dbuf":
+    result["replicas"] = dbuf.torch.default_session().replicas
+if args.save:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=args.save)
 torch.save(result, f"{args.out}.{rank}")
 dist.barrier()
 print("done", file=sys.stderr, flush=True)
