@@ -22,7 +22,8 @@ reads parameter shapes work as under FSDP2.
 """
 
 from ._clip import clip_grad_norm_
-from ._fully_shard import DBufModule, MixedPrecisionPolicy, fully_shard, units
+from ._fully_shard import MixedPrecisionPolicy, fully_shard, units
+from ._module import DBufModule
 from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info
 from ._ragged import RaggedShard, ShardInfo
 from ._session import Session, default_session, destroy, init, is_initialized

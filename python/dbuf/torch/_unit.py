@@ -443,9 +443,13 @@ class Unit:
         self.reduce_op.wait()
         with torch.no_grad():
             for entry in self.entries:
-                if entry.requires_grad:
-                    residual = residuals.get(entry.index)
-                    entry.unsharded_grad.copy_(residual) if residual is not None else entry.unsharded_grad.zero_()
+                if not entry.requires_grad:
+                    continue
+                residual = residuals.get(entry.index)
+                if residual is None:
+                    entry.unsharded_grad.zero_()
+                else:
+                    entry.unsharded_grad.copy_(residual)
         self.reduce_op = self.group.reduce_scatter(op=op, accumulate=True, async_op=True, stream=self.session.stream())
         self.session.stats.reduce_scatters += 1
         self.session.stats.reduce_scatter_bytes += self.unsharded_elems * self.param_dtype.itemsize

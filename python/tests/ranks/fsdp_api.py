@@ -25,7 +25,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import Shard
 
 import dbuf.torch as dt
-from dbuf.torch._fully_shard import DBufModule
+from dbuf.torch import DBufModule
 
 torch.set_num_threads(1)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -1,0 +1,335 @@
+"""The hooks of a dbuf.torch unit: what runs around its forward and backward.
+
+Per unit (the order every rank follows, so the collectives match), around the
+module's call (DBufModule.__call__, outside torch.compile):
+  forward pre-hook   gather (or wait for the prefetch), swap the unsharded
+                     parameters in, prefetch the next unit, cast inputs, and
+                     route the inputs through a function whose backward marks
+                     the end of this unit's backward;
+  forward hook       hook the outputs; once the unit's forward is over, swap
+                     the sharded parameters back and reshard (unless the unit
+                     keeps its parameters for backward);
+  pre-backward       (the outputs' gradients are ready) gather again, put the
+                     unsharded parameters on the modules (activation
+                     checkpointing recomputes with them), point their .grad
+                     into the slot, prefetch the unit backward runs next;
+  recompute          a forward inside backward (activation checkpointing):
+                     uses the unit's gathered parameters (see _pre_recompute);
+  post-backward      reduce-scatter (avg, fp32) into the sharded gradients, or
+                     set the unsharded ones aside (no sync);
+  end of backward    (a callback of the autograd engine) for the units this
+                     backward reached: those whose post-backward did not run,
+                     the waits, the reshards, and the sharded gradients set on
+                     the sharded parameters.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ._session import Session
+from ._unit import Unit
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once that call's backward through the unit is done."""
+
+    @staticmethod
+    def forward(ctx, unit: Unit, *inputs: torch.Tensor):  # type: ignore[override]
+        ctx.unit = unit
+        return inputs
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):  # type: ignore[override]
+        unit = ctx.unit
+        unit.routed_calls -= 1
+        if unit.routed_calls == 0:  # every call's backward through the unit is done
+            unit.reduce_gradients()
+        return (None, *grads)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, value)
+
+
+class Hooks:
+    """The hooks of one unit (see the module docstring).
+
+    Iterations: the root is the first unit whose forward ran with no other
+    unit's forward around it (FSDP2's lazy root), for good; each top-level
+    forward of the root starts an iteration. The first iteration records the
+    order units enter and leave forward, which prefetching follows.
+    """
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
+        self.session: Session = unit.session
+        # What DBufModule.__call__ runs: never traced by torch.compile (see there).
+        self.eager_pre_forward = torch._dynamo.disable(self.pre_forward, recursive=True,
+                                                       reason="dbuf.torch's FSDP hooks")
+        self.eager_post_forward = torch._dynamo.disable(self.post_forward, recursive=True,
+                                                        reason="dbuf.torch's FSDP hooks")
+
+    # forward
+
+    def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
+        unit, session = self.unit, self.session
+        if _in_backward():
+            return self._pre_recompute(args, kwargs)
+        if session.forwards_running == 0:
+            if session.root is None:
+                session.root = unit
+            if unit is session.root:
+                self._start_iteration()
+        first_call = not unit.forward_ran
+        if not unit.inside:
+            self._enter(first_call)
+        session.forwards_running += 1
+        if unit.cast_forward_inputs:
+            args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
+        if torch.is_grad_enabled():
+            args, kwargs = self._route_through_post_backward(args, kwargs)
+        return args, kwargs
+
+    # torch's register_fsdp_forward_method calls the state's hooks by these names.
+    _pre_forward = pre_forward
+
+    def _pre_recompute(self, args: tuple, kwargs: dict):
+        """The unit's forward run again inside backward: activation checkpointing's recompute.
+
+        The recompute must see the gathered parameters: they are gathered
+        once for the unit's backward (here, or by its pre-backward hook
+        already) and stay on the modules until its gradients are reduced.
+        Non-reentrant checkpointing recomputes after the unit's pre-backward
+        (its outputs' gradients are there): the recomputed graph only yields
+        saved tensors, so nothing is routed or hooked. Reentrant
+        checkpointing ran the forward without grad and now runs a backward of
+        its own through this recompute: the unit's backward happens there,
+        routed and hooked as a forward would be.
+        """
+        unit, session = self.unit, self.session
+        _begin_backward(session)
+        reentrant = not unit.pre_backward_done and torch.is_grad_enabled()
+        unit.recomputing = True
+        unit.unshard()
+        unit.use_unsharded()
+        unit.prepare_gradients()
+        if unit.cast_forward_inputs:
+            args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
+        if reentrant:
+            args, kwargs = self._route_through_post_backward(args, kwargs, count_in_pass=False)
+        return args, kwargs
+
+    def _start_iteration(self) -> None:
+        session = self.session
+        if session.in_backward:
+            _recover_from_an_unfinished_backward(session)
+        if session.forward_order:
+            session.order_recorded = True  # the first iteration's
+        for unit in session.units:
+            unit.forward_ran = False
+
+    def _enter(self, first_call: bool) -> None:
+        unit, session = self.unit, self.session
+        unit.unshard()
+        unit.use_unsharded()
+        unit.inside = True
+        unit.forward_ran = True
+        if first_call:
+            if not session.order_recorded and unit not in session.forward_order:
+                session.forward_order.append(unit)
+            self._prefetch(unit.forward_prefetch, session.forward_order)
+
+    def post_forward(self, module: nn.Module, args: tuple, output: Any):
+        # Runs when the forward raised too (then output is None and an
+        # exception is being handled), so that a caught error leaves the unit
+        # resharded and the counts right.
+        unit, session = self.unit, self.session
+        if unit.recomputing and _in_backward():
+            return self._post_recompute(output)
+        session.forwards_running -= 1
+        unit.modules_done.add(id(module))
+        failed = sys.exc_info()[1] is not None and output is None
+        grad = torch.is_grad_enabled()
+        if grad and not failed:
+            self._hook_outputs(output)
+        if failed or len(unit.modules_done) == len(unit.modules):
+            _leave(unit, failed)
+        # (else a grouped unit whose other modules are still to run)
+        if session.forwards_running == 0:
+            # The top-level call returns: a grouped unit some of whose modules
+            # did not run in it (torchtitan's [norm, lm_head] with lm_head
+            # applied by the loss) is done with this forward too.
+            for pending in [u for u in session.units if u.inside]:
+                _leave(pending, failed)
+            if failed:
+                # No backward will come for a forward that raised: its
+                # calls no longer count for the next backward's reductions.
+                for routed in session.pass_routes:
+                    routed.routed_calls -= 1
+            session.pass_routes.clear()
+        if unit.output_dtype is not None and not failed:
+            output = _cast(output, unit.output_dtype)
+        return output
+
+    _post_forward = post_forward
+
+    def _post_recompute(self, output: Any):
+        """After a recompute (see _pre_recompute); also when checkpointing stopped it early by raising."""
+        unit = self.unit
+        failed = sys.exc_info()[1] is not None and output is None
+        if failed:
+            return output
+        if not unit.pre_backward_done and torch.is_grad_enabled():
+            self._hook_outputs(output)  # reentrant: its own backward follows
+        if unit.output_dtype is not None:
+            output = _cast(output, unit.output_dtype)
+        return output
+
+    def _route_through_post_backward(
+        self, args: tuple, kwargs: dict, *, count_in_pass: bool = True
+    ) -> tuple[tuple, dict]:
+        flat, spec = tree_flatten((args, kwargs))
+        positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not positions:
+            return args, kwargs  # no gradient reaches this call's inputs: the end of backward reduces
+        self.unit.routed_calls += 1
+        if count_in_pass:
+            self.session.pass_routes.append(self.unit)
+        routed = _PostBackward.apply(self.unit, *(flat[i] for i in positions))
+        for i, tensor in zip(positions, routed):
+            flat[i] = tensor
+        return spec.unflatten(flat)
+
+    def _hook_outputs(self, output: Any) -> None:
+        flat, _ = tree_flatten(output)
+        for tensor in flat:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(self._pre_backward)
+
+    # backward
+
+    def _pre_backward(self, grad: torch.Tensor) -> None:
+        unit, session = self.unit, self.session
+        task = torch._C._current_graph_task_id()
+        if session.in_backward and session.backward_task != task and not unit.recomputing:
+            # A new backward while the last one never reached its end: it raised.
+            _recover_from_an_unfinished_backward(session)
+        # (A unit recomputed by reentrant checkpointing runs its backward in a task nested in the
+        # one that began this backward: that one's end finishes both.)
+        _begin_backward(session)
+        if unit.pre_backward_done:
+            return
+        unit.pre_backward_done = True
+        unit.unshard()
+        unit.use_unsharded()  # activation checkpointing recomputes with what the modules hold
+        unit.prepare_gradients()
+        self._prefetch(unit.backward_prefetch, list(reversed(session.post_forward_order)))
+
+    def _prefetch(self, explicit: list[Unit] | None, order: list[Unit]) -> None:
+        """Starts gathering the unit after this one in `order` (or the explicit ones), if a slot is free."""
+        if explicit is not None:
+            targets = explicit
+        else:
+            try:
+                position = order.index(self.unit)
+            except ValueError:
+                return
+            targets = order[position + 1 : position + 2]
+        for target in targets:
+            target.start_gather(required=False)
+
+
+def _run_all(steps: list[Callable[[], None]]) -> None:
+    """Runs every step even when some raise (each unit's state must be reset); raises the first error."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def _leave(unit: Unit, failed: bool) -> None:
+    """The unit's forward is over: sharded parameters back on the modules, the slot given back unless kept."""
+    session = unit.session
+    unit.modules_done = set()
+    unit.inside = False
+    unit.use_sharded()
+    if not session.order_recorded and unit not in session.post_forward_order:
+        session.post_forward_order.append(unit)
+    if failed or not torch.is_grad_enabled() or _reshards_after_forward(unit):
+        unit.reshard()
+
+
+def _reshards_after_forward(unit: Unit) -> bool:
+    if unit.reshard_after_forward is None:
+        # FSDP2's heuristic: the root's parameters would be gathered again
+        # at once for backward, so it keeps them.
+        return unit is not unit.session.root
+    return bool(unit.reshard_after_forward)
+
+
+def _begin_backward(session: Session) -> None:
+    """The first unit of a backward: the end-of-backward callback, once per backward (on the engine's graph task)."""
+    if session.in_backward:
+        return
+    session.in_backward = True
+    session.backward_task = torch._C._current_graph_task_id()
+    session.order_recorded = True
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_of_backward(session))
+
+
+def _end_of_backward(session: Session) -> None:
+    """Reduces what no post-backward reduced, waits, sets the sharded gradients, gives the slots back."""
+    # Only the units this backward reached: the others' forwards still wait for a backward of their own
+    # (torchtitan's chunked loss runs lm_head's backward per chunk before the decoder's).
+    reached = [unit for unit in session.units if unit.in_this_backward]
+    # In backward's order where the first iteration recorded it; units made since, after those.
+    order = [*reversed(session.post_forward_order), *(u for u in reached if u not in session.post_forward_order)]
+    steps = [
+        *(unit.reduce_gradients for unit in order if unit.pre_backward_done),
+        *(unit.finish_backward for unit in reached),
+    ]
+    try:
+        _run_all(steps)
+        _run_all([unit.reshard for unit in list(session.slot_holders) if unit.reshard_after_backward])
+        session.collect()
+    finally:
+        session.in_backward, session.backward_task = False, None
+
+
+def _in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (a forward now is a recompute)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _recover_from_an_unfinished_backward(session: Session) -> None:
+    """A backward raised before its end (its callback never ran): drop its gradients, give the slots back."""
+    warnings.warn(
+        "dbuf.torch: the previous backward did not finish (it raised); its gradients are dropped", stacklevel=3
+    )
+    reset_iteration(session)
+
+
+def reset_iteration(session: Session) -> None:
+    """Every unit out of its forward / backward: gradients in flight dropped, slots given back, passes reset."""
+    for unit in session.units:
+        if unit.inside:
+            unit.inside = False
+            unit.use_sharded()
+    session.forwards_running = 0
+    session.pass_routes.clear()
+    try:
+        _run_all([unit.abandon_backward for unit in session.units])
+    finally:
+        session.in_backward, session.backward_task = False, None
+
+
