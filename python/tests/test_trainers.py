@@ -200,3 +200,12 @@ def test_fsdp_module_api(daemon, tmp_path):
     assert torch.load(f"{out}.0") == torch.load(f"{out}.1") == [
         "every public method", "every argument", "refused arguments", "accepted arguments",
         "refused and accepted methods", "divide factor", "register_fsdp_forward_method", "reset_iter_state", "_apply"]
+
+
+@pytest.mark.parametrize("mp", ["fp32", "bf16"])
+def test_accelerate(daemon, tmp_path, mp):
+    """accelerate 1.15's own fsdp2_prepare_model: its wrap policy, units and CPU-RAM efficient loading (the
+    model on the meta device, rank 0's weights broadcast and assigned with load_state_dict(assign=True),
+    which dbuf takes back into dbufd's memory), then accumulation with its no_sync."""
+    pytest.importorskip("accelerate")
+    assert_as_fsdp2(daemon, tmp_path, ["--mp", mp], accum=2, gathers=None, script="accelerate_llama.py")

@@ -685,7 +685,8 @@ def _teach_full_state_dict_loading() -> None:
     RaggedShard DTensors to :func:`distribute_ragged` (or copy this rank's
     elements into the existing one) and everything else to torch's own code;
     they are installed once, at import, and only where torch has the names
-    (2.15, the version requirements.txt pins).
+    (2.15, the version requirements.txt pins). ``torch.distributed.tensor.distribute_tensor``
+    is the same wrapper.
     """
     import torch.distributed._state_dict_utils as utils
 
@@ -721,6 +722,9 @@ def _teach_full_state_dict_loading() -> None:
 
     distribute_tensor_or_ragged._dbuf_ragged = True  # type: ignore[attr-defined]
     utils.distribute_tensor = distribute_tensor_or_ragged
+    # The public name too, for code that distributes a full state dict itself with the placements
+    # of the model's parameters (accelerate's fsdp2_load_full_state_dict) and looks it up at call time.
+    torch.distributed.tensor.distribute_tensor = distribute_tensor_or_ragged
     utils._distribute_tensors = distribute_tensors_or_ragged
 
 

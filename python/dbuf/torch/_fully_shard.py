@@ -183,6 +183,8 @@ def fully_shard(
     for m in modules:
         m._dbuf_unit = unit
         m._dbuf_hooks = hooks
+        # load_state_dict(assign=True) (accelerate's loading) registers new parameters: back into dbufd's memory.
+        m.register_load_state_dict_post_hook(lambda module, incompatible_keys: unit.adopt_applied())
         mix_in(m)
     return modules if isinstance(module, (list, tuple)) else module
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 import dbuf
 
@@ -228,33 +229,40 @@ class Unit:
     def sharded_grads(self) -> list[torch.Tensor | None]:
         return [entry.sharded.grad for entry in self.entries]
 
-    def adopt_applied(self, grads_before: list[torch.Tensor | None]) -> None:
-        """After ``nn.Module._apply`` (``to_empty``, ``.to``, ``.cpu``): the parameters back in dbufd's memory.
+    def adopt_applied(self, grads_before: list[torch.Tensor | None] | None = None) -> None:
+        """The parameters the modules hold now back in dbufd's memory, their values kept.
 
-        ``_apply`` swaps a new DTensor into each parameter (or registers a
-        new one); its values are copied into the unit's sharded region and
-        the parameters point there again, so the optimizer's references and
-        the collectives keep one memory. A dtype or a device other than
-        dbufd's is refused, after the parameters are restored.
+        After ``nn.Module._apply`` (``to_empty``, ``.to``, ``.cpu``: a new
+        DTensor swapped into each parameter, or a new one registered) or
+        ``load_state_dict(assign=True)`` (new parameters registered): the values
+        are copied into the unit's sharded region and the unit's parameters
+        registered again, so the optimizer's references and the collectives
+        keep one memory. A dtype or a device other than dbufd's is refused,
+        after the parameters are restored. ``grads_before``: the sharded
+        parameters' gradients before ``_apply``, kept.
         """
         refused: list[str] = []
         with torch.no_grad():
-            for entry, grad_before in zip(self.entries, grads_before):
+            for position, entry in enumerate(self.entries):
                 module, name = entry.registrations[0]
-                applied = module._parameters[name]
-                local = applied.to_local() if isinstance(applied, RaggedDTensor) else applied
+                held = module._parameters[name]
+                if held is entry.unsharded:
+                    continue  # inside its forward: nothing was replaced
+                local = self._elements_of(held, entry)
                 if local.dtype != entry.local.dtype or local.device != entry.local.device:
                     refused.append(f"{entry.fqn} ({local.dtype} on {local.device})")
                 elif local.data_ptr() != entry.local.data_ptr() and local.device.type != "meta":
-                    entry.local.copy_(local.reshape(-1))
-                if applied is entry.sharded:  # swapped in place: point it back at the sharded region
+                    entry.local.copy_(local)
+                if held is entry.sharded:  # swapped in place: point it back at the sharded region
                     fresh = nn.Parameter(
                         RaggedDTensor.from_local(entry.local, self.session.mesh, entry.placement, entry.sharded.shape),
                         requires_grad=entry.requires_grad,
                     )
                     torch.utils.swap_tensors(entry.sharded, fresh)
                     entry.sharded.fqn = entry.fqn
-                entry.sharded.grad = entry.sharded_grad if grad_before is entry.sharded_grad else grad_before
+                if grads_before is not None:
+                    before = grads_before[position]
+                    entry.sharded.grad = entry.sharded_grad if before is entry.sharded_grad else before
         self.use_sharded()
         if refused:
             raise TypeError(
@@ -262,6 +270,21 @@ class Unit:
                 f"{self.session.torch_device}; refused {', '.join(refused)} (parameters left as they were; "
                 f"for another compute dtype use fully_shard's mp_policy)"
             )
+
+    @staticmethod
+    def _elements_of(value: torch.Tensor, entry: ParamEntry) -> torch.Tensor:
+        """This rank's elements of a value given for the parameter: its local ones, or a slice of it whole."""
+        if isinstance(value, RaggedDTensor):
+            local = value.to_local()
+            if local.numel() != entry.local.numel():
+                raise ValueError(f"{entry.fqn}: {local.numel()} local elements given, {entry.local.numel()} held")
+            return local.reshape(-1)
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        if tuple(value.shape) != tuple(entry.sharded.shape):
+            raise ValueError(f"{entry.fqn}: shape {tuple(value.shape)} given, {tuple(entry.sharded.shape)} held")
+        begin, end = entry.sharded.element_range
+        return value.reshape(-1)[begin:end]
 
     # ------------------------------------------------------------ unshard / reshard
 
