@@ -81,3 +81,23 @@ def test_a_dcp_checkpoint_on_the_gpu_resumes_bit_for_bit(gpu_daemon, tmp_path):
         want = torch.load(f"{first}.{rank}", weights_only=False)["losses"][2:]
         got = torch.load(f"{resumed}.{rank}", weights_only=False)["losses"]
         assert got == want, f"rank {rank}"
+
+
+@pytest.mark.parametrize("flags", [["--ac", "full"], ["--ac", "selective", "--compile"]])
+def test_a_trainer_written_for_fsdp2_on_the_gpu(gpu_daemon, tmp_path, flags):
+    # torchtitan's pattern under dbuf's switch (DBUF_FSDP=1) on dbufd's GPU memory: activation
+    # checkpointing recomputes the same kernels, so its losses equal the run without it bit for bit;
+    # compiled blocks (other kernels) are close.
+    pytest.importorskip("transformers")
+    common = ["--backend", "dbuf", "--model", "llama", "--device", "cuda", "--steps", "3"]
+    plain, checkpointed = tmp_path / "plain", tmp_path / "checkpointed"
+    env = {"DBUF_FSDP": "1"}
+    run_ranks("trainer_hf.py", 2, gpu_daemon.socket, str(plain), *common, job="gpu-plain", env=env, timeout=600)
+    run_ranks("trainer_hf.py", 2, gpu_daemon.socket, str(checkpointed), *common, *flags, job="gpu-ac", env=env,
+              timeout=600)
+    want = torch.load(f"{plain}.0", weights_only=False)["losses"]
+    got = torch.load(f"{checkpointed}.0", weights_only=False)["losses"]
+    if "--compile" in flags:
+        assert got == pytest.approx(want, rel=1e-3)
+    else:
+        assert got == want

@@ -263,8 +263,8 @@ class Session:
                 raise dbuf.ConflictError(
                     f"{wanted} needs an unsharded slot and all {self.slots} are held ({held}); attach with a "
                     f"larger prefetch_depth (dbuf.torch.init(prefetch_depth=...)): units that keep their "
-                    f"parameters for backward (reshard_after_forward=False, the root), that accumulate without "
-                    f"sync, or whose backward runs through several forwards hold theirs"
+                    f"parameters for backward (reshard_after_forward=False, the root) or after it "
+                    f"(set_reshard_after_backward(False)), or whose backward runs through several forwards hold theirs"
                 )
             releasable.reshard()
         return True

@@ -58,6 +58,7 @@ p.add_argument("--accum", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--meta-init", action="store_true")
 p.add_argument("--hsdp", action="store_true", help="a 2-D (replicate 2, shard world/2) mesh: HSDP")
+p.add_argument("--device", default="cpu", help="cuda: model, data and mesh on the current GPU (dbufd's cuda backend)")
 p.add_argument("--save", default=None, help="at the end, the model saved with torch.distributed.checkpoint there")
 p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
 p.add_argument("--layers", type=int, default=2)
@@ -144,14 +145,14 @@ def apply_ac(layers: torch.nn.ModuleList) -> None:
 torch.manual_seed(0)
 dist.init_process_group("gloo")
 if args.hsdp:
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(args.device, (2, world // 2), mesh_dim_names=("replicate", "shard"))
 else:
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(args.device, (world,))
 if args.meta_init:
     with torch.device("meta"):
         model = make_model()
 else:
-    model = make_model()
+    model = make_model().to(args.device)
 layers = model.model.layers
 if args.ac in ("hf", "hf-reentrant"):
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": args.ac == "hf-reentrant"})
@@ -175,8 +176,8 @@ if args.compile_model:
 if args.meta_init:
     # torchtitan's path: real memory for the sharded parameters, then the weights loaded whole
     # (torch's full state dict API gives each rank its part).
-    model.to_empty(device="cpu")
-    reference = make_model()
+    model.to_empty(device=args.device)
+    reference = make_model().to(args.device)
     set_model_state_dict(model, reference.state_dict(), options=StateDictOptions(full_state_dict=True))
     with torch.no_grad():  # the buffers no state dict holds (rotary frequencies), made again
         for buffer, made in zip(model.buffers(), reference.buffers()):
@@ -188,7 +189,7 @@ def micro_batch(step: int, micro: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + micro)
     tokens = torch.randint(0, VOCAB, (args.global_batch, args.seq), generator=g)
     share = args.global_batch // world
-    return tokens[rank * share : (rank + 1) * share]
+    return tokens[rank * share : (rank + 1) * share].to(args.device)
 
 
 class DecoderBackward(torch.autograd.Function):
