@@ -3,9 +3,11 @@
   python bench/trainer_bench.py [--rounds 2] [--world 4] [--hidden 256] [--layers 4] [--seq 512] [--steps 5]
 
 Runs tests/ranks/trainer_hf.py (a transformers Llama, AdamW, 4 rank
-processes; dbuf on a real dbufd under DBUF_FSDP=1, FSDP2 over gloo) in three
+processes; dbuf on a real dbufd under DBUF_FSDP=1, FSDP2 over gloo) in four
 configurations: activation checkpointing off, full AC (torchtitan's
-checkpoint_wrapper), and full AC with each block compiled (fullgraph).
+checkpoint_wrapper), full AC with each block compiled (fullgraph), and 4
+micro-batches per step accumulated without gradient sync
+(``--only NAME`` runs one).
 Backends alternate within a round. A run's step time is its slowest rank's
 median over the steps after the first two (compilation and warm-up); its
 peak memory the largest resident memory a rank added over what it held
@@ -32,7 +34,8 @@ from conftest import run_ranks  # noqa: E402
 from dbuf.testing import Daemon  # noqa: E402
 
 CONFIGURATIONS = {"no AC": ["--ac", "none"], "full AC": ["--ac", "full"],
-                  "full AC + compile": ["--ac", "full", "--compile"]}
+                  "full AC + compile": ["--ac", "full", "--compile"],
+                  "accumulate 4 without sync": ["--ac", "none", "--accum", "4"]}
 
 
 def one_run(daemon, tmp: Path, backend: str, world: int, flags: list[str], tag: str) -> tuple[float, float]:
@@ -54,7 +57,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--steps", type=int, default=5, help="training steps (the first two not timed)")
+    p.add_argument("--only", choices=list(CONFIGURATIONS), default=None, help="one configuration")
     args = p.parse_args()
+    configurations = {args.only: CONFIGURATIONS[args.only]} if args.only else CONFIGURATIONS
     if args.steps < 3:
         p.error("--steps must be at least 3")
     size = ["--model", "llama", "--hidden", str(args.hidden), "--layers", str(args.layers), "--seq", str(args.seq),
@@ -63,14 +68,14 @@ def main() -> None:
     with Daemon(timeouts={"collective_ms": 300000, "register_ms": 300000}) as daemon, \
             tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            for name, flags in CONFIGURATIONS.items():
+            for name, flags in configurations.items():
                 for backend in ("fsdp2", "dbuf") if round_ % 2 else ("dbuf", "fsdp2"):
                     tag = f"{round_}-{name.replace(' ', '_').replace('+', 'and')}"
                     step, peak = one_run(daemon, Path(tmp), backend, args.world, [*size, *flags], tag)
                     runs.setdefault((name, backend), []).append((step, peak))
                     print(f"round {round_} {name:18s} {backend:5s}: step {step:.3f} s, peak memory "
                           f"{peak / 2**20:.0f} MiB", flush=True)
-    for name in CONFIGURATIONS:
+    for name in configurations:
         dbuf, fsdp2 = runs[(name, "dbuf")], runs[(name, "fsdp2")]
         steps_d, steps_f = [s for s, _ in dbuf], [s for s, _ in fsdp2]
         peak_d, peak_f = max(m for _, m in dbuf), max(m for _, m in fsdp2)
