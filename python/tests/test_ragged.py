@@ -144,3 +144,22 @@ def test_a_tensor_of_no_elements_is_one_empty_chunk_of_rank_0():
     (first, second) = ranks_of(torch.zeros(0, 3), RaggedShard(3, (0, 0)))
     assert [tuple(c.sizes) for c in first.__create_chunk_list__()] == [(0, 3)]
     assert second.__create_chunk_list__() == []
+
+
+def test_dcp_refuses_a_plain_dtensor_with_a_ragged_placement(tmp_path):
+    # torch has no local shape for a placement it does not know: its generic path would save a fragment.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor
+
+    mesh = rank_mesh(0, 1)
+    plain = DTensor.from_local(torch.arange(6.0), mesh, [RaggedShard(1, (6,))], run_check=False,
+                               shape=torch.Size([2, 3]), stride=(3, 1))
+    assert not isinstance(plain, RaggedDTensor)
+    # DCP wraps the planner's error (ours: ValueError) in its CheckpointException, per rank.
+    with pytest.raises(BaseException) as raised:  # CheckpointException derives from BaseException
+        dcp.save({"w": plain}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    errors = [raised.value, *getattr(raised.value, "failures", {}).values()]
+    assert any("w is a plain DTensor with a RaggedShard placement" in str(e) for e in errors), errors
+    assert not any((tmp_path / "ckpt").glob("*.distcp")), "nothing written"
+    ragged = distribute_ragged(torch.arange(6.0).reshape(2, 3), mesh, RaggedShard(1, (6,)))
+    dcp.save({"w": ragged}, checkpoint_id=tmp_path / "ok", no_dist=True)  # its own chunks: saved whole

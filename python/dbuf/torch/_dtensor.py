@@ -729,4 +729,32 @@ def _teach_full_state_dict_loading() -> None:
 
 
 _register_for_foreach()
+
+def _refuse_ragged_fragments_in_checkpoints() -> None:
+    """DCP's generic path for a plain DTensor given a RaggedShard placement by hand raises, naming the tensor.
+
+    torch computes no local shape for a placement it does not know, so that
+    path would describe a fragment as the tensor's chunk. RaggedDTensor's own
+    chunk protocol never goes there; anything else with a RaggedShard
+    placement is refused before a byte is written.
+    """
+    import torch.distributed.checkpoint.planner_helpers as helpers
+
+    write_items = getattr(helpers, "_create_write_items_for_dtensor", None)
+    if write_items is None or getattr(write_items, "_dbuf_ragged", False):
+        return
+
+    def write_items_or_refuse(fqn, tensor):
+        if not isinstance(tensor, RaggedDTensor) and any(isinstance(p, RaggedShard) for p in tensor.placements):
+            raise ValueError(
+                f"torch.distributed.checkpoint: {fqn} is a plain DTensor with a RaggedShard placement, which DCP "
+                f"cannot save whole; make it with RaggedDTensor.from_local or dbuf.torch.distribute_ragged"
+            )
+        return write_items(fqn, tensor)
+
+    write_items_or_refuse._dbuf_ragged = True  # type: ignore[attr-defined]
+    helpers._create_write_items_for_dtensor = write_items_or_refuse
+
+
 _teach_full_state_dict_loading()
+_refuse_ragged_fragments_in_checkpoints()
