@@ -13,8 +13,11 @@ import math
 import pytest
 import torch
 
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+
 from conftest import rank_mesh
-from dbuf.torch import RaggedDTensor, RaggedShard, distribute_ragged, local_elements
+from dbuf.torch import RaggedDTensor, RaggedShard, StridedRaggedShard, distribute_ragged, local_elements
 from dbuf.torch._ragged import boxes_of
 
 
@@ -163,3 +166,44 @@ def test_dcp_refuses_a_plain_dtensor_with_a_ragged_placement(tmp_path):
     assert not any((tmp_path / "ckpt").glob("*.distcp")), "nothing written"
     ragged = distribute_ragged(torch.arange(6.0).reshape(2, 3), mesh, RaggedShard(1, (6,)))
     dcp.save({"w": ragged}, checkpoint_id=tmp_path / "ok", no_dist=True)  # its own chunks: saved whole
+
+
+def model_parallel_mesh(rank: int) -> DeviceMesh:
+    """A (dp 2, tp 2) mesh as rank `rank` of 4 sees it (dp first, FSDP2's order), without a process group."""
+    return DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp"), _init_backend=False,
+                      _rank=rank)
+
+
+@pytest.mark.parametrize("model_placement", [Shard(0), Shard(1), Replicate()], ids=str)
+def test_with_tensor_parallelism_the_ranks_chunks_cover_the_tensor_and_dcp_places_them(model_placement):
+    """RaggedShard cuts what tensor parallelism leaves a rank; DCP's rectangles sit at that chunk's offset."""
+    whole = torch.arange(7 * 6, dtype=torch.float32).reshape(7, 6)
+    chunk_rows = {Shard(0): (4, 3), Shard(1): (7, 7), Replicate(): (7, 7)}[model_placement]
+    covered = torch.zeros(7, 6)
+    for rank in range(4):
+        mesh = model_parallel_mesh(rank)
+        dp_rank, tp_rank = divmod(rank, 2)
+        numel = chunk_rows[tp_rank] * (3 if model_placement == Shard(1) else 6)
+        blocks = -(-numel // 5)
+        ragged = (StridedRaggedShard(5, (blocks - 1, 1), 2) if model_placement == Shard(0)
+                  else RaggedShard(5, (blocks - 1, 1)))
+        param = distribute_ragged(whole, mesh, (ragged, model_placement))
+        assert param.shape == (7, 6) and param.placements == (ragged, model_placement)
+        begin, end = ragged.rank_range(dp_rank, numel)
+        assert param.to_local().numel() == end - begin
+        for chunk in param.__create_chunk_list__():
+            box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))
+            index = type("Index", (), {"offset": chunk.offsets, "fqn": "w"})()
+            assert torch.equal(param.__get_tensor_shard__(index), whole[box])
+            covered[box] += 1
+    # Every element written once per rank that holds it: twice where tensor parallelism replicates.
+    assert torch.equal(covered, torch.full((7, 6), 2.0 if model_placement == Replicate() else 1.0))
+
+
+def test_a_whole_tensor_reduction_is_partial_over_the_dims_that_shard_it():
+    whole = torch.randn(4, 6)
+    for model_placement, expected in ((Shard(1), "Shard"), (Replicate(), "Replicate")):
+        param = distribute_ragged(whole, model_parallel_mesh(1), (RaggedShard(3, (2, 2)), model_placement))
+        norm = torch.linalg.vector_norm(param)
+        assert norm.placements[0].is_partial()
+        assert norm.placements[1].is_partial() == (expected == "Shard")

@@ -25,7 +25,7 @@ from ._clip import clip_grad_norm_
 from ._fully_shard import MixedPrecisionPolicy, fully_shard, units
 from ._module import DBufModule
 from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info
-from ._ragged import RaggedShard, ShardInfo
+from ._ragged import RaggedShard, ShardInfo, StridedRaggedShard
 from ._session import Session, default_session, destroy, init, is_initialized
 from ._state_dict import LocalShard, get_model_state_dict, set_model_state_dict
 from ._wrap import WrappedUnit, auto_wrap
@@ -41,6 +41,7 @@ __all__ = [
     "MixedPrecisionPolicy",
     "RaggedDTensor",
     "RaggedShard",
+    "StridedRaggedShard",
     "Session",
     "ShardInfo",
     "default_session",

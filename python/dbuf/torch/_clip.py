@@ -33,6 +33,12 @@ def clip_grad_norm_(
     if not p > 0 or p == float("inf"):
         raise ValueError(f"norm_type must be a finite p > 0, got {norm_type}")
     session = session if session is not None else default_session()
+    for param in parameters:
+        if isinstance(param, RaggedDTensor) and param.device_mesh.ndim > 1:
+            raise NotImplementedError(
+                "dbuf.torch.clip_grad_norm_ sums over the dbuf job (the dp ranks); with tensor / expert parallelism "
+                "use torch.nn.utils.clip_grad_norm_, which sums each DTensor's norm over its whole mesh"
+            )
     grads = [local_elements(param.grad) for param in parameters if param.grad is not None]
     sharded = [isinstance(param, RaggedDTensor) for param in parameters if param.grad is not None]
     local = torch.zeros((), dtype=torch.float32, device=session.torch_device)

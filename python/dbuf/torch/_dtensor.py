@@ -37,14 +37,16 @@ and loading copy nothing more than DCP's own I/O.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor._ops._math_ops import _NormPartial
 
 from ._ragged import Box, RaggedShard, ShardInfo, boxes_of
@@ -61,13 +63,72 @@ def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
 
 
 def mesh_rank(mesh: DeviceMesh) -> int:
-    """This process's place on a 1-D mesh (from the mesh's coordinate: no process group asked)."""
+    """This process's place on the mesh's first (dp) dimension (from its coordinate: no process group asked)."""
     return mesh.get_coordinate()[0]
 
 
-def ragged_spec(mesh: DeviceMesh, placement: RaggedShard, shape: torch.Size, dtype: torch.dtype) -> DTensorSpec:
+def _placements_of(placements: RaggedShard | Sequence[Placement], mesh: DeviceMesh) -> tuple[Placement, ...]:
+    """A RaggedShard on the dp dimension (first), then the other dimensions' placements (tensor / expert parallel)."""
+    placements = (placements,) if isinstance(placements, RaggedShard) else tuple(placements)
+    if len(placements) != mesh.ndim or not isinstance(placements[0], RaggedShard):
+        raise ValueError(
+            f"a RaggedShard DTensor on a {mesh.ndim}-D mesh takes a RaggedShard on its first dimension and one "
+            f"placement per other dimension, got {placements}"
+        )
+    for placement in placements[1:]:
+        if not isinstance(placement, (Shard, Replicate)) or isinstance(placement, RaggedShard):
+            raise ValueError(f"dbuf.torch: {placement} beside RaggedShard (tensor / expert parallelism's Shard(d) "
+                             f"or Replicate() only)")
+    return placements
+
+
+def ragged_spec(
+    mesh: DeviceMesh, placements: RaggedShard | Sequence[Placement], shape: torch.Size, dtype: torch.dtype
+) -> DTensorSpec:
     shape = torch.Size(shape)
-    return DTensorSpec(mesh, (placement,), tensor_meta=TensorMeta(shape, _contiguous_stride(shape), dtype))
+    return DTensorSpec(mesh, _placements_of(placements, mesh),
+                       tensor_meta=TensorMeta(shape, _contiguous_stride(shape), dtype))
+
+
+def _chunk(mesh: DeviceMesh, placements: tuple[Placement, ...], shape: torch.Size) -> tuple[torch.Size, tuple[int, ...]]:
+    """The shape and offset of the chunk of a tensor the other mesh dimensions leave this rank (RaggedShard cuts it).
+
+    On a 1-D mesh: the whole tensor. With tensor / expert parallelism: what
+    that parallelism's placements give this rank, as torch computes it.
+    """
+    if mesh.ndim == 1:
+        return shape, (0,) * len(shape)
+    # The coordinate is part of the key: meshes compare equal across ranks.
+    return _model_parallel_chunk(mesh, tuple(mesh.get_coordinate()), placements[1:], shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _model_parallel_chunk(mesh: DeviceMesh, coordinate: tuple[int, ...], placements: tuple[Placement, ...],
+                          shape: torch.Size) -> tuple[torch.Size, tuple[int, ...]]:
+    local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, (Replicate(), *placements))
+    return torch.Size(local_shape), tuple(offset)
+
+
+def _model_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh of the dimensions after dp (tensor / expert parallelism's), as torch's submesh."""
+    names = mesh.mesh_dim_names
+    if names is None:
+        raise ValueError("dbuf.torch: a RaggedShard DTensor on several mesh dimensions needs a mesh with named dims")
+    return mesh[names[1:]] if len(names) > 2 else mesh[names[1]]
+
+
+def spmd_mesh(dp_mesh: DeviceMesh, model_mesh: DeviceMesh) -> DeviceMesh:
+    """The (dp, tp...) mesh of a parameter that tensor / expert parallelism placed on `model_mesh` (FSDP2's)."""
+    return DeviceMesh._concatenate([dp_mesh, model_mesh])
+
+
+def local_part(whole: torch.Tensor, spec: DTensorSpec) -> torch.Tensor:
+    """This rank's elements (1-D) of a whole tensor of the spec's global shape: its chunk, then its ragged range."""
+    ragged: RaggedShard = spec.placements[0]  # type: ignore[assignment]
+    shape, offset = _chunk(spec.mesh, tuple(spec.placements), spec.shape)
+    if spec.mesh.ndim > 1:
+        whole = whole[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return ragged.split(whole.reshape(shape), mesh_rank(spec.mesh))
 
 
 class RaggedDTensor(DTensor):
@@ -81,21 +142,28 @@ class RaggedDTensor(DTensor):
     def from_local(  # type: ignore[override]
         local: torch.Tensor,
         mesh: DeviceMesh,
-        placement: RaggedShard,
+        placements: RaggedShard | Sequence[Placement],
         shape: torch.Size | tuple[int, ...],
         *,
         requires_grad: bool = False,
     ) -> RaggedDTensor:
-        """Wraps this rank's elements (1-D, no copy) as the RaggedShard DTensor of global ``shape``."""
-        shape = torch.Size(shape)
-        placement.check(shape.numel())
-        begin, end = placement.rank_range(mesh_rank(mesh), shape.numel())
+        """Wraps this rank's elements (1-D, no copy) as the RaggedShard DTensor of global ``shape``.
+
+        ``placements``: a RaggedShard (1-D mesh), or one placement per mesh
+        dimension: RaggedShard on the first (dp), tensor / expert
+        parallelism's on the others (see RaggedShard).
+        """
+        spec = ragged_spec(mesh, placements, shape, local.dtype)
+        ragged: RaggedShard = spec.placements[0]  # type: ignore[assignment]
+        chunk, _ = _chunk(mesh, tuple(spec.placements), spec.shape)
+        ragged.check(chunk.numel())
+        begin, end = ragged.rank_range(mesh_rank(mesh), chunk.numel())
         if local.dim() != 1 or local.numel() != end - begin:
             raise ValueError(
-                f"{placement}: this rank holds elements [{begin}, {end}) of {tuple(shape)}, got a local tensor "
+                f"{ragged}: this rank holds elements [{begin}, {end}) of {tuple(chunk)}, got a local tensor "
                 f"of shape {tuple(local.shape)}"
             )
-        return RaggedDTensor(local, ragged_spec(mesh, placement, shape, local.dtype), requires_grad=requires_grad)
+        return RaggedDTensor(local, spec, requires_grad=requires_grad)
 
     # ------------------------------------------------------------ layout
 
@@ -104,9 +172,19 @@ class RaggedDTensor(DTensor):
         return self._spec.placements[0]  # type: ignore[return-value]
 
     @property
+    def chunk_shape(self) -> torch.Size:
+        """The tensor RaggedShard cuts: the whole one, or this rank's tensor / expert parallel chunk of it."""
+        return _chunk(self._spec.mesh, tuple(self._spec.placements), self.shape)[0]
+
+    @property
+    def chunk_offset(self) -> tuple[int, ...]:
+        """Where that chunk starts in the whole tensor, per dimension."""
+        return _chunk(self._spec.mesh, tuple(self._spec.placements), self.shape)[1]
+
+    @property
     def shard_info(self) -> ShardInfo:
-        """This rank's elements of the whole tensor: begin, end, block size, blocks held."""
-        return self.ragged.shard_info(mesh_rank(self._spec.mesh), self.shape)
+        """This rank's elements of the chunk (the whole tensor on a 1-D mesh): begin, end, block size, blocks held."""
+        return self.ragged.shard_info(mesh_rank(self._spec.mesh), self.chunk_shape)
 
     @property
     def global_shape(self) -> torch.Size:
@@ -114,8 +192,13 @@ class RaggedDTensor(DTensor):
 
     @property
     def element_range(self) -> tuple[int, int]:
+        """This rank's elements [begin, end) of the chunk, flattened (of the whole tensor on a 1-D mesh)."""
         info = self.shard_info
         return info.begin, info.end
+
+    def local_part(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's elements (1-D view where it can be) of a whole tensor of this one's shape."""
+        return local_part(whole, self._spec)
 
     @property
     def unit_elems(self) -> int:
@@ -143,8 +226,18 @@ class RaggedDTensor(DTensor):
     # ------------------------------------------------------------ gather / split
 
     def full_tensor(self, *, grad_placements: Any = None) -> torch.Tensor:  # type: ignore[override]
-        """The whole tensor on every rank (collective over the mesh, differentiable)."""
-        return _GatherRagged.apply(self)
+        """The whole tensor on every rank (collective over the mesh, differentiable).
+
+        The chunk gathered over dp (RaggedShard), then, with tensor / expert
+        parallelism, the chunks gathered as torch's DTensor gathers them.
+        """
+        chunk = _GatherRagged.apply(self)
+        mesh = self._spec.mesh
+        if mesh.ndim == 1:
+            return chunk
+        model = DTensor.from_local(chunk, _model_parallel_mesh(mesh), self._spec.placements[1:], run_check=False,
+                                   shape=self.shape, stride=self.stride())
+        return model.full_tensor()
 
     def redistribute(  # type: ignore[override]
         self,
@@ -159,28 +252,36 @@ class RaggedDTensor(DTensor):
         mesh = device_mesh if device_mesh is not None else self.device_mesh
         if mesh != self.device_mesh:
             raise NotImplementedError("dbuf.torch: a RaggedShard DTensor redistributes on its own mesh only")
-        (target,) = tuple(placements) if placements is not None else (self.ragged,)
+        target = tuple(placements) if placements is not None else self.placements
+        if len(target) != mesh.ndim:
+            raise ValueError(f"dbuf.torch: {len(target)} placements for a {mesh.ndim}-D mesh")
         source = self if forward_dtype is None else self.to(forward_dtype)
-        if target == self.ragged:
+        if target == tuple(self.placements):
             return source
         whole = source.full_tensor()
-        if isinstance(target, Replicate):
-            return DTensor.from_local(whole, mesh, [Replicate()], run_check=False)
-        if isinstance(target, Shard):
-            return distribute_tensor(whole, mesh, [target], src_data_rank=None)
-        if isinstance(target, RaggedShard):
+        if all(isinstance(p, Replicate) for p in target):
+            return DTensor.from_local(whole, mesh, target, run_check=False)
+        if isinstance(target[0], RaggedShard):
             return distribute_ragged(whole, mesh, target)
+        if all(isinstance(p, (Shard, Replicate)) for p in target):
+            return distribute_tensor(whole, mesh, target, src_data_rank=None)
         raise NotImplementedError(f"dbuf.torch: redistributing a RaggedShard DTensor to {target}")
 
     # ------------------------------------------------------------ distributed checkpoint (DCP)
 
     def _boxes(self) -> list[Box]:
-        if self.numel() == 0:
-            # No elements, but DCP must still know the tensor: rank 0 writes one empty chunk.
+        """This rank's elements as rectangles of its chunk (offsets in the chunk, see _global_offsets)."""
+        chunk = self.chunk_shape
+        if chunk.numel() == 0:
+            # No elements, but DCP must still know the tensor: dp rank 0 writes one empty chunk.
             mine = mesh_rank(self.device_mesh) == 0
-            return [Box((0,) * self.dim(), tuple(self.shape), 0)] if mine else []
+            return [Box((0,) * self.dim(), tuple(chunk), 0)] if mine else []
         begin, end = self.element_range
-        return boxes_of(self.shape, begin, end)
+        return boxes_of(chunk, begin, end)
+
+    def _global_offsets(self, box: Box) -> torch.Size:
+        """A rectangle of the chunk, placed in the whole tensor (tensor / expert parallelism's offset added)."""
+        return torch.Size(o + c for o, c in zip(box.offsets, self.chunk_offset))
 
     def _box_view(self, box: Box) -> torch.Tensor:
         begin, _ = self.element_range
@@ -194,10 +295,10 @@ class RaggedDTensor(DTensor):
         properties = TensorProperties.create_from_tensor(self._local_tensor)
         return [
             WriteItem(
-                index=MetadataIndex(fqn, torch.Size(box.offsets)),
+                index=MetadataIndex(fqn, self._global_offsets(box)),
                 type=WriteItemType.SHARD,
                 tensor_data=TensorWriteData(
-                    chunk=ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes)),
+                    chunk=ChunkStorageMetadata(offsets=self._global_offsets(box), sizes=torch.Size(box.sizes)),
                     properties=properties,
                     size=self.size(),
                 ),
@@ -209,14 +310,14 @@ class RaggedDTensor(DTensor):
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
         return [
-            ChunkStorageMetadata(offsets=torch.Size(box.offsets), sizes=torch.Size(box.sizes))
+            ChunkStorageMetadata(offsets=self._global_offsets(box), sizes=torch.Size(box.sizes))
             for box in self._boxes()
         ]
 
     def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
         offsets = tuple(index.offset) if index.offset is not None else None
         for box in self._boxes():
-            if box.offsets == offsets:
+            if tuple(self._global_offsets(box)) == offsets:
                 return self._box_view(box)
         raise ValueError(f"{index.fqn}: this rank holds no chunk of it at offsets {offsets}")
 
@@ -319,8 +420,7 @@ def _random_fill(func, args, kwargs):
     tensor = args[0]
     whole = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor._local_tensor.device)
     func(whole, *args[1:], **kwargs)
-    begin, end = tensor.element_range
-    tensor._local_tensor.copy_(whole.reshape(-1)[begin:end])
+    tensor._local_tensor.copy_(tensor.local_part(whole))
     return tensor
 
 
@@ -330,7 +430,7 @@ def _random_like(func, args, kwargs):
     kwargs.pop("memory_format", None)
     whole = func(torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor._local_tensor.device), *args[1:],
                  **kwargs)
-    return distribute_ragged(whole, tensor.device_mesh, tensor.ragged)
+    return distribute_ragged(whole, tensor.device_mesh, tensor.placements)
 
 
 def _unscale(func, args, kwargs):
@@ -338,7 +438,13 @@ def _unscale(func, args, kwargs):
     grads, found_inf = args[0], args[1]
     meshes = [g.device_mesh for g in grads if isinstance(g, RaggedDTensor)]
     _elementwise(func, args, kwargs)
-    dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=meshes[0].get_group())
+    _all_reduce_over_mesh(found_inf, dist.ReduceOp.MAX, meshes[0])
+
+
+def _all_reduce_over_mesh(tensor: torch.Tensor, op, mesh: DeviceMesh) -> None:
+    """Every rank of the mesh gets the reduction (dimension by dimension: each has its own group)."""
+    for dim in range(mesh.ndim):
+        dist.all_reduce(tensor, op=op, group=mesh.get_group(dim))
 
 
 def _new_like(func, args, kwargs):
@@ -352,7 +458,7 @@ def _new_like(func, args, kwargs):
     lead = args[0]
     if tuple(args[1]) != tuple(lead.shape):
         whole = func(lead._local_tensor, *args[1:], **kwargs)
-        return DTensor.from_local(whole, lead.device_mesh, [Replicate()], run_check=False)
+        return DTensor.from_local(whole, lead.device_mesh, [Replicate()] * lead.device_mesh.ndim, run_check=False)
     return _elementwise(func, (lead, [lead._local_tensor.numel()], *args[2:]), kwargs)
 
 
@@ -479,8 +585,7 @@ def _copy_from_whole(dest: RaggedDTensor, source: torch.Tensor) -> RaggedDTensor
             f"dbuf.torch: copying a plain tensor of shape {tuple(source.shape)} into a RaggedShard DTensor of "
             f"shape {tuple(dest.shape)}"
         )
-    begin, end = dest.element_range
-    dest._local_tensor.copy_(source.reshape(-1)[begin:end])
+    dest._local_tensor.copy_(dest.local_part(source))
     return dest
 
 
@@ -497,8 +602,15 @@ def _partial_for(norm_type: float):
     return _NormPartial(norm_type)
 
 
-def _as_partial(local: torch.Tensor, mesh: DeviceMesh, placement) -> DTensor:
-    spec = DTensorSpec(mesh, (placement,), tensor_meta=TensorMeta(local.shape, local.stride(), local.dtype))
+def _as_partial(local: torch.Tensor, of: RaggedDTensor, placement) -> DTensor:
+    """A rank's part of a whole-tensor reduction of `of`: Partial over dp and over the dims that shard it.
+
+    A dimension that replicates the tensor (tensor parallelism's Replicate())
+    gives every rank of it the same part: Replicate there.
+    """
+    placements = (placement, *(placement if isinstance(p, Shard) else Replicate() for p in of.placements[1:]))
+    spec = DTensorSpec(of.device_mesh, placements,
+                       tensor_meta=TensorMeta(local.shape, local.stride(), local.dtype))
     return DTensor(local, spec, requires_grad=False)
 
 
@@ -529,7 +641,7 @@ def _reduce_norm(func, args, kwargs):
     local = _local_norm(tensor, norm_type, kwargs.get("dtype"))
     if keepdim:
         local = local.reshape((1,) * tensor.dim())
-    return _as_partial(local, tensor.device_mesh, _partial_for(norm_type))
+    return _as_partial(local, tensor, _partial_for(norm_type))
 
 
 def _reduce_foreach_norm(func, args, kwargs):
@@ -540,7 +652,7 @@ def _reduce_foreach_norm(func, args, kwargs):
     for tensor in tensors:
         if not isinstance(tensor, RaggedDTensor):
             raise ValueError("dbuf.torch: _foreach_norm over RaggedShard DTensors and other tensors at once")
-        out.append(_as_partial(_local_norm(tensor, norm_type, dtype), tensor.device_mesh, _partial_for(norm_type)))
+        out.append(_as_partial(_local_norm(tensor, norm_type, dtype), tensor, _partial_for(norm_type)))
     return out
 
 
@@ -569,7 +681,7 @@ def _reduce_extreme(kind: str):
             value = torch.full((), _identity_of(kind, local.dtype), dtype=local.dtype, device=local.device)
         else:
             value = local.max() if kind == "max" else local.min()
-        return _as_partial(value, tensor.device_mesh, Partial(kind))
+        return _as_partial(value, tensor, Partial(kind))
 
     return reduce
 
@@ -583,7 +695,7 @@ def _reduce_any_all(kind: str):
         mine = bool(local.any()) if kind == "any" else bool(local.all())
         flag = torch.tensor([int(mine)], dtype=torch.int32, device=local.device)
         op = dist.ReduceOp.MAX if kind == "any" else dist.ReduceOp.MIN
-        dist.all_reduce(flag, op=op, group=tensor.device_mesh.get_group())
+        _all_reduce_over_mesh(flag, op, tensor.device_mesh)
         return torch.tensor(bool(flag.item()), device=local.device)
 
     return reduce
@@ -594,7 +706,7 @@ def _reduce_sum(func, args, kwargs):
     if len(args) > 1 and args[1] is not None and not isinstance(args[1], torch.dtype):
         raise NotImplementedError("dbuf.torch: a sum over some dimensions of a RaggedShard DTensor")
     local = tensor._local_tensor.sum(dtype=kwargs.get("dtype"))
-    return _as_partial(local, tensor.device_mesh, Partial("sum"))
+    return _as_partial(local, tensor, Partial("sum"))
 
 
 _REDUCTIONS = {
@@ -613,33 +725,39 @@ _REDUCTIONS = {
 
 
 class _GatherRagged(torch.autograd.Function):
-    """RaggedShard -> the whole tensor on every rank; backward takes this rank's elements of the gradient."""
+    """RaggedShard -> the chunk it cuts (the whole tensor on a 1-D mesh) on every dp rank; backward takes this
+    rank's elements of the gradient."""
 
     @staticmethod
     def forward(ctx, tensor: RaggedDTensor) -> torch.Tensor:  # type: ignore[override]
         ctx.spec = tensor._spec
         mesh = tensor.device_mesh
-        return tensor.ragged.gather(tensor._local_tensor, mesh, 0, tensor.shape)
+        return tensor.ragged.gather(tensor._local_tensor, mesh, 0, tensor.chunk_shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         spec: DTensorSpec = ctx.spec
         placement: RaggedShard = spec.placements[0]  # type: ignore[assignment]
-        local = placement.split(grad, mesh_rank(spec.mesh)).contiguous()
+        local = placement.split(grad, mesh_rank(spec.mesh)).contiguous()  # grad: the chunk's
         return RaggedDTensor(local, DTensorSpec(spec.mesh, spec.placements, tensor_meta=spec.tensor_meta),
                              requires_grad=False)
 
 
-def distribute_ragged(whole: torch.Tensor, mesh: DeviceMesh, placement: RaggedShard) -> RaggedDTensor:
+def distribute_ragged(
+    whole: torch.Tensor, mesh: DeviceMesh, placements: RaggedShard | Sequence[Placement]
+) -> RaggedDTensor:
     """A whole tensor (the same on every rank) -> its RaggedShard DTensor.
 
-    This rank's elements, copied; no communication.
+    This rank's elements, copied; no communication. ``placements``: a
+    RaggedShard, or one per mesh dimension (see RaggedDTensor.from_local).
     """
     if isinstance(whole, DTensor):
         whole = whole.full_tensor()
-    placement.check(whole.numel())
-    local = placement.split(whole.detach(), mesh_rank(mesh)).clone()
-    return RaggedDTensor.from_local(local, mesh, placement, whole.shape)
+    spec = ragged_spec(mesh, placements, whole.shape, whole.dtype)
+    chunk, _ = _chunk(mesh, tuple(spec.placements), spec.shape)
+    spec.placements[0].check(chunk.numel())  # type: ignore[attr-defined]
+    local = local_part(whole.detach(), spec).clone()
+    return RaggedDTensor.from_local(local, mesh, spec.placements, whole.shape)
 
 
 def local_elements(tensor: torch.Tensor) -> torch.Tensor:
@@ -672,7 +790,7 @@ def _register_for_foreach() -> None:
 
 
 def _is_ragged(placements: Any) -> bool:
-    return isinstance(placements, (list, tuple)) and len(placements) == 1 and isinstance(placements[0], RaggedShard)
+    return isinstance(placements, (list, tuple)) and len(placements) >= 1 and isinstance(placements[0], RaggedShard)
 
 
 def _teach_full_state_dict_loading() -> None:
@@ -697,7 +815,7 @@ def _teach_full_state_dict_loading() -> None:
 
     def distribute_tensor_or_ragged(tensor, device_mesh=None, placements=None, **kwargs):
         if _is_ragged(placements):
-            return distribute_ragged(tensor, device_mesh, placements[0])  # checks the element count
+            return distribute_ragged(tensor, device_mesh, placements)  # checks the element count
         return distribute(tensor, device_mesh, placements, **kwargs)
 
     def distribute_tensors_or_ragged(local_state_dict, keys, device, pg=None):
@@ -711,10 +829,10 @@ def _teach_full_state_dict_loading() -> None:
                         f"{key}: shape {tuple(whole.shape)} in the state dict, {tuple(local.shape)} here"
                     )
                 if local.is_meta:
-                    local_state_dict[key] = distribute_ragged(whole.to(local.dtype), local.device_mesh, local.ragged)
+                    local_state_dict[key] = distribute_ragged(whole.to(local.dtype), local.device_mesh,
+                                                              local.placements)
                     continue
-                begin, end = local.element_range
-                local._local_tensor.copy_(whole.reshape(-1)[begin:end])
+                local._local_tensor.copy_(local.local_part(whole))
                 local_state_dict[key] = local
             else:
                 others.append(key)

@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, overload
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 
 from ._dtensor import RaggedDTensor
 from ._hooks import Hooks
 from ._module import mix_in, units_of
-from ._session import Session, default_session, init_replica, is_initialized
+from ._session import Session, default_session, init_dp_slice, init_replica, is_initialized
 from ._unit import Reduction, Unit
 
 Granularity = str | Callable[[str, nn.Parameter], str | None]
@@ -175,6 +176,7 @@ def fully_shard(
         cast_forward_inputs=bool(getattr(mp_policy, "cast_forward_inputs", True)),
         label=_label(modules),
         reduction=Reduction(reduce_dtype=getattr(mp_policy, "reduce_dtype", None)),
+        hsdp=mesh is not None and mesh.ndim == 2,
     )
     session.units.append(unit)
     for _, param, _ in params:
@@ -200,27 +202,28 @@ def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
         raise TypeError(f"fully_shard's mesh must be a DeviceMesh, got {type(mesh).__name__}")
     if mesh is not None and mesh.ndim == 2:
         if session is None:
-            replica, shard = mesh.get_coordinate()
-            replicas, shards = mesh.shape
-            session = default_session() if is_initialized() else init_replica(replica, replicas, shard, shards)
+            replica = mesh.get_coordinate()[0]
+            session = default_session() if is_initialized() else init_replica(replica, mesh.mesh[replica].tolist())
         session.adopt_hsdp_mesh(mesh)
         return session
-    session = session if session is not None else default_session()
-    if mesh is None:
-        return session
-    if mesh.ndim != 1:
+    if mesh is not None and mesh.ndim != 1:
         raise NotImplementedError(
-            f"dbuf.torch.fully_shard takes a 1-D mesh over the job's ranks or HSDP's 2-D (replicate, shard) mesh; "
-            f"got a {mesh.ndim}-D mesh {tuple(mesh.shape)} (TP / EP meshes are not supported yet)"
+            f"dbuf.torch.fully_shard takes a 1-D mesh (the job's ranks, or the dp dim of a mesh with tensor / "
+            f"expert parallel dims) or HSDP's 2-D (replicate, shard) mesh; got a {mesh.ndim}-D mesh "
+            f"{tuple(mesh.shape)}"
         )
-    ranks = mesh.mesh.flatten().tolist()
-    if ranks != list(range(session.world_size)) or mesh.get_local_rank() != session.rank:
-        raise ValueError(
-            f"fully_shard's mesh must hold the dbuf job's ranks 0..{session.world_size - 1} in order (this is "
-            f"rank {session.rank}); got ranks {ranks}"
-        )
-    session.adopt_mesh(mesh)
+    if session is None and mesh is not None and not is_initialized() and _is_slice(mesh):
+        session = init_dp_slice(mesh.mesh.flatten().tolist())
+    session = session if session is not None else default_session()
+    if mesh is not None:
+        session.adopt_mesh(mesh)
     return session
+
+
+def _is_slice(mesh: DeviceMesh) -> bool:
+    """Whether a 1-D mesh holds some of the launch's ranks only (a dim of a larger mesh: dp beside TP / EP)."""
+    world = dist.get_world_size() if dist.is_initialized() else mesh.size()
+    return mesh.mesh.flatten().tolist() != list(range(world))
 
 
 def _check_offload(session: Session, offload_policy: OffloadPolicy | None) -> None:
@@ -276,7 +279,9 @@ def _rule_of_placement(fqn: str, param: nn.Parameter, placement: Shard | None) -
     dim = placement.dim + param.dim() if placement.dim < 0 else placement.dim
     if not 0 <= dim < max(param.dim(), 1):
         raise ValueError(f"shard_placement_fn returned {placement!r} for {fqn}, a {param.dim()}-D tensor")
-    stride = math.prod(param.shape[dim + 1 :])
+    # Of what this rank holds: tensor / expert parallelism's chunk where the parameter is their DTensor.
+    shape = param.to_local().shape if isinstance(param, DTensor) else param.shape
+    stride = math.prod(shape[dim + 1 :])
     return "element" if stride == 1 else str(stride)
 
 

@@ -92,7 +92,7 @@ class DBufModule(FSDPModule):
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
         """HSDP's sum across the replicas runs with every reduction; without replicas there is none to skip."""
-        if not requires_all_reduce and self._dbuf_unit.session.replicas > 1:
+        if not requires_all_reduce and self._dbuf_unit.replicas > 1:
             raise NotImplementedError(
                 "dbuf.torch sums across HSDP's replicas with every reduce-scatter; to accumulate without "
                 "communication use set_requires_gradient_sync(False)"

@@ -59,6 +59,11 @@ class RaggedShard(Placement):
 
     ``local_units`` has one count per rank of the mesh dimension; their sum
     is the tensor's number of blocks, ``ceil(numel / block_elems)``.
+
+    On a mesh of several dimensions (dp first, then tensor or expert
+    parallelism: FSDP2's order) the other dimensions' placements apply first:
+    RaggedShard cuts the local chunk they leave to a dp rank, read row-major,
+    as it cuts a whole tensor on a 1-D mesh.
     """
 
     def __init__(self, block_elems: int, local_units: tuple[int, ...] | list[int]) -> None:
@@ -143,9 +148,55 @@ class RaggedShard(Placement):
         return whole.reshape(global_shape)
 
 
-def ragged_shard_of(rank_ranges: list[tuple[int, int]], block_elems: int) -> RaggedShard:
-    """The placement of a tensor whose ranks hold these contiguous, rank-ordered element ranges."""
+class StridedRaggedShard(RaggedShard):
+    """RaggedShard of the local chunk of a tensor that a later mesh dimension shards along dim 0 first.
+
+    On a (dp, tp) mesh a parameter that tensor parallelism placed ``Shard(0)``
+    is cut into ``split_factor`` chunks of rows first (TP), and each chunk's
+    elements are then cut into whole blocks over the dp ranks: in the whole
+    tensor, a dp rank's elements repeat with the stride of a TP chunk. That
+    is FSDP2's ``_StridedShard(0, split_factor)`` with ragged blocks; the
+    layout of the local chunk is RaggedShard's exactly, so this class only
+    carries the stride metadata (``split_factor``: the TP degree).
+    """
+
+    def __init__(self, block_elems: int, local_units: tuple[int, ...] | list[int], split_factor: int) -> None:
+        super().__init__(block_elems, local_units)
+        if int(split_factor) < 2:
+            raise ValueError(f"StridedRaggedShard: split_factor must be at least 2, got {split_factor}")
+        self.split_factor = int(split_factor)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, StridedRaggedShard)
+            and super().__eq__(other)
+            and self.split_factor == other.split_factor
+        )
+
+    def __hash__(self) -> int:
+        return hash((StridedRaggedShard, self.block_elems, self.local_units, self.split_factor))
+
+    def __repr__(self) -> str:
+        return (
+            f"StridedRaggedShard(block_elems={self.block_elems}, local_units={self.local_units}, "
+            f"split_factor={self.split_factor})"
+        )
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (StridedRaggedShard, (self.block_elems, self.local_units, self.split_factor))
+
+
+def ragged_shard_of(rank_ranges: list[tuple[int, int]], block_elems: int, split_factor: int = 1) -> RaggedShard:
+    """The placement of a tensor whose ranks hold these contiguous, rank-ordered element ranges.
+
+    ``split_factor`` > 1: the tensor is the local chunk of one that a later
+    mesh dimension cut into that many chunks along dim 0 (StridedRaggedShard).
+    """
     units = [-(-(end - begin) // block_elems) for begin, end in rank_ranges]
+    if split_factor > 1:
+        return StridedRaggedShard(block_elems, units, split_factor)
     return RaggedShard(block_elems, units)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import weakref
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import dbuf
+
+from ._dtensor import spmd_mesh
 
 if TYPE_CHECKING:
     from ._unit import Unit
@@ -113,6 +116,9 @@ class Session:
         # summed over the replicas through the mesh's replicate group (sum_over_replicas).
         self.replicas = 1
         self.replicate_group: dist.ProcessGroup | None = None
+        #: The job's ranks in torch.distributed's default group: all of them, or a dp slice of a larger mesh.
+        self.global_ranks: list[int] = list(range(world_size))
+        self._spmd_meshes: dict[DeviceMesh, DeviceMesh] = {}
 
     # ------------------------------------------------------------ the job's mesh
 
@@ -139,6 +145,12 @@ class Session:
 
     def adopt_mesh(self, mesh: DeviceMesh) -> None:
         """The trainer's 1-D mesh over the job's ranks (fully_shard's mesh=) becomes this session's."""
+        ranks = mesh.mesh.flatten().tolist()
+        if ranks != self.global_ranks or mesh.get_local_rank() != self.rank:
+            raise ValueError(
+                f"fully_shard's mesh must hold the dbuf job's ranks {self.global_ranks} in order (this is its rank "
+                f"{self.rank}); got ranks {ranks}"
+            )
         if self._mesh is None:
             self._mesh = mesh
         elif self._mesh != mesh:
@@ -161,8 +173,28 @@ class Session:
             )
         if self.replicate_group is not None and self.replicas != replicas:
             raise ValueError(f"an HSDP mesh of {replicas} replicas after one of {self.replicas}")
-        self.adopt_mesh(DeviceMesh.from_group(mesh.get_group(1), mesh.device_type))
+        self.global_ranks = mesh.mesh[mesh.get_coordinate()[0]].tolist()
+        # The shard dim as torch's submesh where the dims are named (the one tensor / expert parallel
+        # meshes of the same root concatenate with), else a mesh of its group.
+        names = mesh.mesh_dim_names
+        shard_mesh = mesh[names[1]] if names else DeviceMesh.from_group(mesh.get_group(1), mesh.device_type)
+        self.adopt_mesh(shard_mesh)
         self.replicas, self.replicate_group = replicas, mesh.get_group(0)
+
+    def spmd_mesh(self, model_mesh: DeviceMesh) -> DeviceMesh:
+        """The (dp, model...) mesh of the parameters tensor / expert parallelism placed on `model_mesh` (one per mesh)."""
+        mesh = self._spmd_meshes.get(model_mesh)
+        if mesh is None:
+            try:
+                mesh = spmd_mesh(self.mesh, model_mesh)
+            except (RuntimeError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"fully_shard: the mesh {model_mesh} of a tensor / expert parallel parameter and fully_shard's "
+                    f"mesh {self.mesh} must be named dims of one DeviceMesh (pass mesh=world_mesh['dp'] with "
+                    f"parallelize_module(..., world_mesh['tp'])): {error}"
+                ) from error
+            self._spmd_meshes[model_mesh] = mesh
+        return mesh
 
     def sum_over_replicas(self, tensors: list[torch.Tensor]) -> None:
         """HSDP: each tensor replaced, in place, by its sum over the replicas, added in replica order.
@@ -431,28 +463,52 @@ def default_session() -> Session:
     return _default if _default is not None else init()
 
 
-def init_replica(replica: int, replicas: int, shard: int, shards: int) -> Session:
-    """The default session of one HSDP replica: the job of its `shards` ranks (made by fully_shard's 2-D mesh).
+def init_replica(replica: int, ranks: list[int]) -> Session:
+    """The default session of one HSDP replica: the job of its ranks (made by fully_shard's 2-D mesh).
 
-    Its job id is the launch's with ``.replica<r>`` appended; where the
-    replica's ranks lie within one node (``$LOCAL_WORLD_SIZE`` a multiple of
-    `shards`) it is a one-node job, else one across nodes of
-    ``$LOCAL_WORLD_SIZE`` ranks each.
+    Its job id is the launch's with ``.replica<r>`` appended.
+    """
+    return _init_slice(f"replica{replica}", ranks, "HSDP")
+
+
+def init_dp_slice(ranks: list[int]) -> Session:
+    """The default session of a dp slice of a larger mesh (tensor / expert parallelism beside it).
+
+    fully_shard's 1-D mesh holds these global ranks (``world_mesh["dp"]``):
+    they are one dbuf job, named after the launch's with ``.dp<first rank>-``
+    and a checksum of the ranks appended (every rank of the slice names it
+    alike, and no other slice does).
+    """
+    checksum = zlib.crc32(",".join(map(str, ranks)).encode())
+    return _init_slice(f"dp{ranks[0]}-{checksum:08x}", ranks, "a dp mesh beside tensor / expert parallelism")
+
+
+def _init_slice(suffix: str, ranks: list[int], what: str) -> Session:
+    """The default session of a job of some of the launch's ranks (this process's global rank among them).
+
+    A one-node job where they lie within one node (``$LOCAL_WORLD_SIZE``
+    ranks each), else one across nodes holding as many of them each.
     """
     job = _job_from_env()
     if job is None:
-        raise ValueError("HSDP needs a job id: set $DBUF_JOB or launch with torchrun")
-    per_node = _env_int("LOCAL_WORLD_SIZE", shards)
-    if per_node % shards == 0:
-        local_world_size = 0
-    elif shards % per_node == 0:
-        local_world_size = per_node
-    else:
+        raise ValueError(f"{what} needs a job id: set $DBUF_JOB or launch with torchrun")
+    me = dist.get_rank() if dist.is_initialized() else _env_int("RANK", 0)
+    if me not in ranks:
+        raise dbuf.InternalError(f"rank {me} is not among the ranks {ranks} of its own mesh")
+    per_node = _env_int("LOCAL_WORLD_SIZE", 0) or len(ranks)
+    per_node_counts = {}
+    for rank in ranks:
+        per_node_counts[rank // per_node] = per_node_counts.get(rank // per_node, 0) + 1
+    counts = set(per_node_counts.values())
+    if len(counts) != 1 or ranks != sorted(ranks):
         raise ValueError(
-            f"HSDP with {shards} ranks per replica and {per_node} per node: a replica must be within a node or "
-            f"span whole nodes"
+            f"{what} with ranks {ranks} and {per_node} ranks per node: each node must hold as many of them"
         )
-    return init(job=f"{job}.replica{replica}", rank=shard, world_size=shards, local_world_size=local_world_size)
+    local_world_size = 0 if len(per_node_counts) == 1 else counts.pop()
+    session = init(job=f"{job}.{suffix}", rank=ranks.index(me), world_size=len(ranks),
+                   local_world_size=local_world_size)
+    session.global_ranks = list(ranks)
+    return session
 
 
 def is_initialized() -> bool:

@@ -48,6 +48,18 @@ def _entry_names(model: nn.Module, unit: Unit) -> list[tuple[ParamEntry, str]]:
     return named
 
 
+def _whole_through_the_job(units: list[Unit], what: str) -> None:
+    """dbufd's staging group moves a tensor whole over the job's (dp) ranks: not across tensor / expert parallelism."""
+    for unit in units:
+        for entry in unit.entries:
+            if entry.sharded.device_mesh.ndim > 1:
+                raise NotImplementedError(
+                    f"dbuf.torch's {what} moves tensors through the dbuf job (its dp ranks); {entry.fqn} is also "
+                    f"sharded by tensor / expert parallelism ({entry.sharded.placements}): use "
+                    f"torch.distributed.checkpoint.state_dict's functions (full_state_dict=True) or DCP"
+                )
+
+
 def _rank_slices(unit: Unit) -> list[list[tuple[int, int]]]:
     """For every rank, its [begin, end) of each of the unit's tensors (the planner's slices)."""
     plan = unit.group.plan
@@ -119,6 +131,7 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
         return state
     if not all_units:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    _whole_through_the_job(all_units, "full state dict")
     session = all_units[0].session
     receives = not rank0_only or session.rank == 0
     state = {}
@@ -214,6 +227,7 @@ def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str 
 
 
 def _broadcast_state(model: nn.Module, units: list[Unit], state_dict: dict) -> None:
+    _whole_through_the_job(units, "broadcast of a full state dict")
     session = units[0].session
     replicated = _replicated(model)
     with _Staging(session) as staging:
@@ -281,7 +295,7 @@ def _load_entry(entry: ParamEntry, name: str, value) -> None:
             )
         entry.local.copy_(value.local)
         return
-    if tuple(value.shape) != tuple(info.global_shape):
-        raise ValueError(f"{name}: shape {tuple(value.shape)} in the state dict, {tuple(info.global_shape)} here")
-    entry.local.copy_(value.detach().reshape(-1)[info.begin : info.end])
+    if tuple(value.shape) != tuple(entry.sharded.shape):
+        raise ValueError(f"{name}: shape {tuple(value.shape)} in the state dict, {tuple(entry.sharded.shape)} here")
+    entry.local.copy_(entry.sharded.local_part(value.detach()))
 

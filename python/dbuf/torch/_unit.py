@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 import dbuf
 
 from ._dtensor import RaggedDTensor, local_elements
-from ._ragged import RaggedShard, ragged_shard_of
+from ._ragged import ragged_shard_of
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -80,7 +81,10 @@ class ParamEntry:
     local: torch.Tensor  # its local elements: this rank's part of the sharded region (1-D)
     shard_grad: torch.Tensor  # this rank's part of the fp32 sharded gradient (1-D)
     sharded_grad: RaggedDTensor  # shard_grad as the parameter's .grad
-    placement: RaggedShard  # this tensor's layout over the ranks
+    # Tensor / expert parallelism's DTensor spec of the parameter given to fully_shard (its mesh, placements,
+    # whole shape), or None: the group holds this rank's chunk of it, and the unsharded parameter is that
+    # chunk as a DTensor of this spec, which the parallel plan's modules compute with.
+    model_spec: DTensorSpec | None
     unsharded: nn.Parameter | None = None  # over the slot; made at the first unshard
     unsharded_grad: torch.Tensor | None = None
     unsharded_ptr: int = 0
@@ -103,8 +107,12 @@ class Unit:
         cast_forward_inputs: bool,
         label: str,
         reduction: Reduction | None = None,
+        hsdp: bool = False,
     ) -> None:
         self.session = session
+        # HSDP (fully_shard's 2-D mesh): the gradients are summed over the session's replicas too. A unit on
+        # the dp mesh alone (expert parallelism's experts beside HSDP's other units) reduces over dp only.
+        self.replicas = session.replicas if hsdp else 1
         self.modules = modules
         self.label = label
         self.reshard_after_forward = reshard_after_forward
@@ -142,8 +150,10 @@ class Unit:
     # ------------------------------------------------------------ set-up
 
     def _register(self, params, granularity, tensor_granularity, sharded_dtype) -> None:
+        model_specs = [_model_parallel_spec(fqn, param) for fqn, param, _ in params]
+        # The planner places what this rank holds of each tensor: its tensor / expert parallel chunk.
         specs = [
-            dbuf.TensorSpec(fqn, tuple(param.shape), granularity=tensor_granularity.get(fqn))
+            dbuf.TensorSpec(fqn, tuple(_chunk_of(param).shape), granularity=tensor_granularity.get(fqn))
             for fqn, param, _ in params
         ]
         self.group = self.session.client.register_group(
@@ -154,17 +164,24 @@ class Unit:
             unsharded_dtype=dbuf_dtype(self.param_dtype),
         )
         keep_daemon_values = self.session.client.reattached
-        mesh = self.session.mesh
         for index, (fqn, param, registrations) in enumerate(params):
             view = self.group.shard_view(index)
             local = view.torch()
             if not keep_daemon_values and param.device.type != "meta":
                 with torch.no_grad():
-                    local.copy_(param.detach().reshape(-1)[view.begin : view.end])
+                    local.copy_(_chunk_of(param).detach().reshape(-1)[view.begin : view.end])
+            model_spec = model_specs[index]
             block = self.group.plan.tensors[index].granularity
-            placement = ragged_shard_of(rank_ranges(self.group.plan, index), block)
+            if model_spec is None:
+                mesh, placements = self.session.mesh, ragged_shard_of(rank_ranges(self.group.plan, index), block)
+            else:
+                # FSDP2's layout: dp first, then the model's own dims; StridedRaggedShard where those cut dim 0.
+                mesh = self.session.spmd_mesh(model_spec.mesh)
+                split = model_spec.num_shards_map[0]
+                placements = (ragged_shard_of(rank_ranges(self.group.plan, index), block, split),
+                              *model_spec.placements)
             sharded = nn.Parameter(
-                RaggedDTensor.from_local(local, mesh, placement, param.shape), requires_grad=param.requires_grad
+                RaggedDTensor.from_local(local, mesh, placements, param.shape), requires_grad=param.requires_grad
             )
             sharded.fqn = fqn
             shard_grad = self.group.shard_grad_view(index).torch()
@@ -176,8 +193,8 @@ class Unit:
                 sharded=sharded,
                 local=local,
                 shard_grad=shard_grad,
-                sharded_grad=RaggedDTensor.from_local(shard_grad, mesh, placement, param.shape),
-                placement=placement,
+                sharded_grad=RaggedDTensor.from_local(shard_grad, mesh, placements, param.shape),
+                model_spec=model_spec,
             )
             self.entries.append(entry)
         self.use_sharded()
@@ -210,7 +227,8 @@ class Unit:
                 raise dbuf.InternalError(
                     f"unit {self.label}: the unsharded slot moved between forward and backward"
                 )
-            entry.unsharded = nn.Parameter(view.torch(), requires_grad=entry.requires_grad)
+            entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec),
+                                           requires_grad=entry.requires_grad)
             entry.unsharded_ptr = view.data_ptr
             entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch() if entry.requires_grad else None
 
@@ -255,7 +273,8 @@ class Unit:
                     entry.local.copy_(local)
                 if held is entry.sharded:  # swapped in place: point it back at the sharded region
                     fresh = nn.Parameter(
-                        RaggedDTensor.from_local(entry.local, self.session.mesh, entry.placement, entry.sharded.shape),
+                        RaggedDTensor.from_local(entry.local, entry.sharded.device_mesh, entry.sharded.placements,
+                                                 entry.sharded.shape),
                         requires_grad=entry.requires_grad,
                     )
                     torch.utils.swap_tensors(entry.sharded, fresh)
@@ -283,8 +302,7 @@ class Unit:
             value = value.full_tensor()
         if tuple(value.shape) != tuple(entry.sharded.shape):
             raise ValueError(f"{entry.fqn}: shape {tuple(value.shape)} given, {tuple(entry.sharded.shape)} held")
-        begin, end = entry.sharded.element_range
-        return value.reshape(-1)[begin:end]
+        return entry.sharded.local_part(value)
 
     # ------------------------------------------------------------ unshard / reshard
 
@@ -367,7 +385,9 @@ class Unit:
             if not entry.requires_grad:
                 continue
             entry.unsharded_grad.zero_()
-            entry.unsharded.grad = entry.unsharded_grad
+            # A plain parameter's gradient accumulates in the slot; a tensor parallel one's arrives as a
+            # DTensor of the plan's placements (or Partial), taken into the slot by _take_model_parallel_grads.
+            entry.unsharded.grad = entry.unsharded_grad if entry.model_spec is None else None
 
     def reduce_gradients(self) -> None:
         """After the unit's backward: reduce-scatter into the fp32 sharded gradients, or set them aside (no sync)."""
@@ -375,6 +395,7 @@ class Unit:
             return
         self.post_backward_done = True
         self.grads_prepared = False
+        self._take_model_parallel_grads()
         self.use_sharded()  # what activation checkpointing recomputed is done with the unsharded ones
         for entry in self.entries:
             if entry.unsharded is not None:
@@ -386,7 +407,7 @@ class Unit:
         residuals = self._take_back_set_aside()
         accumulate = self._stage_sharded_gradients()
         if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.divides_here()
-                           or self.reduction.rounds() or self.session.replicas > 1):
+                           or self.reduction.rounds() or self.replicas > 1):
             # dbufd adds into fp32 sharded gradients only, and before any
             # division or rounding here: the reduction overwrites, and the
             # gradients so far are added back, in the parameters' own dtype,
@@ -403,6 +424,23 @@ class Unit:
         self.reduced = True
         self.session.stats.reduce_scatters += 1
         self.session.stats.reduce_scatter_bytes += self.unsharded_elems * self.param_dtype.itemsize
+
+    def _take_model_parallel_grads(self) -> None:
+        """Tensor / expert parallel parameters: their DTensor gradients into the slot's gradient region.
+
+        A gradient of another placement than the parameter's (Partial, where
+        the plan leaves the reduction over its ranks to the gradient) is
+        redistributed to it first, as FSDP2 does: over the model's dims, by
+        torch.
+        """
+        with torch.no_grad():
+            for entry in self.entries:
+                if entry.model_spec is None or not entry.requires_grad or entry.unsharded.grad is None:
+                    continue
+                grad, entry.unsharded.grad = entry.unsharded.grad, None
+                if tuple(grad.placements) != tuple(entry.model_spec.placements):
+                    grad = grad.redistribute(placements=entry.model_spec.placements)
+                entry.unsharded_grad.copy_(grad.to_local().reshape(entry.unsharded_grad.shape))
 
     def _stage_sharded_gradients(self) -> bool:
         """Whether the reduce-scatter adds into the sharded gradients (some hold a gradient).
@@ -497,7 +535,7 @@ class Unit:
         count after dbufd's average), then the rounding to a narrower
         reduce_dtype.
         """
-        reduction, replicas = self.reduction, self.session.replicas
+        reduction, replicas = self.reduction, self.replicas
         if reduction.divide_factor is not None:
             divisor = reduction.divide_factor
         elif reduction.force_sum:
@@ -558,6 +596,34 @@ class Unit:
             if self.holds_slot:
                 self.session.slot_holders.remove(self)
             self.group.close()
+
+
+def _model_parallel_spec(fqn: str, param: torch.Tensor) -> DTensorSpec | None:
+    """The spec of a parameter tensor / expert parallelism made a DTensor (checked), or None for a plain one."""
+    if not isinstance(param, DTensor):
+        return None
+    if isinstance(param, RaggedDTensor):
+        raise dbuf.InternalError(f"{fqn} is a unit's parameter already")
+    for placement in param.placements:
+        if type(placement) not in (Shard, Replicate):
+            raise NotImplementedError(
+                f"fully_shard: {fqn} is a DTensor placed {param.placements}; dbuf shards tensor / expert "
+                f"parallelism's Shard(d) and Replicate() placements"
+            )
+    return param._spec
+
+
+def _chunk_of(param: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a parameter: its tensor / expert parallel chunk, or the whole tensor."""
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _unsharded_value(chunk: torch.Tensor, model_spec: DTensorSpec | None) -> torch.Tensor:
+    """The gathered parameter the modules compute with: the chunk in the slot, as the plan's DTensor where there is one."""
+    if model_spec is None:
+        return chunk
+    return DTensor.from_local(chunk, model_spec.mesh, model_spec.placements, run_check=False,
+                              shape=model_spec.shape, stride=model_spec.stride)
 
 
 def rank_ranges(plan, index: int) -> list[tuple[int, int]]:

@@ -139,9 +139,19 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x
 
 
+def _refuse_model_parallel(p: torch.Tensor, index: int, optimizer: str) -> None:
+    """Tensor / expert parallelism's chunks are not whole matrices or the tensor's blocks: refused, not misread."""
+    if isinstance(p, RaggedDTensor) and p.device_mesh.ndim > 1:
+        raise NotImplementedError(
+            f"{optimizer} parameter {_name(p, index)} is also sharded by tensor / expert parallelism "
+            f"({p.placements}): its whole matrices and blocks span ranks of that dimension; use torch's optimizers"
+        )
+
+
 def _muon_info(p: torch.Tensor, index: int) -> tuple[ShardInfo, int, int]:
     """Check that ``p``'s local part is whole matrices; (info, M, K)."""
     name = _name(p, index)
+    _refuse_model_parallel(p, index, "Muon")
     shape = p.shape
     if len(shape) < 2:
         raise ValueError(
@@ -480,6 +490,7 @@ class Adam8bit(Optimizer):
     def _block(p: torch.Tensor, index: int, group: dict) -> int:
         """The quantisation block of ``p`` in elements, checked against its shard."""
         block = group["block_elems"]
+        _refuse_model_parallel(p, index, "Adam8bit")
         if isinstance(p, RaggedDTensor):
             info = p.shard_info
             q = block if block is not None else info.unit_elems
