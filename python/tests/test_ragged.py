@@ -202,8 +202,8 @@ def test_with_tensor_parallelism_the_ranks_chunks_cover_the_tensor_and_dcp_place
 
 def test_a_whole_tensor_reduction_is_partial_over_the_dims_that_shard_it():
     whole = torch.randn(4, 6)
-    for model_placement, expected in ((Shard(1), "Shard"), (Replicate(), "Replicate")):
-        param = distribute_ragged(whole, model_parallel_mesh(1), (RaggedShard(3, (2, 2)), model_placement))
+    for model_placement, expected, blocks in ((Shard(1), "Shard", (2, 2)), (Replicate(), "Replicate", (4, 4))):
+        param = distribute_ragged(whole, model_parallel_mesh(1), (RaggedShard(3, blocks), model_placement))
         norm = torch.linalg.vector_norm(param)
         assert norm.placements[0].is_partial()
         assert norm.placements[1].is_partial() == (expected == "Shard")
