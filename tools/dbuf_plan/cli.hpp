@@ -35,6 +35,8 @@ struct CliOptions {
   bool summary = false;               ///< table: collapse runs of identical units
   std::string merge = "none";         ///< none or auto (merge consecutive units, planner/merge.hpp)
   std::int64_t unsharded_budget = 0;  ///< --merge auto: bytes per rank of the largest unit's unsharded buffer
+  std::int64_t tp = 1;                ///< tensor parallel degree: plan what one tp rank holds
+  std::int64_t ep = 1;                ///< expert parallel degree: routed experts a unit of their own per ep rank
   bool help = false;
 };
 

@@ -28,7 +28,8 @@ torch.distributed.checkpoint (torch's ``get_state_dict``). ``--load DIR``: no
 training; the model and optimizer built and sharded as above, loaded from DIR
 (whatever degrees saved it). Writes OUT.pt.<rank>: every step's loss (summed
 over the world's ranks) and gradient norm, the whole parameters and AdamW
-states at the end (``final``), and FSDP's all-gather bytes per step.
+states at the end (``final``), FSDP's all-gather bytes per step and the
+most bytes of unsharded parameters held at once (see PeakUnsharded).
 """
 
 from __future__ import annotations
@@ -161,6 +162,47 @@ def parallelize(model: torch.nn.Module, tp_mesh) -> None:
         parallelize_module(layer, tp_mesh, layer_plan())
 
 
+class PeakUnsharded:
+    """The most bytes of unsharded parameters a rank held at once in a step.
+
+    FSDP2's: each parameter group's all-gather output (its parameters, padded)
+    counted from its unshard to its reshard. dbuf's: its slots' bytes (which
+    hold parameters and gradients alike) halved: the parameters.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.peak = 0
+        if args.backend == "fsdp2":
+            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+            unshard, reshard = FSDPParamGroup.unshard, FSDPParamGroup.reshard
+            tracker = self
+
+            def counted_unshard(group, *a, **k):
+                result = unshard(group, *a, **k)
+                gathered = group._all_gather_result
+                if gathered is not None:
+                    output = gathered.all_gather_output
+                    tracker.live[id(group)] = output.numel() * output.element_size()
+                    tracker.peak = max(tracker.peak, sum(tracker.live.values()))
+                return result
+
+            def counted_reshard(group, *a, **k):
+                tracker.live.pop(id(group), None)
+                return reshard(group, *a, **k)
+
+            FSDPParamGroup.unshard, FSDPParamGroup.reshard = counted_unshard, counted_reshard
+
+    def take(self) -> int:
+        if args.backend == "dbuf":
+            import dbuf.torch
+
+            return dbuf.torch.default_session().stats.peak_unsharded_bytes // 2
+        taken, self.peak = self.peak, sum(self.live.values())
+        return taken
+
+
 class AllGatherBytes:
     """FSDP's all-gather bytes per step. FSDP2's: torch.distributed's all-gathers into one tensor counted
     (``all_gather_single`` in torch 2.15, which FSDP2 calls; TP's collectives are torch's functional ones
@@ -223,6 +265,7 @@ assert isinstance(model, FSDPModule)
 # foreach=False: FSDP2's parameters are DTensors of two meshes here (dp, and dp x tp), which torch's
 # foreach kernels do not take in one list.
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+peak_unsharded = PeakUnsharded()
 counter = AllGatherBytes()
 
 
@@ -246,7 +289,7 @@ def batch(step: int) -> torch.Tensor:
     return tokens[batch_index * share : (batch_index + 1) * share]
 
 
-result: dict = {"losses": [], "norms": [], "all_gather_bytes": []}
+result: dict = {"losses": [], "norms": [], "all_gather_bytes": [], "peak_unsharded_bytes": []}
 if args.load:
     # The optimizer's states exist once it stepped: one step with zero gradients and no learning rate.
     for group in optimizer.param_groups:
@@ -260,6 +303,7 @@ if args.load:
     dcp.load(state, checkpoint_id=args.load)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 else:
+    peak_unsharded.take()
     counter.take()
     for step in range(args.steps):
         tokens = batch(step)
@@ -271,6 +315,7 @@ else:
         total = loss.detach().float().clone()
         dist.all_reduce(total)
         result["losses"].append(total.item())
+        result["peak_unsharded_bytes"].append(peak_unsharded.take())  # (dbuf's before its counts restart)
         result["all_gather_bytes"].append(counter.take())
     if args.save:
         model_state, optim_state = get_state_dict(model, optimizer)

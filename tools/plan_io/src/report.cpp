@@ -18,6 +18,7 @@ UnitReport toReport(const planner::UnitPlan& plan, bool ranks) {
   unit.padding_elems = plan.padding_elems;
   unit.split_blocks = plan.split_blocks;
   unit.plan_us = plan.plan_us;
+  unit.devices = plan.devices;
   unit.tensors.reserve(plan.tensors.size());
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
     const planner::PlannedTensor& tensor = plan.tensors[i];
@@ -101,8 +102,9 @@ void recomputeTotals(PlanReport& report) {
   std::int64_t bound_elems = 0;
   for (const UnitReport& unit : report.units) {
     total.numel += unit.numel;
-    total.allgather_elems += report.devices * unit.shard_elems;
-    bound_elems += report.devices * unit.lower_bound_elems;
+    const std::int64_t devices = unit.devices > 0 ? unit.devices : report.devices;
+    total.allgather_elems += devices * unit.shard_elems;
+    bound_elems += devices * unit.lower_bound_elems;
   }
   const auto numel = static_cast<double>(std::max<std::int64_t>(total.numel, 1));
   total.inflation = static_cast<double>(total.allgather_elems) / numel;

@@ -44,9 +44,10 @@ Json toJson(const TensorReport& tensor) {
   return out;
 }
 
-Json toJson(const UnitReport& unit) {
+Json toJson(const UnitReport& unit, std::int64_t report_devices) {
   Json out = Json::object();
   out["name"] = unit.name;
+  if (unit.devices != report_devices && unit.devices > 0) out["devices"] = unit.devices;
   out["numel"] = unit.numel;
   out["shard_elems"] = unit.shard_elems;
   out["lower_bound_elems"] = unit.lower_bound_elems;
@@ -116,7 +117,7 @@ Json toJson(const PlanReport& report) {
   out["granularity"] = report.granularity;
   out["align_elems"] = report.align_elems;
   Json units = Json::array();
-  for (const UnitReport& unit : report.units) units.push_back(toJson(unit));
+  for (const UnitReport& unit : report.units) units.push_back(toJson(unit, report.devices));
   out["units"] = std::move(units);
   Json total = Json::object();
   total["numel"] = report.total.numel;
@@ -128,6 +129,13 @@ Json toJson(const PlanReport& report) {
   out["model"] = report.model;
   out["align_bytes"] = report.align_bytes;
   if (report.merge) out["merge"] = toJson(*report.merge);
+  if (report.model_parallel) {
+    Json parallel = Json::object();
+    parallel["tp"] = report.model_parallel->tp;
+    parallel["ep"] = report.model_parallel->ep;
+    parallel["diagnoses"] = report.model_parallel->diagnoses;
+    out["model_parallel"] = std::move(parallel);
+  }
   return out;
 }
 
@@ -364,7 +372,8 @@ bool readDiagnosis(Reader& reader, const Json& unit, const std::string& path, st
 
 bool readUnit(Reader& reader, const Json& node, const std::string& path, UnitReport& out) {
   if (!node.is_object()) return reader.fail(path, "expected an object");
-  if (!reader.string(node, "name", path, out.name) || !reader.integer(node, "numel", path, out.numel) ||
+  if (!reader.string(node, "name", path, out.name) || !reader.integer(node, "devices", path, out.devices, false) ||
+      !reader.integer(node, "numel", path, out.numel) ||
       !reader.integer(node, "shard_elems", path, out.shard_elems) ||
       !reader.integer(node, "lower_bound_elems", path, out.lower_bound_elems) ||
       !reader.integer(node, "padding_elems", path, out.padding_elems) ||
@@ -439,6 +448,25 @@ bool readMerge(Reader& reader, const Json& root, std::optional<MergeReport>& out
   return true;
 }
 
+bool readModelParallel(Reader& reader, const Json& root, std::optional<ModelParallelReport>& out) {
+  if (!root.contains("model_parallel")) return true;
+  const Json* node = reader.object(root, "model_parallel", "");
+  if (node == nullptr) return false;
+  ModelParallelReport parallel;
+  const std::string where = "model_parallel";
+  if (!reader.integer(*node, "tp", where, parallel.tp) || !reader.integer(*node, "ep", where, parallel.ep)) {
+    return false;
+  }
+  const Json* diagnoses = reader.array(*node, "diagnoses", where);
+  if (diagnoses == nullptr) return false;
+  for (std::size_t i = 0; i < diagnoses->size(); ++i) {
+    if (!(*diagnoses)[i].is_string()) return reader.fail(Reader::index(Reader::join(where, "diagnoses"), i), "expected a string");
+    parallel.diagnoses.push_back((*diagnoses)[i].get<std::string>());
+  }
+  out = std::move(parallel);
+  return true;
+}
+
 bool readReport(Reader& reader, const Json& root, PlanReport& out) {
   if (!root.is_object()) return reader.fail("(top level)", "expected an object");
   if (!reader.integer(root, "devices", "", out.devices) || !reader.string(root, "granularity", "", out.granularity) ||
@@ -450,6 +478,7 @@ bool readReport(Reader& reader, const Json& root, PlanReport& out) {
   out.units.resize(units->size());
   for (std::size_t i = 0; i < units->size(); ++i) {
     if (!readUnit(reader, (*units)[i], Reader::index("units", i), out.units[i])) return false;
+    if (out.units[i].devices == 0) out.units[i].devices = out.devices;  // written only where it differs
   }
   const Json* total = reader.object(root, "total", "");
   if (total == nullptr) return false;
@@ -459,7 +488,8 @@ bool readReport(Reader& reader, const Json& root, PlanReport& out) {
          reader.number(*total, "lower_bound_inflation", "total", out.total.lower_bound_inflation) &&
          reader.number(*total, "plan_ms", "total", out.total.plan_ms) &&
          reader.string(root, "model", "", out.model, false) &&
-         reader.integer(root, "align_bytes", "", out.align_bytes, false) && readMerge(reader, root, out.merge);
+         reader.integer(root, "align_bytes", "", out.align_bytes, false) && readMerge(reader, root, out.merge) &&
+         readModelParallel(reader, root, out.model_parallel);
 }
 
 }  // namespace

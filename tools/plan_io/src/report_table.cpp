@@ -46,7 +46,7 @@ std::string timeText(double micros) {
 
 /// Units whose plans are the same in every reported number (names aside).
 bool samePlan(const UnitReport& a, const UnitReport& b) {
-  if (a.numel != b.numel || a.shard_elems != b.shard_elems || a.lower_bound_elems != b.lower_bound_elems ||
+  if (a.numel != b.numel || a.devices != b.devices || a.shard_elems != b.shard_elems || a.lower_bound_elems != b.lower_bound_elems ||
       a.padding_elems != b.padding_elems || a.split_blocks != b.split_blocks || a.fsdp2 != b.fsdp2 ||
       a.fsdp1 != b.fsdp1 || a.zero3 != b.zero3 || a.megatron != b.megatron || a.tensors.size() != b.tensors.size() ||
       a.diagnosis.has_value() != b.diagnosis.has_value()) {
@@ -114,7 +114,8 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
     const UnitReport& unit = report.units[run.first];
     if (!unit.diagnosis) continue;
     const DiagnosisReport& diagnosis = *unit.diagnosis;
-    const std::int64_t ideal = ceilDiv(unit.numel, std::max<std::int64_t>(report.devices, 1));
+    const std::int64_t ideal =
+        ceilDiv(unit.numel, std::max<std::int64_t>(unit.devices > 0 ? unit.devices : report.devices, 1));
     text +=
         "  " + runName(report, run) + ": bound S >= " + std::to_string(unit.lower_bound_elems) + " is " +
         fixed(static_cast<double>(unit.lower_bound_elems) / static_cast<double>(std::max<std::int64_t>(ideal, 1)), 3) +
@@ -157,6 +158,18 @@ std::string bytesText(std::int64_t bytes) {
   return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 2) + " " + kUnits[unit];
 }
 
+/// `--tp / --ep`: what the units hold, and the granularities tensor parallelism makes impossible.
+void writeModelParallel(const ModelParallelReport& parallel, std::string& out) {
+  out += "\nComposed with tensor parallelism " + std::to_string(parallel.tp) + " and expert parallelism " +
+         std::to_string(parallel.ep) + ": each unit is what one rank holds (the Megatron plan's chunks; a unit's "
+         "routed experts, an ep rank's, sharded over devices / ep ranks)\n";
+  constexpr std::size_t kShown = 8;
+  for (std::size_t i = 0; i < parallel.diagnoses.size() && i < kShown; ++i) out += "  " + parallel.diagnoses[i] + "\n";
+  if (parallel.diagnoses.size() > kShown) {
+    out += "  ... and " + std::to_string(parallel.diagnoses.size() - kShown) + " more (--format json lists all)\n";
+  }
+}
+
 /// The `--merge auto` summary: what merging cost and what it bought.
 void writeMerge(const MergeReport& merge, std::string& out) {
   const std::int64_t merged_away = merge.units - static_cast<std::int64_t>(merge.runs.size());
@@ -197,37 +210,48 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
   const std::int64_t devices = report.devices;
   std::vector<std::vector<std::string>> rows;
   const std::vector<Run> runs = runsOf(report, options.summary);
-  // Sums of S over units: elements per rank for the whole model.
-  std::int64_t ours = 0, ours_split = 0, bound = 0;
+  // Sums of S over units: elements per rank for the whole model; volumes (V*S) for its inflation, V the
+  // unit's own ranks (a unit of routed experts under expert parallelism has fewer).
+  std::int64_t ours = 0, ours_split = 0, bound = 0, ours_volume = 0, bound_volume = 0;
   std::int64_t base_shard[4] = {0, 0, 0, 0};
   std::int64_t base_split[4] = {0, 0, 0, 0};
+  std::int64_t base_volume[4] = {0, 0, 0, 0};
   for (const Run& run : runs) {
     const UnitReport& unit = report.units[run.first];
     const BaselineReport* baselines[4] = {&unit.fsdp2, &unit.fsdp1, &unit.zero3, &unit.megatron};
     double plan_us = 0;
     for (std::size_t u = run.first; u < run.first + run.count; ++u) plan_us += report.units[u].plan_us;
     const auto count = static_cast<std::int64_t>(run.count);
+    const std::int64_t unit_devices = unit.devices > 0 ? unit.devices : devices;
     std::vector<std::string> row = {runName(report, run), std::to_string(unit.numel)};
-    addBaselineCells(row, devices, unit.shard_elems, unit.split_blocks, unit.numel);
+    addBaselineCells(row, unit_devices, unit.shard_elems, unit.split_blocks, unit.numel);
     row.push_back(std::to_string(unit.lower_bound_elems));
-    row.push_back(inflationOf(devices, unit.lower_bound_elems, unit.numel));
+    row.push_back(inflationOf(unit_devices, unit.lower_bound_elems, unit.numel));
     for (int b = 0; b < 4; ++b) {
-      addBaselineCells(row, devices, baselines[b]->shard_elems, baselines[b]->split_blocks, unit.numel);
+      addBaselineCells(row, unit_devices, baselines[b]->shard_elems, baselines[b]->split_blocks, unit.numel);
       base_shard[b] += count * baselines[b]->shard_elems;
       base_split[b] += count * baselines[b]->split_blocks;
+      base_volume[b] += count * unit_devices * baselines[b]->shard_elems;
     }
     row.push_back(timeText(plan_us));
     rows.push_back(std::move(row));
     ours += count * unit.shard_elems;
     ours_split += count * unit.split_blocks;
     bound += count * unit.lower_bound_elems;
+    ours_volume += count * unit_devices * unit.shard_elems;
+    bound_volume += count * unit_devices * unit.lower_bound_elems;
   }
   const std::int64_t numel = report.total.numel;
   std::vector<std::string> total = {"TOTAL", std::to_string(numel)};
-  addBaselineCells(total, devices, ours, ours_split, numel);
+  const auto add_total = [&](std::int64_t shard, std::int64_t volume, std::int64_t split) {
+    total.push_back(std::to_string(shard));
+    total.push_back(inflationOf(1, volume, numel));
+    total.push_back(std::to_string(split));
+  };
+  add_total(ours, ours_volume, ours_split);
   total.push_back(std::to_string(bound));
-  total.push_back(inflationOf(devices, bound, numel));
-  for (int b = 0; b < 4; ++b) addBaselineCells(total, devices, base_shard[b], base_split[b], numel);
+  total.push_back(inflationOf(1, bound_volume, numel));
+  for (int b = 0; b < 4; ++b) add_total(base_shard[b], base_volume[b], base_split[b]);
   total.push_back(timeText(report.total.plan_ms * 1000.0));
 
   std::vector<std::size_t> widths(columns.size());
@@ -292,6 +316,7 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
   out += "\n";
   writeDiagnoses(report, runs, out);
   if (report.merge) writeMerge(*report.merge, out);
+  if (report.model_parallel) writeModelParallel(*report.model_parallel, out);
   return out;
 }
 

@@ -78,6 +78,10 @@ struct UnitReport {
   bool proven_optimal = false;  ///< S is optimal over all orders (see planner SearchResult)
   double inflation = 0;         ///< devices * shard_elems / numel
   std::optional<DiagnosisReport> diagnosis;
+  /// Ranks sharing this unit: the report's `devices`, except a unit of routed
+  /// experts under expert parallelism (devices / ep). JSON: written only where
+  /// it differs from the report's.
+  std::int64_t devices = 0;
   friend bool operator==(const UnitReport&, const UnitReport&) = default;
 };
 
@@ -121,6 +125,15 @@ struct MergeReport {
 
 [[nodiscard]] MergeReport makeMergeReport(const planner::MergePlan& plan);
 
+/// `dbuf-plan --tp / --ep`: the units are what one rank holds (planner/model_parallel.hpp).
+struct ModelParallelReport {
+  std::int64_t tp = 1;
+  std::int64_t ep = 1;
+  /// Granularities tensor parallelism makes impossible (planner::tensorParallelDiagnoses).
+  std::vector<std::string> diagnoses;
+  friend bool operator==(const ModelParallelReport&, const ModelParallelReport&) = default;
+};
+
 struct PlanReport {
   std::int64_t devices = 1;
   std::string granularity = "element";  ///< the default rule, as written
@@ -132,6 +145,7 @@ struct PlanReport {
   std::int64_t align_bytes = 16;
   /// Set with `--merge auto`: `units` are then the merged units.
   std::optional<MergeReport> merge;
+  std::optional<ModelParallelReport> model_parallel;
   friend bool operator==(const PlanReport&, const PlanReport&) = default;
 };
 
