@@ -7,7 +7,9 @@ Mixtral-8x7B, GPT-OSS 20B / 120B, DeepSeek-V3), runs ``dbuf-plan --tp T --ep E
 --devices V --format json``: every unit as one rank holds it (the Megatron
 plan's tp chunks; a unit's routed experts, one ep rank's, sharded over V / E
 ranks, torchtitan's layout), planned by dbuf and laid out by FSDP2's and
-Megatron-FSDP's formulas on the same tensors (planner/baselines.hpp). Prints
+Megatron-FSDP's formulas on the same tensors (planner/baselines.hpp; FSDP2's
+experts on dim 1 where a rank would hold fewer experts than there are dp
+ranks, as torchtitan's shard_placement_fn does). Prints
 the whole model's all-gather volume over its elements (sum of V_unit * S
 over N) for each, at tp 8 and ep 1 (dense models) or ep 8 to 64 (where ep
 divides the experts and V), and the worst unit's. Deterministic: no timing.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -32,6 +35,14 @@ MODELS = {
 LAYOUTS = (("dbuf", None), ("FSDP2", "fsdp2"), ("Megatron-FSDP", "megatron"))
 
 
+def torchtitan_experts_shard(unit: dict, devices: int) -> int | None:
+    """FSDP2's S for a unit of experts where torchtitan shards them on dim 1 (fewer experts than dp ranks)."""
+    shapes = [tensor["shape"] for tensor in unit["tensors"]]
+    if ".experts" not in unit["name"] or all(shape[0] >= devices for shape in shapes):
+        return None
+    return sum(-(-shape[1] // devices) * (math.prod(shape) // shape[1]) for shape in shapes)
+
+
 def volumes(report: dict) -> dict[str, tuple[float, float]]:
     """(whole-model inflation, worst unit's) per layout."""
     out = {}
@@ -40,6 +51,8 @@ def volumes(report: dict) -> dict[str, tuple[float, float]]:
         for unit in report["units"]:
             devices = unit.get("devices", report["devices"])
             shard = unit["shard_elems"] if key is None else unit["baselines"][key]["shard_elems"]
+            if key == "fsdp2":
+                shard = torchtitan_experts_shard(unit, devices) or shard
             total += devices * shard
             worst = max(worst, devices * shard / unit["numel"])
         out[label] = (total / report["total"]["numel"], worst)

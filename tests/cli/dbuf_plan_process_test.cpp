@@ -467,6 +467,65 @@ TEST(CliJson, MergeAutoReportsTheMergedUnitsAndRoundTrips) {
   EXPECT_FALSE(Json::parse(plain.out, nullptr, false).contains("merge"));
 }
 
+// ------------------------------------------------------------ tensor / expert parallelism --
+
+TEST(CliJson, TensorAndExpertParallelUnitsAreWhatOneRankHolds) {
+  const ChildResult result = plan({"--model", kModels + "/gpt-oss-20b.json", "--devices", "64", "--tp", "8", "--ep",
+                                   "8", "--format", "json"});
+  expectOk(result);
+  const plan_io::PlanReport report = readJsonOutput(result);
+  EXPECT_EQ(plan_io::writePlanJson(report), result.out);
+  ASSERT_TRUE(report.model_parallel.has_value());
+  EXPECT_EQ(report.model_parallel->tp, 8);
+  EXPECT_EQ(report.model_parallel->ep, 8);
+  std::int64_t volume = 0;
+  bool saw_experts = false;
+  for (const plan_io::UnitReport& unit : report.units) {
+    volume += unit.devices * unit.shard_elems;
+    if (unit.name == "layers.0.experts") {
+      saw_experts = true;
+      EXPECT_EQ(unit.devices, 8);  // 64 dp ranks / ep 8
+      EXPECT_EQ(unit.tensors.front().shape, (std::vector<std::int64_t>{4, 2880, 5760}));  // 32 experts / 8, whole
+    }
+    if (unit.name == "layers.0") {
+      EXPECT_EQ(unit.devices, 64);
+      EXPECT_TRUE(std::none_of(unit.tensors.begin(), unit.tensors.end(),
+                               [](const auto& t) { return t.name.find(".experts.") != std::string::npos; }));
+      const auto q = std::find_if(unit.tensors.begin(), unit.tensors.end(),
+                                  [](const auto& t) { return t.name.ends_with("q_proj.weight"); });
+      ASSERT_NE(q, unit.tensors.end());
+      EXPECT_EQ(q->shape, (std::vector<std::int64_t>{512, 2880}));  // 4096 rows over tp 8
+    }
+  }
+  EXPECT_TRUE(saw_experts);
+  EXPECT_EQ(volume, report.total.allgather_elems);
+}
+
+TEST(CliTable, UnevenTensorParallelChunksAreReportedPerTpRankWithWhatTpMakesImpossible) {
+  const TempDir dir;
+  const std::string model =
+      dir.write("model.json", modelWith(R"([{"name": "a.q_proj.weight", "shape": [96, 64], "dtype": "bf16"},
+                                            {"name": "a.o_proj.weight", "shape": [64, 96], "dtype": "bf16"}])"));
+  const ChildResult result = plan({"--model", model, "--devices", "4", "--tp", "5", "--granularity", "rows:16"});
+  expectOk(result);
+  // torch.chunk(96, 5): 20 rows for tp ranks 0-3, 16 for tp rank 4.
+  EXPECT_NE(result.out.find("blk@tp0-3"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("blk@tp4"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("'rows:16' keeps bands of 16 rows, but tensor parallelism cuts dim 0 (96) over 5 ranks: "
+                            "tp rank 0 holds 20 rows"),
+            std::string::npos)
+      << result.out;
+}
+
+TEST(CliUsage, ExpertParallelMustDivideTheRanksAndTheExperts) {
+  expectBadInput(plan({"--model", kLlama, "--devices", "12", "--ep", "8"}), {"--ep 8 does not divide --devices 12"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--tp", "2", "--merge", "auto", "--unsharded-budget",
+                       "1GiB"}),
+                 {"--merge auto does not take --tp / --ep"});
+  expectBadInput(plan({"--model", kModels + "/mixtral-8x7b.json", "--devices", "48", "--ep", "3"}),
+                 {"mixtral-8x7b.json", "layers.0", "ep 3 does not divide its 8 experts"});
+}
+
 TEST(CliTable, MergeAutoShowsTheMergedUnitsAndWhatMergingCost) {
   std::vector<std::string> args = kMergedLlama;
   args.push_back("--summary");
