@@ -27,5 +27,9 @@ if [[ -x "$python" ]]; then
   DBUF_DAEMON="$daemon" "$python" python/bench/checkpoint_bench.py
   echo "== python: a trainer written for FSDP2 (transformers Llama, 4 ranks), AC and compile: dbuf vs FSDP2 step time, peak memory =="
   DBUF_DAEMON="$daemon" "$python" python/bench/trainer_bench.py
+  echo "== python: FSDP with TP / EP (4 ranks, dp2 x tp2 and ep2 x dp2): dbuf vs FSDP2 all-gather bytes, peak unsharded parameters =="
+  DBUF_DAEMON="$daemon" "$python" python/bench/parallel_bench.py
+  echo "== planner: FSDP composed with TP 8 and EP 8-64 on the bundled models: all-gather inflation vs FSDP2's and Megatron-FSDP's formulas =="
+  "$python" python/bench/parallel_plan_bench.py --dbuf-plan "$build_dir/bin/dbuf-plan"
   if [[ $EUID -eq 0 ]]; then echo "== python: a job across 2 nodes (network namespaces, 1 Gbit/s links): dbuf vs gloo all-gather / reduce-scatter, time and bytes on the wire =="; DBUF_DAEMON="$daemon" "$python" python/bench/multinode_bench.py --quick; fi
 fi

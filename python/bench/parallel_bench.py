@@ -13,10 +13,13 @@ ep 2 x dp 2 (experts Shard(0) over ep, the rest HSDP). Per layout, per step
   parameter groups) against dbuf's (V*S of each unit's planned buffer);
 * peak unsharded parameters: the most bytes of gathered parameters a rank
   held at once (FSDP2's groups from unshard to reshard, dbuf's slots). dbuf
-  runs with ``DBUF_PREFETCH_DEPTH=1``, FSDP2's one unit of prefetch (its
-  default of 2 holds one unit more, for overlap); the MoE with 2, as its
-  experts are a unit nested in their layer's (root, layer and experts
-  gathered at once take three slots).
+  runs with its default prefetch depth (2: up to two units gathered ahead
+  of the one computing) and with 1 (one ahead, FSDP2's backward prefetch;
+  not the MoE, whose experts are a unit nested in their layer's: root,
+  layer and experts gathered at once take three slots). FSDP2 on CPU
+  gathers a unit ahead in backward only (forward's prefetch is implicit in
+  its CUDA streams), so the figure depends on the prefetch policy as much
+  as on the layout; all-gather bytes do not.
 
 Both figures are counts, not timings: one run per layout. Checks that the
 losses agree (they are bit for bit equal at these degrees, see
@@ -38,18 +41,19 @@ from conftest import run_ranks  # noqa: E402
 
 from dbuf.testing import Daemon  # noqa: E402
 
-# (flags, dbuf's prefetch depth): FSDP2's one unit ahead; the MoE's experts are a unit inside their
-# layer's, so the root, a layer and its experts are held at once: three slots, no room to prefetch.
+# (flags, the least prefetch depth dbuf runs it with): the MoE's experts are a unit inside their layer's,
+# so the root, a layer and its experts are held at once: three slots.
 LAYOUTS = {
     "dp2 x tp2, Llama": (["--model", "llama", "--tp", "2"], 1),
     "dp2 x tp2 + SP, Llama, bf16": (["--model", "llama", "--tp", "2", "--sp", "--mp", "bf16"], 1),
     "ep2 x dp2, Qwen3-MoE": (["--model", "qwen3moe", "--ep", "2"], 2),
 }
+DEFAULT_DEPTH = 2  # dbuf.torch's default prefetch_depth
 
 
 def one_run(daemon, tmp: Path, backend: str, world: int, flags: list[str], tag: str, depth: int) -> dict:
     out = tmp / f"{backend}-{tag}"
-    env = {"DBUF_FSDP": "1" if backend == "dbuf" else "0", "DBUF_PREFETCH_DEPTH": str(depth)}
+    env = {"DBUF_FSDP": "1" if backend == "dbuf" else "0", "DBUF_PREFETCH_DEPTH": str(depth)}  # (dbuf's only)
     run_ranks("trainer_parallel.py", world, daemon.socket, str(out), "--backend", backend, *flags,
               job=f"bench-{backend}-{tag}", env=env, timeout=1800)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
@@ -74,22 +78,22 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir, Daemon(timeouts={"collective_ms": 60000,
                                                                     "register_ms": 60000}) as daemon:
-        for index, (name, (flags, depth)) in enumerate(LAYOUTS.items()):
-            runs = {backend: one_run(daemon, Path(tmp_dir), backend, args.world, model + flags, f"{index}", depth)
-                    for backend in ("fsdp2", "dbuf")}
-            if runs["dbuf"]["losses"][0] != runs["fsdp2"]["losses"][0]:
-                sys.exit(f"{name}: the first losses differ: dbuf {runs['dbuf']['losses']}, FSDP2 "
-                         f"{runs['fsdp2']['losses']}")
-            rows.append((name, runs["fsdp2"], runs["dbuf"]))
-            print(f"{name}: FSDP2 {runs['fsdp2']}, dbuf {runs['dbuf']}", flush=True)
+        for index, (name, (flags, least_depth)) in enumerate(LAYOUTS.items()):
+            fsdp2 = one_run(daemon, Path(tmp_dir), "fsdp2", args.world, model + flags, f"{index}", DEFAULT_DEPTH)
+            for depth in sorted({DEFAULT_DEPTH, least_depth}, reverse=True):
+                dbuf = one_run(daemon, Path(tmp_dir), "dbuf", args.world, model + flags, f"{index}-{depth}", depth)
+                if dbuf["losses"][0] != fsdp2["losses"][0]:
+                    sys.exit(f"{name}: the first losses differ: dbuf {dbuf['losses']}, FSDP2 {fsdp2['losses']}")
+                rows.append((name, depth, fsdp2, dbuf))
+                print(f"{name}: FSDP2 {fsdp2}, dbuf (prefetch depth {depth}) {dbuf}", flush=True)
     print(f"\n{args.world} ranks; hidden {args.hidden}, intermediate {args.intermediate}, {args.layers} layers. "
           f"dbuf / FSDP2 per step (largest rank):")
-    print(f"{'layout':<30} {'all-gather KiB':>22} {'ratio':>6} {'peak unsharded KiB':>22} {'ratio':>6}")
-    for name, fsdp2, dbuf in rows:
+    print(f"{'layout':<30} {'depth':>5} {'all-gather KiB':>22} {'ratio':>6} {'peak unsharded KiB':>20} {'ratio':>6}")
+    for name, depth, fsdp2, dbuf in rows:
         gather = f"{dbuf['all_gather_bytes'] / 1024:.1f} / {fsdp2['all_gather_bytes'] / 1024:.1f}"
         peak = f"{dbuf['peak_unsharded_bytes'] / 1024:.1f} / {fsdp2['peak_unsharded_bytes'] / 1024:.1f}"
-        print(f"{name:<30} {gather:>22} {dbuf['all_gather_bytes'] / fsdp2['all_gather_bytes']:>6.3f} "
-              f"{peak:>22} {dbuf['peak_unsharded_bytes'] / fsdp2['peak_unsharded_bytes']:>6.3f}")
+        print(f"{name:<30} {depth:>5} {gather:>22} {dbuf['all_gather_bytes'] / fsdp2['all_gather_bytes']:>6.3f} "
+              f"{peak:>20} {dbuf['peak_unsharded_bytes'] / fsdp2['peak_unsharded_bytes']:>6.3f}")
 
 
 if __name__ == "__main__":

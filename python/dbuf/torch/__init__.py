@@ -26,7 +26,7 @@ from ._fully_shard import MixedPrecisionPolicy, fully_shard, units
 from ._module import DBufModule
 from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info
 from ._ragged import RaggedShard, ShardInfo, StridedRaggedShard
-from ._session import Session, default_session, destroy, init, is_initialized
+from ._session import Session, default_session, destroy, init, is_initialized, sessions
 from ._state_dict import LocalShard, get_model_state_dict, set_model_state_dict
 from ._wrap import WrappedUnit, auto_wrap
 
@@ -51,6 +51,7 @@ __all__ = [
     "init",
     "is_initialized",
     "local_elements",
+    "sessions",
     "shard_info",
     "units",
 ]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, overload
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
@@ -24,7 +23,7 @@ from torch.distributed.tensor import DTensor, Shard
 from ._dtensor import RaggedDTensor
 from ._hooks import Hooks
 from ._module import mix_in, units_of
-from ._session import Session, default_session, init_dp_slice, init_replica, is_initialized
+from ._session import Session, default_session, init_replica, is_initialized, session_for_ranks
 from ._unit import Reduction, Unit
 
 Granularity = str | Callable[[str, nn.Parameter], str | None]
@@ -179,6 +178,7 @@ def fully_shard(
         hsdp=mesh is not None and mesh.ndim == 2,
     )
     session.units.append(unit)
+    session.passes.units.append(unit)
     for _, param, _ in params:
         session.claim(param, unit)
     hooks = Hooks(unit)
@@ -203,7 +203,8 @@ def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
     if mesh is not None and mesh.ndim == 2:
         if session is None:
             replica = mesh.get_coordinate()[0]
-            session = default_session() if is_initialized() else init_replica(replica, mesh.mesh[replica].tolist())
+            shard_ranks = mesh.mesh[replica].tolist()
+            session = session_for_ranks(shard_ranks) if is_initialized() else init_replica(replica, shard_ranks)
         session.adopt_hsdp_mesh(mesh)
         return session
     if mesh is not None and mesh.ndim != 1:
@@ -212,18 +213,12 @@ def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
             f"expert parallel dims) or HSDP's 2-D (replicate, shard) mesh; got a {mesh.ndim}-D mesh "
             f"{tuple(mesh.shape)}"
         )
-    if session is None and mesh is not None and not is_initialized() and _is_slice(mesh):
-        session = init_dp_slice(mesh.mesh.flatten().tolist())
-    session = session if session is not None else default_session()
+    if session is None:
+        # A mesh of other ranks than the default session's is another dbuf job (a dp slice beside TP / EP).
+        session = default_session() if mesh is None else session_for_ranks(mesh.mesh.flatten().tolist())
     if mesh is not None:
         session.adopt_mesh(mesh)
     return session
-
-
-def _is_slice(mesh: DeviceMesh) -> bool:
-    """Whether a 1-D mesh holds some of the launch's ranks only (a dim of a larger mesh: dp beside TP / EP)."""
-    world = dist.get_world_size() if dist.is_initialized() else mesh.size()
-    return mesh.mesh.flatten().tolist() != list(range(world))
 
 
 def _check_offload(session: Session, offload_policy: OffloadPolicy | None) -> None:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ._session import Session
+from ._session import PassState
 from ._unit import Unit
 
 class _PostBackward(torch.autograd.Function):
@@ -68,7 +68,7 @@ class Hooks:
 
     def __init__(self, unit: Unit) -> None:
         self.unit = unit
-        self.session: Session = unit.session
+        self.passes: PassState = unit.session.passes
         # What DBufModule.__call__ runs: never traced by torch.compile (see there).
         self.eager_pre_forward = torch._dynamo.disable(self.pre_forward, recursive=True,
                                                        reason="dbuf.torch's FSDP hooks")
@@ -78,18 +78,18 @@ class Hooks:
     # forward
 
     def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
-        unit, session = self.unit, self.session
+        unit, passes = self.unit, self.passes
         if _in_backward():
             return self._pre_recompute(args, kwargs)
-        if session.forwards_running == 0:
-            if session.root is None:
-                session.root = unit
-            if unit is session.root:
+        if passes.forwards_running == 0:
+            if passes.root is None:
+                passes.root = unit
+            if unit is passes.root:
                 self._start_iteration()
         first_call = not unit.forward_ran
         if not unit.inside:
             self._enter(first_call)
-        session.forwards_running += 1
+        passes.forwards_running += 1
         if unit.cast_forward_inputs:
             args, kwargs = _cast(args, unit.param_dtype), _cast(kwargs, unit.param_dtype)
         if torch.is_grad_enabled():
@@ -112,8 +112,8 @@ class Hooks:
         its own through this recompute: the unit's backward happens there,
         routed and hooked as a forward would be.
         """
-        unit, session = self.unit, self.session
-        _begin_backward(session)
+        unit, passes = self.unit, self.passes
+        _begin_backward(passes)
         reentrant = not unit.pre_backward_done and torch.is_grad_enabled()
         unit.recomputing = True
         unit.unshard()
@@ -126,33 +126,33 @@ class Hooks:
         return args, kwargs
 
     def _start_iteration(self) -> None:
-        session = self.session
-        if session.in_backward:
-            _recover_from_an_unfinished_backward(session)
-        if session.forward_order:
-            session.order_recorded = True  # the first iteration's
-        for unit in session.units:
+        passes = self.passes
+        if passes.in_backward:
+            _recover_from_an_unfinished_backward(passes)
+        if passes.forward_order:
+            passes.order_recorded = True  # the first iteration's
+        for unit in passes.units:
             unit.forward_ran = False
 
     def _enter(self, first_call: bool) -> None:
-        unit, session = self.unit, self.session
+        unit, passes = self.unit, self.passes
         unit.unshard()
         unit.use_unsharded()
         unit.inside = True
         unit.forward_ran = True
         if first_call:
-            if not session.order_recorded and unit not in session.forward_order:
-                session.forward_order.append(unit)
-            self._prefetch(unit.forward_prefetch, session.forward_order)
+            if not passes.order_recorded and unit not in passes.forward_order:
+                passes.forward_order.append(unit)
+            self._prefetch(unit.forward_prefetch, passes.forward_order)
 
     def post_forward(self, module: nn.Module, args: tuple, output: Any):
         # Runs when the forward raised too (then output is None and an
         # exception is being handled), so that a caught error leaves the unit
         # resharded and the counts right.
-        unit, session = self.unit, self.session
+        unit, passes = self.unit, self.passes
         if unit.recomputing and _in_backward():
             return self._post_recompute(output)
-        session.forwards_running -= 1
+        passes.forwards_running -= 1
         unit.modules_done.add(id(module))
         failed = sys.exc_info()[1] is not None and output is None
         grad = torch.is_grad_enabled()
@@ -161,18 +161,18 @@ class Hooks:
         if failed or len(unit.modules_done) == len(unit.modules):
             _leave(unit, failed)
         # (else a grouped unit whose other modules are still to run)
-        if session.forwards_running == 0:
+        if passes.forwards_running == 0:
             # The top-level call returns: a grouped unit some of whose modules
             # did not run in it (torchtitan's [norm, lm_head] with lm_head
             # applied by the loss) is done with this forward too.
-            for pending in [u for u in session.units if u.inside]:
+            for pending in [u for u in passes.units if u.inside]:
                 _leave(pending, failed)
             if failed:
                 # No backward will come for a forward that raised: its
                 # calls no longer count for the next backward's reductions.
-                for routed in session.pass_routes:
+                for routed in passes.pass_routes:
                     routed.routed_calls -= 1
-            session.pass_routes.clear()
+            passes.pass_routes.clear()
         if unit.output_dtype is not None and not failed:
             output = _cast(output, unit.output_dtype)
         return output
@@ -200,7 +200,7 @@ class Hooks:
             return args, kwargs  # no gradient reaches this call's inputs: the end of backward reduces
         self.unit.routed_calls += 1
         if count_in_pass:
-            self.session.pass_routes.append(self.unit)
+            self.passes.pass_routes.append(self.unit)
         routed = _PostBackward.apply(self.unit, *(flat[i] for i in positions))
         for i, tensor in zip(positions, routed):
             flat[i] = tensor
@@ -215,21 +215,21 @@ class Hooks:
     # backward
 
     def _pre_backward(self, grad: torch.Tensor) -> None:
-        unit, session = self.unit, self.session
+        unit, passes = self.unit, self.passes
         task = torch._C._current_graph_task_id()
-        if session.in_backward and session.backward_task != task and not unit.recomputing:
+        if passes.in_backward and passes.backward_task != task and not unit.recomputing:
             # A new backward while the last one never reached its end: it raised.
-            _recover_from_an_unfinished_backward(session)
+            _recover_from_an_unfinished_backward(passes)
         # (A unit recomputed by reentrant checkpointing runs its backward in a task nested in the
         # one that began this backward: that one's end finishes both.)
-        _begin_backward(session)
+        _begin_backward(passes)
         if unit.pre_backward_done:
             return
         unit.pre_backward_done = True
         unit.unshard()
         unit.use_unsharded()  # activation checkpointing recomputes with what the modules hold
         unit.prepare_gradients()
-        self._prefetch(unit.backward_prefetch, list(reversed(session.post_forward_order)))
+        self._prefetch(unit.backward_prefetch, list(reversed(passes.post_forward_order)))
 
     def _prefetch(self, explicit: list[Unit] | None, order: list[Unit]) -> None:
         """Starts gathering the unit after this one in `order` (or the explicit ones), if a slot is free."""
@@ -259,12 +259,12 @@ def _run_all(steps: list[Callable[[], None]]) -> None:
 
 def _leave(unit: Unit, failed: bool) -> None:
     """The unit's forward is over: sharded parameters back on the modules, the slot given back unless kept."""
-    session = unit.session
+    passes = unit.session.passes
     unit.modules_done = set()
     unit.inside = False
     unit.use_sharded()
-    if not session.order_recorded and unit not in session.post_forward_order:
-        session.post_forward_order.append(unit)
+    if not passes.order_recorded and unit not in passes.post_forward_order:
+        passes.post_forward_order.append(unit)
     if failed or not torch.is_grad_enabled() or _reshards_after_forward(unit):
         unit.reshard()
 
@@ -273,37 +273,38 @@ def _reshards_after_forward(unit: Unit) -> bool:
     if unit.reshard_after_forward is None:
         # FSDP2's heuristic: the root's parameters would be gathered again
         # at once for backward, so it keeps them.
-        return unit is not unit.session.root
+        return unit is not unit.session.passes.root
     return bool(unit.reshard_after_forward)
 
 
-def _begin_backward(session: Session) -> None:
+def _begin_backward(passes: PassState) -> None:
     """The first unit of a backward: the end-of-backward callback, once per backward (on the engine's graph task)."""
-    if session.in_backward:
+    if passes.in_backward:
         return
-    session.in_backward = True
-    session.backward_task = torch._C._current_graph_task_id()
-    session.order_recorded = True
-    torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_of_backward(session))
+    passes.in_backward = True
+    passes.backward_task = torch._C._current_graph_task_id()
+    passes.order_recorded = True
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_of_backward(passes))
 
 
-def _end_of_backward(session: Session) -> None:
+def _end_of_backward(passes: PassState) -> None:
     """Reduces what no post-backward reduced, waits, sets the sharded gradients, gives the slots back."""
     # Only the units this backward reached: the others' forwards still wait for a backward of their own
     # (torchtitan's chunked loss runs lm_head's backward per chunk before the decoder's).
-    reached = [unit for unit in session.units if unit.in_this_backward]
+    reached = [unit for unit in passes.units if unit.in_this_backward]
     # In backward's order where the first iteration recorded it; units made since, after those.
-    order = [*reversed(session.post_forward_order), *(u for u in reached if u not in session.post_forward_order)]
+    order = [*reversed(passes.post_forward_order), *(u for u in reached if u not in passes.post_forward_order)]
     steps = [
         *(unit.reduce_gradients for unit in order if unit.pre_backward_done),
         *(unit.finish_backward for unit in reached),
     ]
     try:
         _run_all(steps)
-        _run_all([unit.reshard for unit in list(session.slot_holders) if unit.reshard_after_backward])
-        session.collect()
+        _run_all([unit.reshard for unit in passes.units if unit.holds_slot and unit.reshard_after_backward])
+        for session in passes.sessions():
+            session.collect()
     finally:
-        session.in_backward, session.backward_task = False, None
+        passes.in_backward, passes.backward_task = False, None
 
 
 def _in_backward() -> bool:
@@ -311,25 +312,25 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _recover_from_an_unfinished_backward(session: Session) -> None:
+def _recover_from_an_unfinished_backward(passes: PassState) -> None:
     """A backward raised before its end (its callback never ran): drop its gradients, give the slots back."""
     warnings.warn(
         "dbuf.torch: the previous backward did not finish (it raised); its gradients are dropped", stacklevel=3
     )
-    reset_iteration(session)
+    reset_iteration(passes)
 
 
-def reset_iteration(session: Session) -> None:
+def reset_iteration(passes: PassState) -> None:
     """Every unit out of its forward / backward: gradients in flight dropped, slots given back, passes reset."""
-    for unit in session.units:
+    for unit in passes.units:
         if unit.inside:
             unit.inside = False
             unit.use_sharded()
-    session.forwards_running = 0
-    session.pass_routes.clear()
+    passes.forwards_running = 0
+    passes.pass_routes.clear()
     try:
-        _run_all([unit.abandon_backward for unit in session.units])
+        _run_all([unit.abandon_backward for unit in passes.units])
     finally:
-        session.in_backward, session.backward_task = False, None
+        passes.in_backward, passes.backward_task = False, None
 
 

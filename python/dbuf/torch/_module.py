@@ -76,7 +76,7 @@ class DBufModule(FSDPModule):
 
     def reset_iter_state(self) -> None:
         """After a forward or backward that raised: gradients of the failed iteration dropped, every unit resharded."""
-        reset_iteration(self._dbuf_unit.session)
+        reset_iteration(self._dbuf_unit.session.passes)
 
     # ------------------------------------------------------------ backward
 

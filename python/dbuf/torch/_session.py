@@ -1,12 +1,15 @@
 """The process's connection to dbufd as dbuf.torch uses it (like torch.distributed's default group).
 
-A :class:`Session` is one attached :class:`dbuf.Client` plus what every unit of
-the process shares: the pool of unsharded slots (``prefetch_depth + 1`` of
-them, as dbufd gives each rank), the order units ran in (for prefetching), the
-backward pass in progress, and a small fp32 staging group for exact transfers
+A :class:`Session` is one attached :class:`dbuf.Client` (one dbuf job) plus what
+its units share: the pool of unsharded slots (``prefetch_depth + 1`` of them,
+as dbufd gives each rank), a small fp32 staging group for exact transfers
 (full state dicts), and the job's ``DeviceMesh`` that its parameters, as
 RaggedShard DTensors, live on. ``init()`` makes the default session;
 ``fully_shard`` uses it, creating it from torchrun's environment on first use.
+A process whose fully_shard calls name meshes of other ranks (a dp slice
+beside tensor or expert parallelism) holds a session per set of ranks
+(:func:`session_for_ranks`); all of them share one :class:`PassState`, the
+order units ran in (for prefetching) and the pass in progress.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import os
 import weakref
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,6 +73,43 @@ class Stats:
     peak_unsharded_bytes: int = 0
 
 
+@dataclass
+class PassState:
+    """The forward and backward passes of a process's units, whichever dbuf job each belongs to.
+
+    One model's units may live in several jobs (expert parallelism: the
+    experts' units in a job of their dp slice, the rest in the whole
+    launch's), but they run in one forward and one backward: _hooks.py keeps
+    the order, the root and the backward in progress here, for all of them.
+    A session shares its PassState with the other sessions of its process
+    (see session_for_ranks).
+    """
+
+    units: list[Unit] = field(default_factory=list)  # every unit, in the order made
+    forward_order: list[Unit] = field(default_factory=list)  # units as the first forward entered them
+    post_forward_order: list[Unit] = field(default_factory=list)  # as it left them: backward runs them in reverse
+    order_recorded: bool = False
+    root: Unit | None = None  # the unit whose forward encloses the pass's others
+    in_backward: bool = False
+    backward_task: int | None = None  # the autograd graph task of the backward in progress
+    forwards_running: int = 0
+    pass_routes: list[Unit] = field(default_factory=list)  # units whose inputs this top-level forward routed
+    #: The most bytes of unsharded slots the process held at once, over all its sessions (each session's
+    #: Stats has its own); reset_peak() starts a step.
+    peak_unsharded_bytes: int = 0
+
+    def sessions(self) -> list[Session]:
+        """The sessions (dbuf jobs) of the units, in the order their first unit was made."""
+        return list(dict.fromkeys(unit.session for unit in self.units))
+
+    def unsharded_bytes(self) -> int:
+        """Bytes of the unsharded slots the process's units hold now."""
+        return sum(unit.slot_bytes for unit in self.units if unit.holds_slot)
+
+    def reset_peak(self) -> None:
+        self.peak_unsharded_bytes = self.unsharded_bytes()
+
+
 class Session:
     """An attached client and the state its units share. Made by :func:`init`."""
 
@@ -83,9 +123,11 @@ class Session:
         local_rank: int,
         prefetch_depth: int,
         mesh: DeviceMesh | None = None,
+        passes: PassState | None = None,
     ) -> None:
         """``mesh``: the job's 1-D DeviceMesh (default: one over torch.distributed's default process group,
-        made on first use; see :attr:`mesh`)."""
+        made on first use; see :attr:`mesh`). ``passes``: the forward / backward state shared with the
+        process's other sessions (default: its own)."""
         self.client = client
         self.job = job
         self.rank = rank
@@ -94,16 +136,9 @@ class Session:
         self.slots = prefetch_depth + 1
         #: GPU of this session's memory (None: host memory, dbufd's host backend).
         self.device: int | None = client.device
-        self.units: list[Unit] = []
+        self.units: list[Unit] = []  # this job's units (passes.units holds every session's)
+        self.passes = passes if passes is not None else PassState()
         self.slot_holders: list[Unit] = []  # units holding an unsharded slot, oldest first
-        self.forward_order: list[Unit] = []  # units as the first forward entered them
-        self.post_forward_order: list[Unit] = []  # as it left them: backward runs them in reverse
-        self.order_recorded = False
-        self.root: Unit | None = None  # the unit whose forward encloses the pass's others
-        self.in_backward = False
-        self.backward_task: int | None = None  # the autograd graph task of the backward in progress
-        self.forwards_running = 0
-        self.pass_routes: list[Unit] = []  # units whose inputs this top-level forward routed (see _fully_shard)
         self._staging: dbuf.Group | None = None
         self.stats = Stats()
         self._prefetch_stream = None
@@ -270,6 +305,9 @@ class Session:
     def hold_slot(self, unit: Unit) -> None:
         self.slot_holders.append(unit)
         self.stats.peak_unsharded_bytes = max(self.stats.peak_unsharded_bytes, self.unsharded_bytes)
+        passes = self.passes
+        held = self.unsharded_bytes if len(passes.sessions()) <= 1 else passes.unsharded_bytes()
+        passes.peak_unsharded_bytes = max(passes.peak_unsharded_bytes, held)
 
     def reset_step_stats(self) -> None:
         """Zeroes the counts; the peak starts from what is held now."""
@@ -381,6 +419,7 @@ def _ensure_process_group(session: Session) -> bool:
 
 
 _default: Session | None = None
+_others: list[Session] = []  # the process's further sessions (see session_for_ranks)
 
 
 def _store_from_env() -> str:
@@ -428,6 +467,15 @@ def init(
     global _default
     if _default is not None:
         raise dbuf.ConflictError("dbuf.torch is already initialised in this process (dbuf.torch.destroy() first)")
+    _default = _attach(job=job, rank=rank, world_size=world_size, local_rank=local_rank, socket=socket,
+                       device=device, prefetch_depth=prefetch_depth, persistent=persistent,
+                       local_world_size=local_world_size, store=store, timeout=timeout)
+    return _default
+
+
+def _attach(*, job, rank, world_size, local_rank=None, socket=None, device=None, prefetch_depth=None,
+            persistent=False, local_world_size=None, store=None, timeout=60.0, passes=None) -> Session:
+    """A session attached to dbufd with init()'s arguments and defaults; `passes` as Session's."""
     rank = rank if rank is not None else _env_int("RANK", 0)
     world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
     local_rank = local_rank if local_rank is not None else _env_int("LOCAL_RANK", 0)
@@ -452,10 +500,8 @@ def init(
     except BaseException:
         client.close()
         raise
-    _default = Session(
-        client, job=job, rank=rank, world_size=world_size, local_rank=local_rank, prefetch_depth=prefetch_depth
-    )
-    return _default
+    return Session(client, job=job, rank=rank, world_size=world_size, local_rank=local_rank,
+                   prefetch_depth=prefetch_depth, passes=passes)
 
 
 def default_session() -> Session:
@@ -463,28 +509,57 @@ def default_session() -> Session:
     return _default if _default is not None else init()
 
 
+def sessions() -> list[Session]:
+    """This process's sessions: the default one, then those of the other meshes fully_shard was given."""
+    return [] if _default is None else [_default, *_others]
+
+
 def init_replica(replica: int, ranks: list[int]) -> Session:
     """The default session of one HSDP replica: the job of its ranks (made by fully_shard's 2-D mesh).
 
     Its job id is the launch's with ``.replica<r>`` appended.
     """
-    return _init_slice(f"replica{replica}", ranks, "HSDP")
+    global _default
+    if _default is not None:
+        raise dbuf.ConflictError("dbuf.torch is already initialised in this process")
+    _default = _attach(**_slice_job(f"replica{replica}", ranks, "HSDP"))
+    _default.global_ranks = list(ranks)
+    return _default
 
 
-def init_dp_slice(ranks: list[int]) -> Session:
-    """The default session of a dp slice of a larger mesh (tensor / expert parallelism beside it).
+def session_for_ranks(ranks: list[int]) -> Session:
+    """The session of the dbuf job of these global ranks (fully_shard's 1-D mesh holds them), made if need be.
 
-    fully_shard's 1-D mesh holds these global ranks (``world_mesh["dp"]``):
-    they are one dbuf job, named after the launch's with ``.dp<first rank>-``
-    and a checksum of the ranks appended (every rank of the slice names it
-    alike, and no other slice does).
+    The launch's ranks are its job (the default session, as init() makes
+    it); a dp slice of a larger mesh (``world_mesh["dp"]`` beside tensor or
+    expert parallelism) is a job of its own, named after the launch's with
+    ``.dp<first rank>-`` and a checksum of the ranks appended (every rank of
+    the slice names it alike, and no other slice does). A process may hold
+    several (expert parallelism: the experts' dp slice and the whole
+    launch); the sessions after the first share its PassState, since their
+    units run in one forward and backward.
     """
-    checksum = zlib.crc32(",".join(map(str, ranks)).encode())
-    return _init_slice(f"dp{ranks[0]}-{checksum:08x}", ranks, "a dp mesh beside tensor / expert parallelism")
+    global _default
+    for session in sessions():
+        if session.global_ranks == list(ranks):
+            return session
+    world = dist.get_world_size() if dist.is_initialized() else _env_int("WORLD_SIZE", 1)
+    if list(ranks) == list(range(world)):
+        job = {"job": None, "rank": None, "world_size": None}  # init()'s: the launch's job
+    else:
+        checksum = zlib.crc32(",".join(map(str, ranks)).encode())
+        job = _slice_job(f"dp{ranks[0]}-{checksum:08x}", ranks, "a dp mesh beside tensor / expert parallelism")
+    session = _attach(**job, passes=_default.passes if _default is not None else None)
+    session.global_ranks = list(ranks)
+    if _default is None:
+        _default = session
+    else:
+        _others.append(session)
+    return session
 
 
-def _init_slice(suffix: str, ranks: list[int], what: str) -> Session:
-    """The default session of a job of some of the launch's ranks (this process's global rank among them).
+def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:
+    """_attach's job arguments for a job of some of the launch's ranks (this process's global rank among them).
 
     A one-node job where they lie within one node (``$LOCAL_WORLD_SIZE``
     ranks each), else one across nodes holding as many of them each.
@@ -496,7 +571,7 @@ def _init_slice(suffix: str, ranks: list[int], what: str) -> Session:
     if me not in ranks:
         raise dbuf.InternalError(f"rank {me} is not among the ranks {ranks} of its own mesh")
     per_node = _env_int("LOCAL_WORLD_SIZE", 0) or len(ranks)
-    per_node_counts = {}
+    per_node_counts: dict[int, int] = {}
     for rank in ranks:
         per_node_counts[rank // per_node] = per_node_counts.get(rank // per_node, 0) + 1
     counts = set(per_node_counts.values())
@@ -505,10 +580,8 @@ def _init_slice(suffix: str, ranks: list[int], what: str) -> Session:
             f"{what} with ranks {ranks} and {per_node} ranks per node: each node must hold as many of them"
         )
     local_world_size = 0 if len(per_node_counts) == 1 else counts.pop()
-    session = init(job=f"{job}.{suffix}", rank=ranks.index(me), world_size=len(ranks),
-                   local_world_size=local_world_size)
-    session.global_ranks = list(ranks)
-    return session
+    return {"job": f"{job}.{suffix}", "rank": ranks.index(me), "world_size": len(ranks),
+            "local_world_size": local_world_size}
 
 
 def is_initialized() -> bool:
@@ -517,8 +590,11 @@ def is_initialized() -> bool:
 
 
 def destroy() -> None:
-    """Detaches the default session (the daemon keeps persistent jobs' shards)."""
+    """Detaches the process's sessions (the daemon keeps persistent jobs' shards)."""
     global _default
-    if _default is not None:
-        session, _default = _default, None
+    if _default is None:
+        return
+    closing, _default = [_default, *_others], None
+    _others.clear()
+    for session in reversed(closing):
         session.close()

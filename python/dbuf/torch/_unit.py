@@ -10,7 +10,10 @@ A unit owns, for each of its parameters:
     over the whole tensor in the group's unsharded slot (the all-gather
     writes it), whose ``.grad`` is preset to the tensor's place in the slot's
     gradient region, so autograd accumulates the gradient straight into the
-    memory the reduce-scatter reads.
+    memory the reduce-scatter reads. Under tensor / expert parallelism the
+    group holds this rank's chunk of the tensor, the unsharded parameter is
+    that chunk as the parallel plan's DTensor, and its DTensor gradient is
+    copied into the slot before the reduce-scatter.
 A group's slot keeps one address for the group's life, so these tensors are
 made once; tensors autograd saved in forward see the parameters gathered again
 in backward, as FSDP2's resized storages do.

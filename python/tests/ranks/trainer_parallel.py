@@ -19,9 +19,10 @@ Expert parallelism: a transformers Qwen3-MoE; with ``--ep N`` the world is an
 computing its own experts for the tokens of the ep group (gathered, and the
 outputs reduce-scattered back: the all-gather dispatcher), and sharded by
 ``fully_shard`` over ``world_mesh["dp"]`` with the gradient divided by the
-world size (torchtitan's divide factor); the rest of the model is HSDP over
-the 2-D mesh (replicated over ep, sharded over dp), as torchtitan shards the
-non-expert parameters over ep's ranks too.
+world size (torchtitan's divide factor). The rest of the model is sharded
+over every rank (the (ep, dp) mesh flattened: torchtitan's ``dp_shard``),
+or with ``--ep-dense hsdp`` HSDP over the 2-D mesh (replicated over ep,
+sharded over dp).
 
 ``--save DIR``: after training, the model and the optimizer saved with
 torch.distributed.checkpoint (torch's ``get_state_dict``). ``--load DIR``: no
@@ -63,6 +64,8 @@ p.add_argument("--backend", choices=("dbuf", "fsdp2"), required=True)
 p.add_argument("--model", choices=("llama", "qwen3moe"), default="llama")
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--ep", type=int, default=1)
+p.add_argument("--ep-dense", choices=("shard", "hsdp"), default="shard",
+               help="with --ep: the non-expert parameters sharded over every rank (torchtitan's) or HSDP")
 p.add_argument("--sp", action="store_true", help="sequence parallel norms and activations (torchtitan's plan)")
 p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--steps", type=int, default=3)
@@ -198,7 +201,10 @@ class PeakUnsharded:
         if args.backend == "dbuf":
             import dbuf.torch
 
-            return dbuf.torch.default_session().stats.peak_unsharded_bytes // 2
+            passes = dbuf.torch.default_session().passes  # over every job of the process (experts' and the rest's)
+            taken = passes.peak_unsharded_bytes // 2
+            passes.reset_peak()
+            return taken
         taken, self.peak = self.peak, sum(self.live.values())
         return taken
 
@@ -225,9 +231,10 @@ class AllGatherBytes:
         if args.backend == "dbuf":
             import dbuf.torch
 
-            stats = dbuf.torch.default_session().stats
-            taken = stats.all_gather_bytes
-            dbuf.torch.default_session().reset_step_stats()
+            taken = 0
+            for session in dbuf.torch.sessions():  # (with expert parallelism, the experts' job and the rest's)
+                taken += session.stats.all_gather_bytes
+                session.reset_step_stats()
             return taken
         taken, self.bytes = self.bytes, 0
         return taken
@@ -244,7 +251,9 @@ if args.tp > 1:
     dp_mesh = non_expert_mesh = world_mesh["dp"]
 elif args.ep > 1:
     world_mesh = init_device_mesh("cpu", (args.ep, world // args.ep), mesh_dim_names=("ep", "dp"))
-    dp_mesh, non_expert_mesh = world_mesh["dp"], world_mesh  # HSDP: replicated over ep, sharded over dp
+    dp_mesh = world_mesh["dp"]
+    # torchtitan's: the non-expert parameters over every rank; or HSDP: replicated over ep, sharded over dp.
+    non_expert_mesh = world_mesh._flatten("dp_shard") if args.ep_dense == "shard" else world_mesh
 else:
     dp_mesh = non_expert_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
 model = make_model()
@@ -289,6 +298,22 @@ def batch(step: int) -> torch.Tensor:
     return tokens[batch_index * share : (batch_index + 1) * share]
 
 
+def dbuf_refusals() -> list[str]:
+    """dbuf's own helpers that work over the dbuf job (dp) only refuse TP parameters, saying what to use."""
+    import dbuf.torch
+    import dbuf.torch.optim
+
+    messages = []
+    for attempt in (lambda: dbuf.torch.clip_grad_norm_(model.parameters(), 1.0),
+                    lambda: dbuf.torch.get_model_state_dict(model, full=True),
+                    lambda: dbuf.torch.optim.Muon([p for p in model.parameters() if p.device_mesh.ndim > 1], lr=0.01)):
+        try:
+            attempt()
+        except NotImplementedError as error:
+            messages.append(str(error))
+    return messages
+
+
 result: dict = {"losses": [], "norms": [], "all_gather_bytes": [], "peak_unsharded_bytes": []}
 if args.load:
     # The optimizer's states exist once it stepped: one step with zero gradients and no learning rate.
@@ -317,6 +342,8 @@ else:
         result["losses"].append(total.item())
         result["peak_unsharded_bytes"].append(peak_unsharded.take())  # (dbuf's before its counts restart)
         result["all_gather_bytes"].append(counter.take())
+    if args.backend == "dbuf" and args.tp > 1:
+        result["refusals"] = dbuf_refusals()
     if args.save:
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.save)
