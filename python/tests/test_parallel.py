@@ -10,15 +10,17 @@ gloo on both):
 * ep 2 x dp 2, a transformers Qwen3-MoE whose experts are ``Shard(0)`` over
   ep and sharded over dp, the rest sharded over all 4 ranks (torchtitan's
   layout: two dbuf jobs in each process, one forward and backward), or HSDP
-  (replicated over ep, sharded over dp) in bf16.
+  (replicated over ep, sharded over dp) in bf16 with whole experts per rank
+  (torchtitan's ``shard_placement_fn`` Shard(0): each rank's RaggedShard
+  blocks are whole experts).
 
 Each step's loss and gradient norm must equal FSDP2's. With 2 dp ranks both
 sum a reduce-scatter's two parts in the one order there is, so they are
 equal bit for bit (measured); over 4 ranks (torchtitan's EP layout) gloo
 sums in another order than dbufd (measured: 1e-7 relative); the tolerance
 is test_trainers.py's, relative 1e-5 in fp32 and 1e-3 in bf16.
-dbuf's all-gather bytes per step must not exceed FSDP2's: the planner pads a
-group once, FSDP2 pads every tensor.
+dbuf's all-gather bytes per step must not exceed FSDP2's at element
+granularity: the planner pads a group once, FSDP2 pads every tensor.
 
 Checkpoints: a DCP checkpoint saved at one layout is loaded at another (dp 2
 x tp 2 -> dp 4, dp 4 -> dp 2 x tp 2, ep 2 x dp 2 -> dp 4 and -> the HSDP EP
@@ -52,7 +54,7 @@ def run(daemon, tmp_path: Path, name: str, backend: str, *flags: str) -> dict:
     ["--model", "llama", "--tp", "2"],
     ["--model", "llama", "--tp", "2", "--sp", "--mp", "bf16"],
     ["--model", "qwen3moe", "--ep", "2"],
-    ["--model", "qwen3moe", "--ep", "2", "--ep-dense", "hsdp", "--mp", "bf16"],
+    ["--model", "qwen3moe", "--ep", "2", "--ep-dense", "hsdp", "--mp", "bf16", "--whole-experts"],
 ], ids=["tp2", "tp2-sp-bf16", "ep2", "ep2-hsdp-bf16"])
 def test_losses_as_fsdp2_with_the_same_plan(daemon, tmp_path, flags):
     fsdp2 = run(daemon, tmp_path, "fsdp2", "fsdp2", *flags)
@@ -66,7 +68,12 @@ def test_losses_as_fsdp2_with_the_same_plan(daemon, tmp_path, flags):
     for what in ("losses", "norms"):
         for step, (got, want) in enumerate(zip(dbuf[what], fsdp2[what])):
             assert abs(got - want) <= tol * max(1.0, abs(want)), f"{what}[{step}]: dbuf {got}, FSDP2 {want}"
-    assert 0 < dbuf["all_gather_bytes"][-1] <= fsdp2["all_gather_bytes"][-1]
+    if "--whole-experts" in flags:
+        # Whole experts: each of the unit's two expert tensors would need a cut inside it; one buffer has one
+        # cut per pair of ranks, so the planner pads where FSDP2 splits each tensor in the middle.
+        assert dbuf["experts_whole"] and all(dbuf["experts_whole"]), "every rank holds whole experts"
+    else:
+        assert 0 < dbuf["all_gather_bytes"][-1] <= fsdp2["all_gather_bytes"][-1]
     if "--tp" in flags:
         # dbuf's helpers that move tensors through its job (the dp ranks) refuse TP parameters, pointing to torch's.
         refusals = dbuf["refusals"]

@@ -36,6 +36,7 @@ most bytes of unsharded parameters held at once (see PeakUnsharded).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -67,6 +68,7 @@ p.add_argument("--ep", type=int, default=1)
 p.add_argument("--ep-dense", choices=("shard", "hsdp"), default="shard",
                help="with --ep: the non-expert parameters sharded over every rank (torchtitan's) or HSDP")
 p.add_argument("--sp", action="store_true", help="sequence parallel norms and activations (torchtitan's plan)")
+p.add_argument("--whole-experts", action="store_true", help="with --ep: shard_placement_fn Shard(0) for experts")
 p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--save", default=None)
@@ -263,7 +265,10 @@ policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.mp == "bf16" el
 for layer in model.model.layers:
     if args.ep > 1:
         layer.mlp.experts = ExpertParallelExperts(layer.mlp.experts, world_mesh["ep"])
-        fully_shard(layer.mlp.experts, mesh=dp_mesh, mp_policy=policy)
+        # --whole-experts: shard_placement_fn Shard(0) (FSDP2's default made explicit; dbuf: blocks of one expert
+        # each, which the planner never splits).
+        placement_fn = (lambda param: Shard(0)) if args.whole_experts else None
+        fully_shard(layer.mlp.experts, mesh=dp_mesh, mp_policy=policy, shard_placement_fn=placement_fn)
         # Each expert's gradient sums the ep group's tokens already: divided by the world, not the dp ranks.
         layer.mlp.experts.set_gradient_divide_factor(float(world))
         # FSDP2 divides with NCCL's PREMUL_SUM, which gloo lacks: sum, then divide (as torchtitan's script does).
@@ -344,6 +349,14 @@ else:
         result["all_gather_bytes"].append(counter.take())
     if args.backend == "dbuf" and args.tp > 1:
         result["refusals"] = dbuf_refusals()
+    if args.backend == "dbuf" and args.whole_experts:
+        # Each rank's elements of an expert tensor are whole experts (its RaggedShard blocks are experts).
+        result["experts_whole"] = []
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                expert = math.prod(param.shape[1:])  # one expert's elements
+                result["experts_whole"].append(
+                    param.placements[0].block_elems == expert and param.to_local().numel() % expert == 0)
     if args.save:
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.save)
