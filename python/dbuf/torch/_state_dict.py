@@ -49,8 +49,15 @@ def _entry_names(model: nn.Module, unit: Unit) -> list[tuple[ParamEntry, str]]:
 
 
 def _whole_through_the_job(units: list[Unit], what: str) -> None:
-    """dbufd's staging group moves a tensor whole over the job's (dp) ranks: not across tensor / expert parallelism."""
+    """dbufd's staging group moves a tensor whole over one job's (dp) ranks: not across tensor / expert
+    parallelism, nor across the several jobs of a process."""
     for unit in units:
+        if unit.session is not units[0].session:
+            raise NotImplementedError(
+                f"dbuf.torch's {what} moves tensors through one dbuf job; unit {unit.label} is in job "
+                f"{unit.session.job}, unit {units[0].label} in {units[0].session.job}: use "
+                f"torch.distributed.checkpoint.state_dict's functions (full_state_dict=True) or DCP"
+            )
         for entry in unit.entries:
             if entry.sharded.device_mesh.ndim > 1:
                 raise NotImplementedError(
