@@ -7,6 +7,7 @@ gloo on both):
 * dp 2 x tp 2, a transformers Llama with the Megatron plan of torch's
   ``parallelize_module`` (and with sequence parallel norms, whose weights are
   Replicate DTensors with Partial gradients), fp32 and bf16;
+* replicate 2 x dp 2 x tp 2 (8 ranks): HSDP beside TP;
 * ep 2 x dp 2, a transformers Qwen3-MoE whose experts are ``Shard(0)`` over
   ep and sharded over dp, the rest sharded over all 4 ranks (torchtitan's
   layout: two dbuf jobs in each process, one forward and backward), or HSDP
@@ -42,12 +43,24 @@ pytest.importorskip("transformers")
 WORLD, STEPS = 4, 3
 
 
-def run(daemon, tmp_path: Path, name: str, backend: str, *flags: str) -> dict:
+def run(daemon, tmp_path: Path, name: str, backend: str, *flags: str, world: int = WORLD) -> dict:
     out = tmp_path / name
     env = {"DBUF_FSDP": "1" if backend == "dbuf" else "0"}
-    run_ranks("trainer_parallel.py", WORLD, daemon.socket, str(out), "--backend", backend, "--steps", str(STEPS),
+    run_ranks("trainer_parallel.py", world, daemon.socket, str(out), "--backend", backend, "--steps", str(STEPS),
               *flags, job=f"{tmp_path.name}-{name}", env=env, timeout=600)
     return torch.load(f"{out}.0", weights_only=False)
+
+
+def assert_as_fsdp2(fsdp2: dict, dbuf: dict, flags: list[str]) -> None:
+    print(f"{flags}: losses dbuf {dbuf['losses']} FSDP2 {fsdp2['losses']}; norms dbuf {dbuf['norms']} FSDP2 "
+          f"{fsdp2['norms']}; all-gather bytes per step dbuf {dbuf['all_gather_bytes']} FSDP2 "
+          f"{fsdp2['all_gather_bytes']}")
+    assert len(dbuf["losses"]) == len(fsdp2["losses"]) == STEPS
+    assert dbuf["losses"][0] == fsdp2["losses"][0], "the first loss (the same parameters gathered)"
+    tol = 1e-3 if "bf16" in flags else 1e-5
+    for what in ("losses", "norms"):
+        for step, (got, want) in enumerate(zip(dbuf[what], fsdp2[what])):
+            assert abs(got - want) <= tol * max(1.0, abs(want)), f"{what}[{step}]: dbuf {got}, FSDP2 {want}"
 
 
 @pytest.mark.parametrize("flags", [
@@ -59,15 +72,7 @@ def run(daemon, tmp_path: Path, name: str, backend: str, *flags: str) -> dict:
 def test_losses_as_fsdp2_with_the_same_plan(daemon, tmp_path, flags):
     fsdp2 = run(daemon, tmp_path, "fsdp2", "fsdp2", *flags)
     dbuf = run(daemon, tmp_path, "dbuf", "dbuf", *flags)
-    print(f"{flags}: losses dbuf {dbuf['losses']} FSDP2 {fsdp2['losses']}; norms dbuf {dbuf['norms']} FSDP2 "
-          f"{fsdp2['norms']}; all-gather bytes per step dbuf {dbuf['all_gather_bytes']} FSDP2 "
-          f"{fsdp2['all_gather_bytes']}")
-    assert len(dbuf["losses"]) == len(fsdp2["losses"]) == STEPS
-    assert dbuf["losses"][0] == fsdp2["losses"][0], "the first loss (the same parameters gathered)"
-    tol = 1e-3 if "bf16" in flags else 1e-5
-    for what in ("losses", "norms"):
-        for step, (got, want) in enumerate(zip(dbuf[what], fsdp2[what])):
-            assert abs(got - want) <= tol * max(1.0, abs(want)), f"{what}[{step}]: dbuf {got}, FSDP2 {want}"
+    assert_as_fsdp2(fsdp2, dbuf, flags)
     if "--whole-experts" in flags:
         # Whole experts: each of the unit's two expert tensors would need a cut inside it; one buffer has one
         # cut per pair of ranks, so the planner pads where FSDP2 splits each tensor in the middle.
@@ -108,3 +113,17 @@ def test_a_checkpoint_loads_at_other_degrees_bit_for_bit(daemon, tmp_path, save,
     for index, (backend, *flags) in enumerate(loads):
         loaded = run(daemon, tmp_path, f"load{index}", backend, *flags, "--load", checkpoint)["final"]
         assert_same_state(loaded, saved, f"saved by {save}, loaded by {backend} {flags}")
+
+
+def test_hsdp_beside_tensor_parallelism(daemon, tmp_path):
+    """8 ranks, (replicate 2, dp 2, tp 2): HSDP over the first two dims beside TP, as FSDP2; its checkpoint at dp 4.
+
+    Each replica has a shard group per tp rank: 4 dbuf jobs of 2 ranks.
+    """
+    flags = ["--model", "llama", "--tp", "2", "--replicas", "2"]
+    checkpoint = str(tmp_path / "checkpoint")
+    fsdp2 = run(daemon, tmp_path, "fsdp2", "fsdp2", *flags, world=8)
+    dbuf = run(daemon, tmp_path, "dbuf", "dbuf", *flags, "--save", checkpoint, world=8)
+    assert_as_fsdp2(fsdp2, dbuf, flags)
+    loaded = run(daemon, tmp_path, "load", "dbuf", "--tp", "1", "--load", checkpoint)["final"]
+    assert_same_state(loaded, dbuf["final"], "saved by HSDP beside TP, loaded at dp 4")

@@ -517,12 +517,16 @@ def sessions() -> list[Session]:
 def init_replica(replica: int, ranks: list[int]) -> Session:
     """The default session of one HSDP replica: the job of its ranks (made by fully_shard's 2-D mesh).
 
-    Its job id is the launch's with ``.replica<r>`` appended.
+    Its job id is the launch's with ``.replica<r>`` appended, and where the
+    replica's ranks are not the launch's r-th block (HSDP beside tensor
+    parallelism: a replica has a shard group per tp rank) a checksum of them.
     """
     global _default
     if _default is not None:
         raise dbuf.ConflictError("dbuf.torch is already initialised in this process")
-    _default = _attach(**_slice_job(f"replica{replica}", ranks, "HSDP"))
+    block = list(range(replica * len(ranks), (replica + 1) * len(ranks)))
+    suffix = f"replica{replica}" if ranks == block else f"replica{replica}-{_checksum(ranks)}"
+    _default = _attach(**_slice_job(suffix, ranks, "HSDP"))
     _default.global_ranks = list(ranks)
     return _default
 
@@ -547,8 +551,7 @@ def session_for_ranks(ranks: list[int]) -> Session:
     if list(ranks) == list(range(world)):
         job = {"job": None, "rank": None, "world_size": None}  # init()'s: the launch's job
     else:
-        checksum = zlib.crc32(",".join(map(str, ranks)).encode())
-        job = _slice_job(f"dp{ranks[0]}-{checksum:08x}", ranks, "a dp mesh beside tensor / expert parallelism")
+        job = _slice_job(f"dp{ranks[0]}-{_checksum(ranks)}", ranks, "a dp mesh beside tensor / expert parallelism")
     session = _attach(**job, passes=_default.passes if _default is not None else None)
     session.global_ranks = list(ranks)
     if _default is None:
@@ -556,6 +559,11 @@ def session_for_ranks(ranks: list[int]) -> Session:
     else:
         _others.append(session)
     return session
+
+
+def _checksum(ranks: list[int]) -> str:
+    """Names a set of ranks in a job id: the same on every rank of the set, another for another set."""
+    return f"{zlib.crc32(','.join(map(str, ranks)).encode()):08x}"
 
 
 def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:

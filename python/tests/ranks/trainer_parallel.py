@@ -68,6 +68,7 @@ p.add_argument("--ep", type=int, default=1)
 p.add_argument("--ep-dense", choices=("shard", "hsdp"), default="shard",
                help="with --ep: the non-expert parameters sharded over every rank (torchtitan's) or HSDP")
 p.add_argument("--sp", action="store_true", help="sequence parallel norms and activations (torchtitan's plan)")
+p.add_argument("--replicas", type=int, default=1, help="with --tp: HSDP over a (replicate, dp, tp) mesh")
 p.add_argument("--whole-experts", action="store_true", help="with --ep: shard_placement_fn Shard(0) for experts")
 p.add_argument("--mp", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--steps", type=int, default=3)
@@ -248,7 +249,11 @@ if args.tp > 1 and args.ep > 1:
 # The ranks that train on the same batch (tensor parallelism's), and which batch is this rank's.
 batches = world // args.tp
 batch_index = rank // args.tp
-if args.tp > 1:
+if args.tp > 1 and args.replicas > 1:
+    world_mesh = init_device_mesh("cpu", (args.replicas, world // args.tp // args.replicas, args.tp),
+                                  mesh_dim_names=("replicate", "dp", "tp"))
+    dp_mesh = non_expert_mesh = world_mesh["replicate", "dp"]  # HSDP beside TP
+elif args.tp > 1:
     world_mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_mesh = non_expert_mesh = world_mesh["dp"]
 elif args.ep > 1:
