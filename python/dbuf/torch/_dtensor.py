@@ -76,7 +76,7 @@ def _placements_of(placements: RaggedShard | Sequence[Placement], mesh: DeviceMe
             f"placement per other dimension, got {placements}"
         )
     for placement in placements[1:]:
-        if not isinstance(placement, (Shard, Replicate)) or isinstance(placement, RaggedShard):
+        if not isinstance(placement, (Shard, Replicate)):
             raise ValueError(f"dbuf.torch: {placement} beside RaggedShard (tensor / expert parallelism's Shard(d) "
                              f"or Replicate() only)")
     return placements
