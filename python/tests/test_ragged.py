@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from conftest import rank_mesh
 from dbuf.torch import RaggedDTensor, RaggedShard, StridedRaggedShard, distribute_ragged, local_elements
@@ -207,3 +207,16 @@ def test_a_whole_tensor_reduction_is_partial_over_the_dims_that_shard_it():
         norm = torch.linalg.vector_norm(param)
         assert norm.placements[0].is_partial()
         assert norm.placements[1].is_partial() == (expected == "Shard")
+
+
+def test_a_2d_layout_takes_a_ragged_dp_dim_then_shard_or_replicate():
+    mesh = model_parallel_mesh(0)
+    whole = torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="one placement per other dimension"):
+        distribute_ragged(whole, mesh, RaggedShard(6, (1, 1)))
+    with pytest.raises(ValueError, match="one placement per other dimension"):
+        distribute_ragged(whole, mesh, (Shard(0), RaggedShard(6, (1, 1))))
+    with pytest.raises(ValueError, match="Shard\\(d\\) or Replicate\\(\\) only"):
+        distribute_ragged(whole, mesh, (RaggedShard(6, (1, 1)), Partial()))
+    with pytest.raises(ValueError, match="blocks for a tensor of 12 elements"):
+        distribute_ragged(whole, mesh, (RaggedShard(6, (2, 2)), Shard(0)))  # the chunk is 2 x 6, not 4 x 6
