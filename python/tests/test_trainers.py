@@ -204,6 +204,17 @@ def test_hsdp(daemon, tmp_path):
         torch.testing.assert_close(saved["dbuf"][name], want, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_hsdp_root_without_mesh(daemon, tmp_path):
+    """HSDP blocks, then the root sharded with no mesh: still HSDP's, its gradients summed over the replicas too,
+    so the run is the one with the mesh passed. (FSDP2 would shard that root over the world's 1-D mesh, and
+    torch's clip_grad_norm_ then refuses its parameters' two meshes.)"""
+    flags = ["--model", "llama", "--hsdp"]
+    with_mesh = run(daemon, tmp_path, "dbuf", flags, "trainer_hf.py")
+    (tmp_path / "without").mkdir()
+    without = run(daemon, tmp_path / "without", "dbuf", [*flags, "--root-without-mesh"], "trainer_hf.py")
+    assert without["losses"] == with_mesh["losses"] and without["norms"] == with_mesh["norms"]
+
+
 def test_fsdp_module_api(daemon, tmp_path):
     """Every method of torch's FSDPModule and argument of its fully_shard: each one's meaning or a clear refusal."""
     out = tmp_path / "api"

@@ -33,6 +33,11 @@ def clip_grad_norm_(
     if not p > 0 or p == float("inf"):
         raise ValueError(f"norm_type must be a finite p > 0, got {norm_type}")
     session = session if session is not None else default_session()
+    if len(session.passes.sessions()) > 1:
+        raise NotImplementedError(
+            "dbuf.torch.clip_grad_norm_ sums over one dbuf job; this process's units live in several (expert "
+            "parallelism's layout): use torch.nn.utils.clip_grad_norm_, which sums each DTensor's norm over its mesh"
+        )
     for param in parameters:
         if isinstance(param, RaggedDTensor) and param.device_mesh.ndim > 1:
             raise NotImplementedError(

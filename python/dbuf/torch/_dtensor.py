@@ -2,8 +2,11 @@
 
 ``fully_shard`` turns every parameter into a :class:`RaggedDTensor`: a
 ``torch.distributed.tensor.DTensor`` of the module's global shape and dtype,
-on the job's 1-D ``DeviceMesh``, with ``placements == (RaggedShard(...),)``;
-``to_local()`` is this rank's elements (1-D), zero-copy in dbufd's memory.
+on the job's 1-D ``DeviceMesh``, with ``placements == (RaggedShard(...),)``,
+or, for a parameter tensor / expert parallelism placed already, on the (dp,
+tp) mesh with ``(RaggedShard(...), Shard(d) or Replicate())``: RaggedShard
+then cuts the chunk the other dims leave this rank. ``to_local()`` is this
+rank's elements (1-D), zero-copy in dbufd's memory.
 So ``shape``, ``ndim``, ``numel()`` and ``isinstance(p, DTensor)`` are what
 code written for FSDP2 expects.
 
@@ -132,7 +135,8 @@ def local_part(whole: torch.Tensor, spec: DTensorSpec) -> torch.Tensor:
 
 
 class RaggedDTensor(DTensor):
-    """A DTensor on a 1-D mesh with a RaggedShard placement; ``to_local()`` is this rank's elements, 1-D.
+    """A DTensor whose first placement is RaggedShard (see the module docstring); ``to_local()`` is this rank's
+    elements, 1-D.
 
     Made by ``fully_shard`` (parameters, gradients) and by operators on them
     (optimizer states). :meth:`from_local` makes one from local elements.
@@ -436,9 +440,10 @@ def _random_like(func, args, kwargs):
 def _unscale(func, args, kwargs):
     """GradScaler's unscale: on the local elements, then ``found_inf`` is the ranks' maximum (all skip alike)."""
     grads, found_inf = args[0], args[1]
-    meshes = [g.device_mesh for g in grads if isinstance(g, RaggedDTensor)]
+    meshes = list(dict.fromkeys(g.device_mesh for g in grads if isinstance(g, RaggedDTensor)))
     _elementwise(func, args, kwargs)
-    _all_reduce_over_mesh(found_inf, dist.ReduceOp.MAX, meshes[0])
+    for mesh in meshes:  # (dp) and (dp, tp) meshes under tensor parallelism: MAX over each is MAX over all
+        _all_reduce_over_mesh(found_inf, dist.ReduceOp.MAX, mesh)
 
 
 def _all_reduce_over_mesh(tensor: torch.Tensor, op, mesh: DeviceMesh) -> None:

@@ -122,8 +122,11 @@ def fully_shard(
     Args:
         module: a module, or a list of modules forming one unit (FSDP2's
             grouped form).
-        mesh: a 1-D DeviceMesh over the job's ranks (None: the session's).
-            The parameters' DTensors live on it.
+        mesh: a 1-D DeviceMesh: the job's ranks (None: the session's), or
+            the dp dim of a mesh whose other dims tensor / expert parallelism
+            placed the parameters on (its ranks a dbuf job of their own; the
+            parameters' DTensors then live on the (dp, tp) mesh); or HSDP's
+            2-D (replicate, shard) mesh.
         reshard_after_forward: give the slot back after forward and gather
             again in backward (None: True except for the root unit, the first
             whose forward runs, as in FSDP2). An int is FSDP2's group size to
@@ -156,8 +159,8 @@ def fully_shard(
         if getattr(m, "_dbuf_unit", None) is not None:
             raise ValueError(f"{type(m).__name__} is already a dbuf unit")
     if dp_mesh_dims is not None:
-        raise NotImplementedError("dbuf.torch.fully_shard shards over a 1-D mesh of the job's ranks; dp_mesh_dims "
-                                  "(data-parallel dims of a larger mesh) is not supported")
+        raise NotImplementedError("dbuf.torch.fully_shard takes the dp dims as its mesh (world_mesh['dp'], or HSDP's "
+                                  "2-D (replicate, shard) mesh); dp_mesh_dims is not supported")
     session = _session_for(mesh, session)
     _check_offload(session, offload_policy)
     reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session.world_size)
@@ -175,7 +178,8 @@ def fully_shard(
         cast_forward_inputs=bool(getattr(mp_policy, "cast_forward_inputs", True)),
         label=_label(modules),
         reduction=Reduction(reduce_dtype=getattr(mp_policy, "reduce_dtype", None)),
-        hsdp=mesh is not None and mesh.ndim == 2,
+        # A unit without a mesh on an HSDP session (the root after the blocks) is HSDP's too.
+        hsdp=mesh.ndim == 2 if mesh is not None else session.replicas > 1,
     )
     session.units.append(unit)
     session.passes.units.append(unit)
@@ -203,8 +207,7 @@ def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
     if mesh is not None and mesh.ndim == 2:
         if session is None:
             replica = mesh.get_coordinate()[0]
-            shard_ranks = mesh.mesh[replica].tolist()
-            session = session_for_ranks(shard_ranks) if is_initialized() else init_replica(replica, shard_ranks)
+            session = default_session() if is_initialized() else init_replica(replica, mesh.mesh[replica].tolist())
         session.adopt_hsdp_mesh(mesh)
         return session
     if mesh is not None and mesh.ndim != 1:

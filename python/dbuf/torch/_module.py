@@ -171,7 +171,8 @@ class DBufModule(FSDPModule):
 
     def set_post_optim_event(self, event: torch.Event) -> None:
         """GPU: the next all-gathers wait for `event` (the optimizer's step) instead of the whole current stream."""
-        self._dbuf_unit.session.post_optim_event = event
+        for session in self._dbuf_unit.session.passes.sessions():  # every job's prefetches
+            session.post_optim_event = event
 
     # Knobs choosing FSDP2's own staging buffers, streams and groups: dbufd owns those; accepted, nothing to set.
     def set_reduce_scatter_max_input_buffers(self, max_input_buffers: int, *, recurse: bool = True) -> None:

@@ -29,9 +29,11 @@ from torch.distributed.tensor import Placement
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """Where one rank's local elements sit in the whole tensor.
+    """Where one rank's local elements sit in the tensor RaggedShard cuts.
 
-    ``begin``/``end`` index the flattened whole tensor; the local tensor holds
+    That tensor is the whole one on a 1-D mesh, the rank's tensor / expert
+    parallel chunk of it on a larger one (``global_shape`` is then the
+    chunk's). ``begin``/``end`` index it flattened; the local tensor holds
     elements ``[begin, end)``, which are ``local_units`` whole blocks of
     ``unit_elems`` elements each (``begin`` is a multiple of ``unit_elems``;
     the last block of a tensor may be shorter when ``unit_elems`` does not
@@ -50,7 +52,7 @@ class ShardInfo:
 
     @property
     def whole(self) -> bool:
-        """This rank holds the whole tensor."""
+        """This rank holds the whole of the tensor RaggedShard cuts (its chunk under tensor / expert parallelism)."""
         return self.begin == 0 and self.end == self.global_shape.numel()
 
 
@@ -78,7 +80,7 @@ class RaggedShard(Placement):
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, RaggedShard)
+            type(other) is type(self)  # a StridedRaggedShard is another placement, whatever its blocks
             and self.block_elems == other.block_elems
             and self.local_units == other.local_units
         )
@@ -167,11 +169,7 @@ class StridedRaggedShard(RaggedShard):
         self.split_factor = int(split_factor)
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, StridedRaggedShard)
-            and super().__eq__(other)
-            and self.split_factor == other.split_factor
-        )
+        return super().__eq__(other) and self.split_factor == other.split_factor
 
     def __hash__(self) -> int:
         return hash((StridedRaggedShard, self.block_elems, self.local_units, self.split_factor))

@@ -94,6 +94,9 @@ class PassState:
     backward_task: int | None = None  # the autograd graph task of the backward in progress
     forwards_running: int = 0
     pass_routes: list[Unit] = field(default_factory=list)  # units whose inputs this top-level forward routed
+    # The original parameters units took (id -> (weak reference, unit)): a parameter two units would shard, in
+    # any of the process's jobs, is refused (Session.unit_holding).
+    claimed: dict[int, tuple[weakref.ref, Unit]] = field(default_factory=dict)
     #: The most bytes of unsharded slots the process held at once, over all its sessions (each session's
     #: Stats has its own); reset_peak() starts a step.
     peak_unsharded_bytes: int = 0
@@ -144,7 +147,6 @@ class Session:
         self._prefetch_stream = None
         self.post_optim_event = None  # GPU: FSDPModule.set_post_optim_event's, waited for by the next prefetch
         self.unwaited: list[dbuf.Op] = []  # GPU: stream-ordered ops used, their results not yet collected
-        self._claimed: dict[int, tuple[weakref.ref, Unit]] = {}
         self._mesh = mesh
         self._owns_process_group = False
         # HSDP (fully_shard's 2-D mesh): this job is one replica's shard group; the sharded gradients are
@@ -286,11 +288,11 @@ class Session:
 
     def claim(self, param: torch.nn.Parameter, unit: Unit) -> None:
         """`param` (the module's original parameter) is `unit`'s now."""
-        self._claimed[id(param)] = (weakref.ref(param), unit)
+        self.passes.claimed[id(param)] = (weakref.ref(param), unit)
 
     def unit_holding(self, param: torch.nn.Parameter) -> Unit | None:
         """The unit that took this original parameter, if any."""
-        claimed = self._claimed.get(id(param))
+        claimed = self.passes.claimed.get(id(param))
         if claimed is None or claimed[0]() is not param:
             return None
         return claimed[1]
@@ -583,7 +585,9 @@ def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:
     for rank in ranks:
         per_node_counts[rank // per_node] = per_node_counts.get(rank // per_node, 0) + 1
     counts = set(per_node_counts.values())
-    if len(counts) != 1 or ranks != sorted(ranks):
+    if ranks != sorted(ranks):
+        raise ValueError(f"{what} with ranks {ranks}: a dbuf job's ranks must be in ascending order")
+    if len(counts) != 1:
         raise ValueError(
             f"{what} with ranks {ranks} and {per_node} ranks per node: each node must hold as many of them"
         )

@@ -49,8 +49,8 @@ def _entry_names(model: nn.Module, unit: Unit) -> list[tuple[ParamEntry, str]]:
 
 
 def _whole_through_the_job(units: list[Unit], what: str) -> None:
-    """dbufd's staging group moves a tensor whole over one job's (dp) ranks: not across tensor / expert
-    parallelism, nor across the several jobs of a process."""
+    """dbuf's own state dicts describe tensors as one job (its dp ranks) holds them whole: not across tensor /
+    expert parallelism, nor across the several jobs of a process."""
     for unit in units:
         if unit.session is not units[0].session:
             raise NotImplementedError(
@@ -130,6 +130,9 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
     """
     all_units = list(units_of(model))
     if not full:
+        # A LocalShard says where its elements sit in the tensor dbuf's job holds: under tensor / expert
+        # parallelism that is a chunk, which another rank's chunk of the same shape could not be told from.
+        _whole_through_the_job(all_units, "sharded state dict")
         state: dict = {}
         for unit in all_units:
             for entry, name in _entry_names(model, unit):

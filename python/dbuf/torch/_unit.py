@@ -180,7 +180,7 @@ class Unit:
             else:
                 # FSDP2's layout: dp first, then the model's own dims; StridedRaggedShard where those cut dim 0.
                 mesh = self.session.spmd_mesh(model_spec.mesh)
-                split = model_spec.num_shards_map[0]
+                split = model_spec.num_shards_map[0] if model_spec.ndim else 1
                 placements = (ragged_shard_of(rank_ranges(self.group.plan, index), block, split),
                               *model_spec.placements)
             sharded = nn.Parameter(

@@ -24,8 +24,8 @@ from torch import nn
 
 import dbuf
 
-from ._fully_shard import Granularity, fully_shard
-from ._session import Session, default_session
+from ._fully_shard import Granularity, _session_for, fully_shard
+from ._session import Session
 from ._unit import Unit, dbuf_dtype
 
 
@@ -125,7 +125,8 @@ def auto_wrap(
         world_size: ranks to plan for (default: the session's).
     Returns the units chosen, root last, with their all-gather inflation.
     """
-    session = session if session is not None else default_session()
+    # The session of the mesh the units will be on (a dp slice's or HSDP's, not only the launch's).
+    session = session if session is not None else _session_for(fully_shard_kwargs.get("mesh"), None)
     devices = world_size if world_size is not None else session.world_size
     default_rule = granularity if isinstance(granularity, str) else "element"
     kwargs = dict(fully_shard_kwargs, granularity=granularity, session=session)

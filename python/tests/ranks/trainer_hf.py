@@ -58,6 +58,7 @@ p.add_argument("--accum", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--meta-init", action="store_true")
 p.add_argument("--hsdp", action="store_true", help="a 2-D (replicate 2, shard world/2) mesh: HSDP")
+p.add_argument("--root-without-mesh", action="store_true", help="fully_shard of the root passes no mesh")
 p.add_argument("--device", default="cpu", help="cuda: model, data and mesh on the current GPU (dbufd's cuda backend)")
 p.add_argument("--save", default=None, help="at the end, the model saved with torch.distributed.checkpoint there")
 p.add_argument("--hidden", type=int, default=44, help="hidden size (the benchmark's larger model)")
@@ -166,7 +167,7 @@ for layer in layers:
 # The chunked loss runs the decoder (torchtitan's forward without lm_head) and lm_head apart: each is a root.
 roots = [model.model, model.lm_head] if args.chunked_loss else [model]
 for root in roots:
-    fully_shard(root, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    fully_shard(root, mesh=None if args.root_without_mesh else mesh, mp_policy=policy, reshard_after_forward=True)
 assert all(isinstance(m, FSDPModule) for m in (*roots, *layers))
 if args.ac.startswith("call"):
     for index, layer in enumerate(layers):
