@@ -60,6 +60,12 @@ std::optional<std::int64_t> expertIndex(std::string_view name) {
 struct Experts {
   std::int64_t count = 0;
   bool per_expert = false;
+  std::vector<std::int64_t> indices;  ///< per expert: the indices in the names, ascending
+
+  /// The place of a per-expert tensor's expert among the unit's (its indices need not start at 0).
+  [[nodiscard]] std::int64_t position(std::int64_t index) const {
+    return std::lower_bound(indices.begin(), indices.end(), index) - indices.begin();
+  }
 };
 
 Result<Experts> expertsOf(const UnitSpec& unit) {
@@ -81,8 +87,10 @@ Result<Experts> expertsOf(const UnitSpec& unit) {
     return makeError(ErrorCode::kInvalidArgument,
                      "unit '" + unit.name + "' lists some experts one tensor each and others fused");
   }
-  if (!indices.empty()) return Experts{static_cast<std::int64_t>(indices.size()), true};
-  return Experts{fused, false};
+  if (!indices.empty()) {
+    return Experts{static_cast<std::int64_t>(indices.size()), true, {indices.begin(), indices.end()}};
+  }
+  return Experts{fused, false, {}};
 }
 
 /// `tensor` as tp rank `tp_rank` holds it (its shape cut along the Megatron plan's dimension); nullopt when
@@ -196,8 +204,7 @@ Result<LocalUnits> localUnits(const UnitSpec& unit, const ModelParallelism& para
     }
     // Expert parallelism: this ep rank's experts, whole (expert tensor parallelism 1, torchtitan's default).
     if (experts->per_expert) {
-      const std::int64_t index = *expertIndex(tensor.name);
-      if (index / per_rank == ep_rank) expert_unit.tensors.push_back(tensor);
+      if (experts->position(*expertIndex(tensor.name)) / per_rank == ep_rank) expert_unit.tensors.push_back(tensor);
     } else {
       TensorSpec mine = tensor;
       mine.shape.front() = per_rank;

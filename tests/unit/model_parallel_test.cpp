@@ -86,6 +86,14 @@ TEST(LocalUnits, ExpertParallelTakesThisRanksExpertsWhole) {
   EXPECT_EQ(fused_local->experts->tensors[0].shape, (Shape{4, 64, 128}));
   EXPECT_EQ(fused_local->experts->tensors[1].shape, (Shape{4, 64}));
 
+  // Expert indices need not start at 0: ep rank 1 of 2 holds the later half of them.
+  const UnitSpec numbered{.name = "layers.9", .tensors = {tensor("m.experts.10.w1.weight", {4, 4}),
+                                                          tensor("m.experts.11.w1.weight", {4, 4})}};
+  auto second = localUnits(numbered, {.tp = 1, .ep = 2}, 0, 1);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->experts->tensors.size(), 1u);
+  EXPECT_EQ(second->experts->tensors[0].name, "m.experts.11.w1.weight");
+
   auto refused = localUnits(fused, {.tp = 1, .ep = 3}, 0, 0);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("ep 3 does not divide its 32 experts"), std::string::npos);
