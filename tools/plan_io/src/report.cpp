@@ -102,7 +102,7 @@ void recomputeTotals(PlanReport& report) {
   std::int64_t bound_elems = 0;
   for (const UnitReport& unit : report.units) {
     total.numel += unit.numel;
-    const std::int64_t devices = unit.devices > 0 ? unit.devices : report.devices;
+    const std::int64_t devices = unitDevices(report, unit);
     total.allgather_elems += devices * unit.shard_elems;
     bound_elems += devices * unit.lower_bound_elems;
   }

@@ -46,8 +46,9 @@ std::string timeText(double micros) {
 
 /// Units whose plans are the same in every reported number (names aside).
 bool samePlan(const UnitReport& a, const UnitReport& b) {
-  if (a.numel != b.numel || a.devices != b.devices || a.shard_elems != b.shard_elems || a.lower_bound_elems != b.lower_bound_elems ||
-      a.padding_elems != b.padding_elems || a.split_blocks != b.split_blocks || a.fsdp2 != b.fsdp2 ||
+  if (a.numel != b.numel || a.devices != b.devices || a.shard_elems != b.shard_elems ||
+      a.lower_bound_elems != b.lower_bound_elems || a.padding_elems != b.padding_elems ||
+      a.split_blocks != b.split_blocks || a.fsdp2 != b.fsdp2 ||
       a.fsdp1 != b.fsdp1 || a.zero3 != b.zero3 || a.megatron != b.megatron || a.tensors.size() != b.tensors.size() ||
       a.diagnosis.has_value() != b.diagnosis.has_value()) {
     return false;
@@ -114,8 +115,7 @@ void writeDiagnoses(const PlanReport& report, const std::vector<Run>& runs, std:
     const UnitReport& unit = report.units[run.first];
     if (!unit.diagnosis) continue;
     const DiagnosisReport& diagnosis = *unit.diagnosis;
-    const std::int64_t ideal =
-        ceilDiv(unit.numel, std::max<std::int64_t>(unit.devices > 0 ? unit.devices : report.devices, 1));
+    const std::int64_t ideal = ceilDiv(unit.numel, std::max<std::int64_t>(unitDevices(report, unit), 1));
     text +=
         "  " + runName(report, run) + ": bound S >= " + std::to_string(unit.lower_bound_elems) + " is " +
         fixed(static_cast<double>(unit.lower_bound_elems) / static_cast<double>(std::max<std::int64_t>(ideal, 1)), 3) +
@@ -222,7 +222,7 @@ std::string writePlanTable(const PlanReport& report, const TableOptions& options
     double plan_us = 0;
     for (std::size_t u = run.first; u < run.first + run.count; ++u) plan_us += report.units[u].plan_us;
     const auto count = static_cast<std::int64_t>(run.count);
-    const std::int64_t unit_devices = unit.devices > 0 ? unit.devices : devices;
+    const std::int64_t unit_devices = unitDevices(report, unit);
     std::vector<std::string> row = {runName(report, run), std::to_string(unit.numel)};
     addBaselineCells(row, unit_devices, unit.shard_elems, unit.split_blocks, unit.numel);
     row.push_back(std::to_string(unit.lower_bound_elems));

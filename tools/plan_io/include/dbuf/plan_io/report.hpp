@@ -149,6 +149,11 @@ struct PlanReport {
   friend bool operator==(const PlanReport&, const PlanReport&) = default;
 };
 
+/// Ranks sharing `unit` of `report`: its own `devices` where set, else the report's.
+[[nodiscard]] inline std::int64_t unitDevices(const PlanReport& report, const UnitReport& unit) noexcept {
+  return unit.devices > 0 ? unit.devices : report.devices;
+}
+
 struct ReportOptions {
   std::string model;        ///< the model's name
   std::string granularity;  ///< the default rule, as given
