@@ -113,6 +113,20 @@ std::string shapeText(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
+/// Where a tp rank's chunk of `size` is not whole groups of `group` (rows or columns) of `rule`: why, or "".
+std::string unevenChunk(const GranularityRule& rule, std::int64_t group, std::string_view kept, std::string_view what,
+                        const std::string& cut, std::int64_t size, std::int64_t tp) {
+  for (std::int64_t r = 0; r < tp; ++r) {
+    const std::int64_t held = chunkLength(size, tp, r);
+    if (held % group != 0) {
+      return "'" + rule.toString() + "' keeps " + std::string(kept) + " " + std::to_string(group) + " " +
+             std::string(what) + ", but " + cut + ": tp rank " + std::to_string(r) + " holds " +
+             std::to_string(held) + " " + std::string(what);
+    }
+  }
+  return "";
+}
+
 /// Why tensor parallelism keeps `tensor`'s blocks under `rule` from being whole, or "" where it does not.
 std::string blockProblem(const TensorSpec& tensor, const GranularityRule& rule, std::int64_t tp, int dim) {
   const std::size_t rank = tensor.shape.size();
@@ -127,25 +141,9 @@ std::string blockProblem(const TensorSpec& tensor, const GranularityRule& rule, 
              "gathered over tp)";
     case GranularityRule::Kind::kRows:
     case GranularityRule::Kind::kBlock:
-      if (cuts_rows) {
-        for (std::int64_t r = 0; r < tp; ++r) {
-          const std::int64_t rows = chunkLength(size, tp, r);
-          if (rows % rule.rows != 0) {
-            return "'" + rule.toString() + "' keeps bands of " + std::to_string(rule.rows) + " rows, but " + cut +
-                   ": tp rank " + std::to_string(r) + " holds " + std::to_string(rows) + " rows";
-          }
-        }
-        return "";
-      }
+      if (cuts_rows) return unevenChunk(rule, rule.rows, "bands of", "rows", cut, size, tp);
       if (rule.kind == GranularityRule::Kind::kBlock) {
-        for (std::int64_t r = 0; r < tp; ++r) {
-          const std::int64_t cols = chunkLength(size, tp, r);
-          if (cols % rule.cols != 0) {
-            return "'" + rule.toString() + "' keeps tiles of " + std::to_string(rule.cols) + " columns, but " + cut +
-                   ": tp rank " + std::to_string(r) + " holds " + std::to_string(cols) + " columns";
-          }
-        }
-        return "";
+        return unevenChunk(rule, rule.cols, "tiles of", "columns", cut, size, tp);
       }
       return "'" + rule.toString() + "' keeps whole rows, but " + cut + ": each rank holds part of every row (its "
              "chunk's bands stay whole)";

@@ -101,13 +101,15 @@ class PassState:
     #: Stats has its own); reset_peak() starts a step.
     peak_unsharded_bytes: int = 0
 
+    members: list[Session] = field(default_factory=list)  # the sessions sharing it, in the order made
+
     def sessions(self) -> list[Session]:
-        """The sessions (dbuf jobs) of the units, in the order their first unit was made."""
-        return list(dict.fromkeys(unit.session for unit in self.units))
+        """The sessions (dbuf jobs) sharing this state, in the order they were made."""
+        return list(self.members)
 
     def unsharded_bytes(self) -> int:
-        """Bytes of the unsharded slots the process's units hold now."""
-        return sum(unit.slot_bytes for unit in self.units if unit.holds_slot)
+        """Bytes of the unsharded slots the process's sessions hold now."""
+        return sum(session.unsharded_bytes for session in self.members)
 
     def reset_peak(self) -> None:
         self.peak_unsharded_bytes = self.unsharded_bytes()
@@ -141,6 +143,7 @@ class Session:
         self.device: int | None = client.device
         self.units: list[Unit] = []  # this job's units (passes.units holds every session's)
         self.passes = passes if passes is not None else PassState()
+        self.passes.members.append(self)
         self.slot_holders: list[Unit] = []  # units holding an unsharded slot, oldest first
         self._staging: dbuf.Group | None = None
         self.stats = Stats()
@@ -307,9 +310,7 @@ class Session:
     def hold_slot(self, unit: Unit) -> None:
         self.slot_holders.append(unit)
         self.stats.peak_unsharded_bytes = max(self.stats.peak_unsharded_bytes, self.unsharded_bytes)
-        passes = self.passes
-        held = self.unsharded_bytes if len(passes.sessions()) <= 1 else passes.unsharded_bytes()
-        passes.peak_unsharded_bytes = max(passes.peak_unsharded_bytes, held)
+        self.passes.peak_unsharded_bytes = max(self.passes.peak_unsharded_bytes, self.passes.unsharded_bytes())
 
     def reset_step_stats(self) -> None:
         """Zeroes the counts; the peak starts from what is held now."""
