@@ -18,7 +18,7 @@ import os
 import weakref
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,8 +28,22 @@ import dbuf
 
 from ._dtensor import spmd_mesh
 
-if TYPE_CHECKING:
-    from ._unit import Unit
+
+class SessionUnit(Protocol):
+    """What a session and the pass state ask of a unit (_unit.Unit, which depends on this module, not back).
+
+    The pass state keeps units for _hooks.py, which uses the whole of _unit.Unit.
+    """
+
+    label: str
+    releasable: bool  # its gradients are reduced or set aside: its unsharded slot may go back
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    def reshard(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _env_int(name: str, default: int | None = None) -> int | None:
@@ -85,18 +99,18 @@ class PassState:
     (see session_for_ranks).
     """
 
-    units: list[Unit] = field(default_factory=list)  # every unit, in the order made
-    forward_order: list[Unit] = field(default_factory=list)  # units as the first forward entered them
-    post_forward_order: list[Unit] = field(default_factory=list)  # as it left them: backward runs them in reverse
+    units: list[SessionUnit] = field(default_factory=list)  # every unit, in the order made
+    forward_order: list[SessionUnit] = field(default_factory=list)  # units as the first forward entered them
+    post_forward_order: list[SessionUnit] = field(default_factory=list)  # as it left them: backward runs them in reverse
     order_recorded: bool = False
-    root: Unit | None = None  # the unit whose forward encloses the pass's others
+    root: SessionUnit | None = None  # the unit whose forward encloses the pass's others
     in_backward: bool = False
     backward_task: int | None = None  # the autograd graph task of the backward in progress
     forwards_running: int = 0
-    pass_routes: list[Unit] = field(default_factory=list)  # units whose inputs this top-level forward routed
+    pass_routes: list[SessionUnit] = field(default_factory=list)  # units whose inputs this top-level forward routed
     # The original parameters units took (id -> (weak reference, unit)): a parameter two units would shard, in
     # any of the process's jobs, is refused (Session.unit_holding).
-    claimed: dict[int, tuple[weakref.ref, Unit]] = field(default_factory=dict)
+    claimed: dict[int, tuple[weakref.ref, SessionUnit]] = field(default_factory=dict)
     #: The most bytes of unsharded slots the process held at once, over all its sessions (each session's
     #: Stats has its own); reset_peak() starts a step.
     peak_unsharded_bytes: int = 0
@@ -141,10 +155,10 @@ class Session:
         self.slots = prefetch_depth + 1
         #: GPU of this session's memory (None: host memory, dbufd's host backend).
         self.device: int | None = client.device
-        self.units: list[Unit] = []  # this job's units (passes.units holds every session's)
+        self.units: list[SessionUnit] = []  # this job's units (passes.units holds every session's)
         self.passes = passes if passes is not None else PassState()
         self.passes.members.append(self)
-        self.slot_holders: list[Unit] = []  # units holding an unsharded slot, oldest first
+        self.slot_holders: list[SessionUnit] = []  # units holding an unsharded slot, oldest first
         self._staging: dbuf.Group | None = None
         self.stats = Stats()
         self._prefetch_stream = None
@@ -289,11 +303,11 @@ class Session:
 
     # ------------------------------------------------------------ parameters
 
-    def claim(self, param: torch.nn.Parameter, unit: Unit) -> None:
+    def claim(self, param: torch.nn.Parameter, unit: SessionUnit) -> None:
         """`param` (the module's original parameter) is `unit`'s now."""
         self.passes.claimed[id(param)] = (weakref.ref(param), unit)
 
-    def unit_holding(self, param: torch.nn.Parameter) -> Unit | None:
+    def unit_holding(self, param: torch.nn.Parameter) -> SessionUnit | None:
         """The unit that took this original parameter, if any."""
         claimed = self.passes.claimed.get(id(param))
         if claimed is None or claimed[0]() is not param:
@@ -307,7 +321,7 @@ class Session:
         """Bytes of the unsharded slots this rank's units hold now."""
         return sum(unit.slot_bytes for unit in self.slot_holders)
 
-    def hold_slot(self, unit: Unit) -> None:
+    def hold_slot(self, unit: SessionUnit) -> None:
         self.slot_holders.append(unit)
         self.stats.peak_unsharded_bytes = max(self.stats.peak_unsharded_bytes, self.unsharded_bytes)
         self.passes.peak_unsharded_bytes = max(self.passes.peak_unsharded_bytes, self.passes.unsharded_bytes())
@@ -316,7 +330,7 @@ class Session:
         """Zeroes the counts; the peak starts from what is held now."""
         self.stats = Stats(peak_unsharded_bytes=self.unsharded_bytes)
 
-    def make_room(self, unit: Unit | None, *, required: bool, label: str | None = None) -> bool:
+    def make_room(self, unit: SessionUnit | None, *, required: bool, label: str | None = None) -> bool:
         """Frees an unsharded slot for `unit` (None: the staging group) if the pool is full.
 
         Units whose gradients are being reduced give theirs back first (their

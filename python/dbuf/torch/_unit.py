@@ -25,7 +25,6 @@ hooks of _fully_shard.py call them in the model's forward / backward order).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -36,9 +35,8 @@ import dbuf
 
 from ._dtensor import RaggedDTensor, local_elements
 from ._ragged import ragged_shard_of
+from ._session import Session
 
-if TYPE_CHECKING:
-    from ._session import Session
 
 _DBUF_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
