@@ -365,20 +365,31 @@ Result<void> Group::reshardOnStream(void* stream) {
 
 // ----------------------------------------------------------------- Client
 
-Client::Client(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
+Client::Client(std::shared_ptr<Connection> connection, ClientOptions options)
+    : connection_(std::move(connection)), options_(std::move(options)) {}
 Client::Client(Client&&) noexcept = default;
 Client& Client::operator=(Client&&) noexcept = default;
 Client::~Client() {
   if (connection_) connection_->close();
 }
 
-Result<Client> Client::connect(const ClientOptions& options) {
+namespace {
+
+Result<std::shared_ptr<Connection>> openConnection(const ClientOptions& options) {
   const std::string path = resolveSocketPath(options);
   auto socket = ipc::connectUnix(path, ipc::Clock::now() + options.timeout);
   if (!socket) {
     return makeError(ErrorCode::kUnavailable, "cannot reach dbufd at " + path + ": " + socket.error().message);
   }
-  return Client(std::make_shared<Connection>(std::move(*socket), options.timeout, options.interrupted));
+  return std::make_shared<Connection>(std::move(*socket), options.timeout, options.interrupted);
+}
+
+}  // namespace
+
+Result<Client> Client::connect(const ClientOptions& options) {
+  auto connection = openConnection(options);
+  if (!connection) return std::move(connection).error();
+  return Client(std::move(*connection), options);
 }
 
 Result<void> Client::attach(const AttachOptions& options, std::optional<std::chrono::milliseconds> timeout) {
@@ -395,14 +406,25 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   hello.persistent = options.persistent;
   hello.prefetch_depth = options.prefetch_depth;
   hello.nonce = std::random_device{}();
+  if (attach_failed_) {  // dbufd closed the connection of the refused attach
+    auto fresh = openConnection(options_);
+    if (!fresh) return std::move(fresh).error();
+    connection_->close();
+    connection_ = std::move(*fresh);
+    attach_failed_ = false;
+  }
   auto reply = connection_->call(hello, timeout);
-  if (!reply) return std::move(reply).error();
+  if (!reply) {
+    attach_failed_ = true;
+    return std::move(reply).error();
+  }
   const auto* welcome = std::get_if<ipc::Welcome>(&reply->message);
   if (welcome == nullptr || welcome->nonce != hello.nonce) {
     return makeError(ErrorCode::kInternal, "dbufd answered Hello with something else");
   }
   if (auto rings = connection_->openRings(*welcome, reply->fds); !rings) {
     connection_->close();
+    attach_failed_ = true;
     return rings;
   }
   connection_->attached = true;

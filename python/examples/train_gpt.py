@@ -271,8 +271,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{rank}.json").write_text(json.dumps(result, indent=1) + "\n")
     if rank == 0:
+        median = result["step_time_median_s"]
+        median_text = f"median step {median:.3f} s" if median is not None else "no timed step"
         print(f"{args.backend}: {args.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-              f"median step {result['step_time_median_s']}s; wrote {args.out}/rank*.json")
+              f"{median_text}; wrote {args.out}/rank*.json")
     if args.backend == "fsdp2":
         dist.destroy_process_group()
 
