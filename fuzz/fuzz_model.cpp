@@ -1,4 +1,4 @@
-// Fuzzes model files (tools/plan_io/include/dbuf/plan_io/model_file.hpp):
+// Fuzzes model files (plan_io/include/dbuf/plan_io/model_file.hpp):
 // parseModelJson over the input as JSON, and, when the model is small, the
 // planner (planner/include/dbuf/planner/unit_plan.hpp) on it for two device
 // counts and default granularity rules.

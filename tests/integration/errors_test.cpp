@@ -320,8 +320,13 @@ TEST(Errors, RankOutsideTheWorldSize) {
   ASSERT_TRUE(zero.ok());
   EXPECT_FAILS_WITH(zero->attach(rankOf("world", 0, 0)), ErrorCode::kInvalidArgument);
   EXPECT_EQ(daemon.stats().jobs, 0U);
+  // The refused client stays usable: a corrected attach connects again.
+  auto corrected = client->attach(rankOf("world", 3, 4));
+  ASSERT_TRUE(corrected.ok()) << messageOf(corrected);
+  EXPECT_EQ(daemon.stats().jobs, 1U);
+  ASSERT_TRUE(client->detach().ok());
   expectStillServing(daemon);
-  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+  EXPECT_TRUE(waitUntil([&] { return daemonIsEmpty(daemon.stats()); }));
 }
 
 TEST(Errors, WorldSizeDifferingFromTheJobs) {
@@ -577,6 +582,12 @@ TEST(Errors, BadShapesAndRulesAreInvalidArguments) {
     GroupSpec spec = smallGroup("alignment", 1);
     spec.align_bytes = 3;
     cases.push_back({"alignment", spec, "alignment"});
+  }
+  {
+    GroupSpec spec = smallGroup("twice", 3);
+    spec.tensors[2].name = spec.tensors[0].name;
+    spec.tensors[2].shape = {6};
+    cases.push_back({"a name used twice", spec, "names tensor 't0' twice"});
   }
   for (const Case& c : cases) {
     auto group = client->registerGroup(c.spec);

@@ -258,6 +258,25 @@ TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
     EXPECT_EQ(rank->call("detach"), "ok detach");
     rank->exit();
   }
+  // An orderly end is no incident: the flight recorder stays out of the log.
+  EXPECT_TRUE(eventually([&] { return contains(daemon_->log(), "job job-a rank 1 detached"); })) << daemon_->log();
+  EXPECT_FALSE(contains(daemon_->log(), "flight recorder")) << daemon_->log();
+}
+
+TEST_F(Dbufctl, ARankThatDiesLogsItsJobsFlightRecorder) {
+  Rank r0("r0");
+  Rank r1("r1");
+  ASSERT_NO_FATAL_FAILURE(attachBoth(r0, r1, "job-k"));
+  r0.begin("unshard g");
+  r1.begin("unshard g");
+  EXPECT_EQ(r0.result(), "ok unshard");
+  EXPECT_EQ(r1.result(), "ok unshard");
+  r1.kill9();  // between collectives: nothing fails, but the rank is lost
+  EXPECT_TRUE(eventually([&] { return contains(daemon_->log(), "collective(s) (flight recorder; dbufctl trace job-k)"); }))
+      << daemon_->log();
+  EXPECT_TRUE(contains(daemon_->log(), "#0 allGather of 'g': ok")) << daemon_->log();
+  EXPECT_EQ(r0.call("detach"), "ok detach");
+  r0.exit();
 }
 
 TEST_F(Dbufctl, ATenantsUserSeesItsOwnJobsTheAdminGroupEverythingAStrangerNothing) {

@@ -55,6 +55,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void markAttached() { attached_ = true; }
   [[nodiscard]] bool attached() const noexcept { return attached_; }
+  /// The client asked to detach: its end is orderly, not a loss.
+  void markDetaching() { detaching_ = true; }
+  [[nodiscard]] bool detaching() const noexcept { return detaching_; }
   /// An operator's connection (dbufctl): no handshake deadline, no rank.
   void markOperator();
   [[nodiscard]] bool isOperator() const noexcept { return operator_; }
@@ -88,6 +91,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
   bool attached_ = false;
+  bool detaching_ = false;
   bool operator_ = false;
   bool close_when_flushed_ = false;
   bool closed_ = false;

@@ -1,25 +1,6 @@
 #include "executor.hpp"
 
-#include <atomic>
-
-#include "dbuf/daemon/server.hpp"
-
 namespace dbuf::daemon {
-namespace {
-
-std::atomic<int> abandoned_threads{0};
-
-}  // namespace
-
-AbandonedThread::AbandonedThread() noexcept {
-  abandoned_threads.fetch_add(1);
-}
-AbandonedThread::~AbandonedThread() {
-  abandoned_threads.fetch_sub(1);
-}
-int abandonedThreads() noexcept {
-  return abandoned_threads.load();
-}
 
 Result<std::unique_ptr<SessionCounters>> Executor::sessionCounters(std::uint32_t /*rank*/,
                                                                    ipc::StreamCounters& /*counters*/) {

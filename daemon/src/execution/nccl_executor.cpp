@@ -41,6 +41,7 @@
 
 #include "dbuf/common/cuda_status.hpp"
 #include "dbuf/gpu/nccl.hpp"
+#include "abandoned_thread.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
 #include "executor.hpp"
 #include "node_executor.hpp"

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "abandoned_thread.hpp"
 #include "admin.hpp"
 #include "backend.hpp"
 #include "dbuf/daemon/lock_file.hpp"
@@ -155,6 +156,10 @@ class Server::Impl final : public SessionHandler {
     }
   }
 
+  static ServerStats statsOf(const JobTable::Counts& counts) {
+    return ServerStats{counts.sessions, counts.jobs, counts.memfds, counts.bytes_in_use};
+  }
+
   ServerStats stats() {
     std::promise<ServerStats> promise;
     auto future = promise.get_future();
@@ -164,8 +169,8 @@ class Server::Impl final : public SessionHandler {
       // Serving: ask the loop; run() answers whatever was posted before its
       // loop ended, so a request posted under the mutex is never lost.
       const std::lock_guard lock(stats_mutex_);
-      if (!running_) return jobs_.stats();
-      asio::post(io_, [this, &promise] { promise.set_value(jobs_.stats()); });
+      if (!running_) return statsOf(jobs_.counts());
+      asio::post(io_, [this, &promise] { promise.set_value(statsOf(jobs_.counts())); });
     }
     return future.get();
   }
@@ -522,6 +527,10 @@ const std::string& Server::socketPath() const noexcept {
 }
 std::uint64_t Server::instanceId() const noexcept {
   return impl_->instanceId();
+}
+
+int abandonedThreads() noexcept {
+  return AbandonedThread::live();
 }
 
 }  // namespace dbuf::daemon

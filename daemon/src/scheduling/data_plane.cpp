@@ -603,7 +603,7 @@ bool DataPlane::checkTimeout(JobSchedule& job, SteadyClock::time_point now) {
   return true;
 }
 
-void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
+void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank, RankEnd end) {
   RankSchedule& gone = job.ranks[rank];
   const bool had_op = !gone.ops.empty();
   const bool was_running = job.collectives.running;
@@ -633,7 +633,7 @@ void DataPlane::rankGone(JobSchedule& job, std::uint32_t rank) {
   while (std::any_of(job.ranks.begin(), job.ranks.end(), [](const RankSchedule& r) { return !r.ops.empty(); })) {
     failFronts(job, disconnected);
   }
-  logRecent(job);
+  if (ops_fail || end == RankEnd::kLost) logRecent(job);
 }
 
 // ----------------------------------------------------------------- sleeping

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <string_view>
+#include <unordered_set>
 
 #include "dbuf/common/int_math.hpp"
 
@@ -114,7 +116,13 @@ Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_
   // element, so the larger one is aligned too.
   const DType plan_dtype = sizeBytes(*sharded) < sizeBytes(*unsharded) ? *sharded : *unsharded;
   planner::UnitSpec unit{spec.name, {}};
+  std::unordered_set<std::string_view> names;
   for (const ipc::TensorDecl& decl : spec.tensors) {
+    // Clients find a tensor by its name: a second one of a name would be unreachable.
+    if (!names.insert(decl.name).second) {
+      return makeError(ErrorCode::kInvalidArgument,
+                       "group '" + spec.name + "' names tensor '" + decl.name + "' twice; tensor names must be unique");
+    }
     planner::TensorSpec tensor{decl.name, decl.shape, plan_dtype, std::nullopt, std::nullopt};
     if (!decl.granularity.empty()) {
       auto own = planner::GranularityRule::parse(decl.granularity);

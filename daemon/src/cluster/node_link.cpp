@@ -17,7 +17,7 @@
 #include <sstream>
 #include <utility>
 
-#include "executor.hpp"
+#include "abandoned_thread.hpp"
 #include "rank_text.hpp"
 
 namespace dbuf::daemon {

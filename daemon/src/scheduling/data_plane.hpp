@@ -189,6 +189,12 @@ struct CorruptRing {
   Error why;
 };
 
+/// How a rank left its job.
+enum class RankEnd {
+  kDetached,  ///< it asked to (ipc::Detach): an orderly end
+  kLost,      ///< its connection closed without asking (the process died, or closed its socket)
+};
+
 class DataPlane {
  public:
   /// Bytes a job may write per turn before the next job's turn.
@@ -214,8 +220,9 @@ class DataPlane {
   /// Returns the amount of work done (0: nothing could progress).
   std::size_t progress(JobSchedule& job, SteadyClock::time_point now);
   /// `rank` of `job` is gone: its queue is dropped, and every op of the other
-  /// ranks that needs it fails now, naming it.
-  void rankGone(JobSchedule& job, std::uint32_t rank);
+  /// ranks that needs it fails now, naming it. The job's flight recorder is
+  /// logged when ops fail or the rank was lost, not after an orderly detach.
+  void rankGone(JobSchedule& job, std::uint32_t rank, RankEnd end);
 
   /// Before sleeping: flags every ring so clients ring the doorbell; false if
   /// something is already waiting (do not sleep). Arms the timeout timer.

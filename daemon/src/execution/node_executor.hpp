@@ -104,4 +104,18 @@ class NodeSync : public Executor {
 /// A job's NodeSync (NodeExecutor with no data of its own).
 [[nodiscard]] std::unique_ptr<NodeSync> nodeSync(const NodeJob& job, const ClusterContext& cluster);
 
+/// A job across nodes on the host backend: the node's ranks through the CPU
+/// kernels, the nodes' parts through Gloo.
+[[nodiscard]] std::unique_ptr<Executor> nodeExecutor(const NodeJob& job, const ClusterContext& cluster);
+
+#if defined(DBUF_WITH_CUDA)
+/// A job across nodes on GPUs, one rank per GPU: this node's ranks of one
+/// NCCL communicator over every node's, made at each meeting of the nodes
+/// (its unique id through the job's store); each op's headers go to the
+/// other nodes first (nodeSync()), and an op that does not end within the
+/// job's collective timeout aborts the communicator.
+[[nodiscard]] Result<std::unique_ptr<Executor>> ncclNodeExecutor(std::vector<int> devices, NodeJob job,
+                                                                 const ClusterContext& cluster);
+#endif
+
 }  // namespace dbuf::daemon

@@ -20,7 +20,6 @@
 #include "data_plane.hpp"
 #include "dbuf/common/unique_fd.hpp"
 #include "dbuf/daemon/config.hpp"
-#include "dbuf/daemon/server.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 #include "dbuffer_memory.hpp"
@@ -126,7 +125,14 @@ class JobTable {
   void endSleep();
   /// Frees every job (daemon shutdown).
   void clear();
-  [[nodiscard]] ServerStats stats() const;
+  /// What the daemon holds now (Server::stats()).
+  struct Counts {
+    std::size_t sessions = 0;        ///< attached connections
+    std::size_t jobs = 0;            ///< live or persisting jobs
+    std::size_t memfds = 0;          ///< shared-memory files held open
+    std::uint64_t bytes_in_use = 0;  ///< charged against the memory limit
+  };
+  [[nodiscard]] Counts counts() const;
 
   /// Fills in the tenants, the jobs and the memory used (jobs_view.cpp).
   void describe(admin::DaemonView& view, SteadyClock::time_point now) const;
@@ -190,7 +196,7 @@ class JobTable {
   void failPending(Job& job, const std::string& name, const Error& why);
   static void replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
                          std::uint64_t request);
-  void releaseRank(Job& job, std::uint32_t rank);
+  void releaseRank(Job& job, std::uint32_t rank, RankEnd end);
   void jobLostAllRanks(Job& job);
   void freeJob(const std::string& id);
 

@@ -32,16 +32,6 @@ class SessionCounters {
   [[nodiscard]] virtual Result<void> signalDone(std::uint64_t ticket) = 0;
 };
 
-/// Counts abandonedThreads() (dbuf/daemon/server.hpp): one per thread an
-/// executor leaves running when it goes, for that thread's life.
-class AbandonedThread {
- public:
-  AbandonedThread() noexcept;
-  ~AbandonedThread();
-  AbandonedThread(const AbandonedThread&) = delete;
-  AbandonedThread& operator=(const AbandonedThread&) = delete;
-};
-
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -129,12 +119,6 @@ class EngineExecutor : public Executor {
 /// host executor: the data plane runs one step at a time.
 [[nodiscard]] std::unique_ptr<Executor> hostExecutor(std::span<float> scratch);
 
-struct NodeJob;
-struct ClusterContext;
-/// A job across nodes on the host backend: the node's ranks through the CPU
-/// kernels, the nodes' parts through Gloo (node_executor.hpp).
-[[nodiscard]] std::unique_ptr<Executor> nodeExecutor(const NodeJob& job, const ClusterContext& cluster);
-
 #if defined(DBUF_WITH_CUDA)
 /// Virtual ranks: the CUDA kernels over memory on `device`, on a stream of
 /// the daemon's.
@@ -144,13 +128,6 @@ struct ClusterContext;
 /// aborted them) on a thread of their own: the data plane keeps serving the
 /// other jobs meanwhile.
 [[nodiscard]] Result<std::unique_ptr<Executor>> ncclExecutor(std::vector<int> devices);
-/// A job across nodes on GPUs, one rank per GPU: this node's ranks of one
-/// NCCL communicator over every node's, made at each meeting of the nodes
-/// (its unique id through the job's store); each op's headers go to the
-/// other nodes first (nodeSync()), and an op that does not end within the
-/// job's collective timeout aborts the communicator.
-[[nodiscard]] Result<std::unique_ptr<Executor>> ncclNodeExecutor(std::vector<int> devices, NodeJob job,
-                                                                 const ClusterContext& cluster);
 /// `counters` registered for `device`, done written by `stream` (a
 /// cudaStream_t of the executor's: signalDone is called only while the
 /// executor lives, and destroying what this returns does not touch it).

@@ -9,6 +9,7 @@
 #include "backend.hpp"
 #include "dbuf/common/shared_memory.hpp"
 #include "group_layout.hpp"
+#include "node_executor.hpp"
 #include "rank_text.hpp"
 
 namespace dbuf::daemon {
@@ -153,6 +154,7 @@ void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::Fra
   } else if (const auto* release = std::get_if<ipc::ReleaseSlot>(&message)) {
     handleRelease(session, request, release->group_id);
   } else if (std::holds_alternative<ipc::Detach>(message)) {
+    session->markDetaching();
     session->send(ipc::Detached{}, request);
     session->closeAfterSending();
   } else {
@@ -677,15 +679,15 @@ void JobTable::onClosed(const std::shared_ptr<Session>& session) {
   const auto job = jobs_.find(attachment.job);
   if (job == jobs_.end()) return;
   spdlog::info("job {} rank {} detached", attachment.job, job->second.globalRank(attachment.local));
-  releaseRank(job->second, attachment.local);
+  releaseRank(job->second, attachment.local, session->detaching() ? RankEnd::kDetached : RankEnd::kLost);
   const bool anyone_left = std::any_of(job->second.members.begin(), job->second.members.end(),
                                        [](const RankMembership& member) { return member.session != nullptr; });
   if (!anyone_left) jobLostAllRanks(job->second);
 }
 
-void JobTable::releaseRank(Job& job, std::uint32_t rank) {
+void JobTable::releaseRank(Job& job, std::uint32_t rank, RankEnd end) {
   RankMembership& state = job.members[rank];
-  data_plane_.rankGone(job, rank);  // stops any op touching its memory, fails the others' ops
+  data_plane_.rankGone(job, rank, end);  // stops any op touching its memory, fails the others' ops
   state.session.reset();
   // Unsharded slots hold nothing worth keeping: give their memory back now.
   for (Slot& slot : state.slots) {
@@ -763,8 +765,8 @@ void JobTable::endSleep() {
   data_plane_.endSleep(job_order_);
 }
 
-ServerStats JobTable::stats() const {
-  ServerStats stats;
+JobTable::Counts JobTable::counts() const {
+  Counts stats;
   stats.sessions = attachments_.size();
   stats.jobs = jobs_.size();
   stats.bytes_in_use = budget_.total();
