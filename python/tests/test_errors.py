@@ -90,3 +90,24 @@ def test_a_rank_taken_twice_is_a_conflict_and_the_session_is_still_usable(daemon
     with pytest.raises(dbuf.ConflictError):
         second.attach("twice", 0, 2)
     assert first.noop().sequence == 0
+
+
+def test_a_refused_attach_leaves_the_client_usable_for_a_corrected_one(daemon):
+    client = dbuf.Client(daemon.socket)
+    with pytest.raises(dbuf.InvalidArgumentError, match="rank 4 of world size 4"):
+        client.attach("corrected", 4, 4)
+    client.attach("corrected", 0, 1)  # dbufd closed the refused connection; attach connects again
+    group = client.register_group("g", SPEC)
+    group.unshard()
+    assert group.is_unsharded
+    client.detach()
+
+
+def test_a_group_naming_a_tensor_twice_is_refused_naming_it(daemon):
+    client = dbuf.Client(daemon.socket)
+    client.attach("twice-named", 0, 1)
+    with pytest.raises(dbuf.InvalidArgumentError, match="tensor 'w' is named twice"):
+        client.register_group("g", [dbuf.TensorSpec("w", (4,)), dbuf.TensorSpec("w", (6,))])
+    group = client.register_group("g", [dbuf.TensorSpec("w", (4,)), dbuf.TensorSpec("v", (6,))])
+    assert [t.name for t in group.plan.tensors] == ["w", "v"]
+    client.detach()

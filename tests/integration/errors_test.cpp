@@ -587,7 +587,7 @@ TEST(Errors, BadShapesAndRulesAreInvalidArguments) {
     GroupSpec spec = smallGroup("twice", 3);
     spec.tensors[2].name = spec.tensors[0].name;
     spec.tensors[2].shape = {6};
-    cases.push_back({"a name used twice", spec, "names tensor 't0' twice"});
+    cases.push_back({"a name used twice", spec, "tensor 't0' is named twice"});
   }
   for (const Case& c : cases) {
     auto group = client->registerGroup(c.spec);

@@ -121,7 +121,7 @@ Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_
     // Clients find a tensor by its name: a second one of a name would be unreachable.
     if (!names.insert(decl.name).second) {
       return makeError(ErrorCode::kInvalidArgument,
-                       "group '" + spec.name + "' names tensor '" + decl.name + "' twice; tensor names must be unique");
+                       "tensor '" + decl.name + "' is named twice: a tensor's name must be unique in its group");
     }
     planner::TensorSpec tensor{decl.name, decl.shape, plan_dtype, std::nullopt, std::nullopt};
     if (!decl.granularity.empty()) {
