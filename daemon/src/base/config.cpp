@@ -14,18 +14,25 @@
 #include <system_error>
 #include <utility>
 
-// toml++ is built with exceptions in Debian (its ABI namespace is toml::v3::ex),
-// so parse() throws toml::parse_error. It is caught in parseConfig() and
-// nothing else from toml++ leaves this file.
-#include <toml++/toml.h>
-
 #include "dbuf/common/unique_fd.hpp"
+#include "tenants.hpp"
+#include "toml_values.hpp"
 
+// What toml++ throws (toml::parse_error) is caught in parseConfig(); nothing
+// of toml++ leaves base/.
 namespace dbuf::daemon {
 namespace {
 
+using config_file::invalid;
+using config_file::Located;
+using config_file::Position;
+using config_file::positionOf;
+using config_file::Problems;
+using config_file::quoted;
+using config_file::typeName;
+using config_file::ValueReader;
+
 constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
-constexpr std::int64_t kMaxId = std::int64_t{std::numeric_limits<std::uint32_t>::max()} - 1;  // (uid_t)-1 means "none"
 
 constexpr std::array<std::string_view, 8> kRootKeys{"daemon", "rings",   "timeouts", "persistence",
                                                     "cluster", "metrics", "admin",    "tenant"};
@@ -38,65 +45,6 @@ constexpr std::array<std::string_view, 2> kClusterKeys{"address", "store_hosts"}
 constexpr std::size_t kMaxClusterNameLength = 255;
 constexpr std::array<std::string_view, 1> kMetricsKeys{"listen"};
 constexpr std::array<std::string_view, 2> kAdminKeys{"uids", "gids"};
-constexpr std::array<std::string_view, 5> kTenantKeys{"name", "uids", "gids", "memory_quota", "max_jobs"};
-
-Error invalid(std::string message) {
-  return makeError(ErrorCode::kInvalidArgument, std::move(message));
-}
-
-std::string joinNames(std::span<const std::string_view> names) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
-    out += names[i];
-  }
-  return out;
-}
-
-std::size_t editDistance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string_view typeName(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::table:
-      return "a table";
-    case toml::node_type::array:
-      return "an array";
-    case toml::node_type::string:
-      return "a string";
-    case toml::node_type::integer:
-      return "an integer";
-    case toml::node_type::floating_point:
-      return "a floating-point number";
-    case toml::node_type::boolean:
-      return "a boolean";
-    case toml::node_type::date:
-      return "a date";
-    case toml::node_type::time:
-      return "a time";
-    case toml::node_type::date_time:
-      return "a date-time";
-    case toml::node_type::none:
-      break;
-  }
-  return "nothing";
-}
-
-std::string quoted(std::string_view text) {
-  return "\"" + std::string(text) + "\"";
-}
 
 /// An IP address or a host name: letters, digits, '.', '-', ':' (IPv6).
 Result<void> validateHostName(const std::string& name) {
@@ -112,134 +60,11 @@ Result<void> validateHostName(const std::string& name) {
   return {};
 }
 
-struct Position {
-  std::uint32_t line = 1;
-  std::uint32_t column = 1;
-  // Not a defaulted <=>: clang-tidy's modernize-use-nullptr trips on its synthesized comparison with 0.
-  bool operator<(const Position& other) const { return line != other.line ? line < other.line : column < other.column; }
-};
-
-Position positionOf(const toml::source_region& region) {
-  // Implicitly created tables have no region (line 0); point at the file.
-  if (region.begin.line == 0) return {};
-  return {region.begin.line, std::max<std::uint32_t>(region.begin.column, 1)};
-}
-
-/// Collects every problem in the file so one run of dbufd reports them all.
-class Problems {
+/// Reads the sections of the parsed document into a Config; each reports
+/// through `problems` and leaves the default in place on error.
+class SectionReader : public ValueReader {
  public:
-  explicit Problems(const std::string& source) : source_(source) {}
-
-  void add(const toml::source_region& where, std::string_view key, std::string_view what) {
-    add(positionOf(where), key, what);
-  }
-  void add(Position where, std::string_view key, std::string_view what) {
-    std::string text = "key '" + std::string(key) + "': " + std::string(what);
-    problems_.push_back({where, std::move(text)});
-  }
-
-  [[nodiscard]] bool empty() const { return problems_.empty(); }
-  [[nodiscard]] std::size_t count() const { return problems_.size(); }
-
-  [[nodiscard]] Error toError() {
-    std::stable_sort(problems_.begin(), problems_.end(),
-                     [](const Entry& a, const Entry& b) { return a.where < b.where; });
-    std::string message;
-    for (const Entry& entry : problems_) {
-      if (!message.empty()) message += '\n';
-      message += source_ + ":" + std::to_string(entry.where.line) + ":" + std::to_string(entry.where.column) + ": " +
-                 entry.text;
-    }
-    return invalid(std::move(message));
-  }
-
- private:
-  struct Entry {
-    Position where;
-    std::string text;
-  };
-  std::string source_;
-  std::vector<Entry> problems_;
-};
-
-/// Walks the parsed document into a Config; every reader reports through
-/// `problems` and leaves the default in place on error.
-class Reader {
- public:
-  explicit Reader(Problems& problems) : problems_(problems) {}
-
-  /// `noun` is "key" or "table"; suggests a known key that is a likely typo.
-  void unknownKey(const toml::key& key, std::string_view path, std::span<const std::string_view> known,
-                  std::string_view noun = "key") {
-    std::string what = "unknown " + std::string(noun) + " (expected " + joinNames(known) + ")";
-    for (std::string_view candidate : known) {
-      const std::string_view name = key.str();
-      const bool prefix = name.size() >= 4 && (candidate.starts_with(name) || name.starts_with(candidate));
-      if (prefix || editDistance(name, candidate) <= 2) {
-        what = "unknown " + std::string(noun) + "; did you mean '" + std::string(candidate) + "'?";
-        break;
-      }
-    }
-    problems_.add(key.source(), path, what);
-  }
-
-  const toml::table* table(const toml::node& node, std::string_view path) {
-    if (const toml::table* t = node.as_table()) return t;
-    problems_.add(node.source(), path, "expected a table, got " + std::string(typeName(node)));
-    return nullptr;
-  }
-
-  std::optional<std::int64_t> integer(const toml::node& node, std::string_view path, std::int64_t low,
-                                      std::int64_t high, std::string_view unit = {}) {
-    const auto* value = node.as_integer();
-    if (value == nullptr) {
-      problems_.add(node.source(), path, "expected an integer, got " + std::string(typeName(node)));
-      return std::nullopt;
-    }
-    const std::int64_t v = value->get();
-    if (v < low || v > high) {
-      problems_.add(node.source(), path,
-                    std::to_string(v) + std::string(unit) + " is out of range (" + std::to_string(low) + ".." +
-                        std::to_string(high) + std::string(unit) + ")");
-      return std::nullopt;
-    }
-    return v;
-  }
-
-  std::optional<std::string> string(const toml::node& node, std::string_view path) {
-    if (const auto* value = node.as_string()) return value->get();
-    problems_.add(node.source(), path, "expected a string, got " + std::string(typeName(node)));
-    return std::nullopt;
-  }
-
-  /// A byte count: an integer (bytes) or a string with a unit; must be > 0.
-  std::optional<std::uint64_t> size(const toml::node& node, std::string_view path) {
-    std::uint64_t bytes = 0;
-    if (const auto* number = node.as_integer()) {
-      if (number->get() < 0) {
-        problems_.add(node.source(), path, "negative size " + std::to_string(number->get()));
-        return std::nullopt;
-      }
-      bytes = static_cast<std::uint64_t>(number->get());
-    } else if (const auto* text = node.as_string()) {
-      Result<std::uint64_t> parsed = parseBytes(text->get());
-      if (!parsed) {
-        problems_.add(node.source(), path, parsed.error().message);
-        return std::nullopt;
-      }
-      bytes = *parsed;
-    } else {
-      problems_.add(node.source(), path,
-                    "expected a size (an integer number of bytes or a string such as \"16GiB\"), got " +
-                        std::string(typeName(node)));
-      return std::nullopt;
-    }
-    if (bytes == 0) {
-      problems_.add(node.source(), path, "must be greater than zero");
-      return std::nullopt;
-    }
-    return bytes;
-  }
+  using ValueReader::ValueReader;
 
   void daemon(const toml::table& t, Config& config) {
     for (auto&& [key, node] : t) {
@@ -373,104 +198,7 @@ class Reader {
     }
   }
 
-  void tenants(const toml::node& node, Config& config) {
-    const toml::array* list = node.as_array();
-    if (list == nullptr) {
-      problems_.add(
-          node.source(), "tenant",
-          "expected an array of tables (write each tenant as [[tenant]]), got " + std::string(typeName(node)));
-      return;
-    }
-    std::vector<Parsed> parsed;
-    for (std::size_t i = 0; i < list->size(); ++i) {
-      const toml::node& element = *list->get(i);
-      const std::string path = "tenant[" + std::to_string(i) + "]";
-      if (const toml::table* t = table(element, path)) parsed.push_back(tenant(*t, path));
-    }
-    checkTenants(parsed);
-    for (Parsed& p : parsed) config.tenants.push_back(std::move(p.tenant));
-  }
-
  private:
-  struct Located {
-    std::uint32_t id = 0;
-    Position where;
-  };
-  struct Parsed {
-    Tenant tenant;
-    std::string path;
-    Position where;
-    Position name_where;
-    bool has_name = false;
-    bool bad_ids = false;  ///< a uid or gid list had errors of its own
-    std::vector<Located> uids;
-    std::vector<Located> gids;
-  };
-
-  std::vector<Located> ids(const toml::node& node, const std::string& path, std::string_view what) {
-    std::vector<Located> out;
-    const toml::array* list = node.as_array();
-    if (list == nullptr) {
-      problems_.add(node.source(), path, "expected an array of integers, got " + std::string(typeName(node)));
-      return out;
-    }
-    for (std::size_t i = 0; i < list->size(); ++i) {
-      const toml::node& element = *list->get(i);
-      const std::string element_path = path + "[" + std::to_string(i) + "]";
-      if (auto v = integer(element, element_path, 0, kMaxId)) {
-        const auto id = static_cast<std::uint32_t>(*v);
-        const Position where = positionOf(element.source());
-        const auto same = std::find_if(out.begin(), out.end(), [&](const Located& l) { return l.id == id; });
-        if (same != out.end()) {
-          problems_.add(where, element_path,
-                        std::string(what) + " " + std::to_string(id) + " is listed twice (first at line " +
-                            std::to_string(same->where.line) + ")");
-          continue;
-        }
-        out.push_back({id, where});
-      }
-    }
-    return out;
-  }
-
-  Parsed tenant(const toml::table& t, const std::string& path) {
-    Parsed p;
-    p.path = path;
-    p.where = positionOf(t.source());
-    for (auto&& [key, node] : t) {
-      const std::string key_path = path + "." + std::string(key.str());
-      if (key == "name") {
-        if (auto text = string(node, key_path)) {
-          if (Result<void> valid = validateTenantName(*text); !valid) {
-            problems_.add(node.source(), key_path, valid.error().message);
-          } else {
-            p.tenant.name = std::move(*text);
-            p.name_where = positionOf(node.source());
-            p.has_name = true;
-          }
-        }
-      } else if (key == "uids") {
-        const std::size_t before = problems_.count();
-        p.uids = ids(node, key_path, "uid");
-        p.bad_ids |= problems_.count() != before;
-        for (const Located& l : p.uids) p.tenant.uids.push_back(l.id);
-      } else if (key == "gids") {
-        const std::size_t before = problems_.count();
-        p.gids = ids(node, key_path, "gid");
-        p.bad_ids |= problems_.count() != before;
-        for (const Located& l : p.gids) p.tenant.gids.push_back(l.id);
-      } else if (key == "memory_quota") {
-        if (auto bytes = size(node, key_path)) p.tenant.memory_quota_bytes = *bytes;
-      } else if (key == "max_jobs") {
-        if (auto v = integer(node, key_path, 1, kMaxTenantJobs)) p.tenant.max_jobs = static_cast<std::uint32_t>(*v);
-      } else {
-        unknownKey(key, key_path, kTenantKeys);
-      }
-    }
-    if (t.get("name") == nullptr) problems_.add(p.where, path + ".name", "missing: every tenant needs a name");
-    return p;
-  }
-
   std::vector<std::string> storeHosts(const toml::node& node, const std::string& path) {
     std::vector<std::string> out;
     const toml::array* list = node.as_array();
@@ -501,88 +229,33 @@ class Reader {
     }
     return out;
   }
-
-  static Result<void> validateTenantName(const std::string& name) {
-    if (name.empty()) return invalid("tenant name is empty");
-    if (name.size() > kMaxTenantNameLength) {
-      return invalid("tenant name is " + std::to_string(name.size()) + " characters long; at most " +
-                     std::to_string(kMaxTenantNameLength) + " are allowed");
-    }
-    for (char c : name) {
-      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                      c == '-' || c == '.';
-      if (!ok) return invalid("tenant name " + quoted(name) + " may contain only letters, digits, '_', '-' and '.'");
-    }
-    return {};
-  }
-
-  /// Checks across tenants: unique names, someone admitted, and each uid and
-  /// gid in at most one tenant so a peer's tenant is never ambiguous.
-  void checkTenants(const std::vector<Parsed>& parsed) {
-    for (std::size_t i = 0; i < parsed.size(); ++i) {
-      const Parsed& p = parsed[i];
-      const std::string label = p.has_name ? "tenant '" + p.tenant.name + "'" : "this tenant";
-      // An id list that failed to parse already has its own error; only a
-      // tenant whose lists are absent or empty "admits nobody".
-      if (p.tenant.uids.empty() && p.tenant.gids.empty() && !p.bad_ids) {
-        problems_.add(p.where, p.path, label + " admits nobody: give it uids or gids");
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        const Parsed& earlier = parsed[j];
-        if (p.has_name && earlier.has_name && p.tenant.name == earlier.tenant.name) {
-          problems_.add(p.name_where, p.path + ".name",
-                        "duplicate tenant name '" + p.tenant.name + "' (first at line " +
-                            std::to_string(earlier.name_where.line) + ")");
-        }
-        overlap(p, &Parsed::uids, earlier, "uids", "uid");
-        overlap(p, &Parsed::gids, earlier, "gids", "gid");
-      }
-    }
-  }
-
-  void overlap(const Parsed& p, std::vector<Located> Parsed::*list, const Parsed& earlier, std::string_view key,
-               std::string_view what) {
-    const std::vector<Located>& mine = p.*list;
-    const std::vector<Located>& theirs = earlier.*list;
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      const auto clash =
-          std::find_if(theirs.begin(), theirs.end(), [&](const Located& l) { return l.id == mine[k].id; });
-      if (clash == theirs.end()) continue;
-      const std::string owner = earlier.has_name ? "tenant '" + earlier.tenant.name + "'" : earlier.path;
-      problems_.add(mine[k].where, p.path + "." + std::string(key) + "[" + std::to_string(k) + "]",
-                    std::string(what) + " " + std::to_string(mine[k].id) + " already belongs to " + owner + " (line " +
-                        std::to_string(clash->where.line) + ")");
-    }
-  }
-
-  Problems& problems_;
 };
 
 Result<Config> walk(const toml::table& root, const std::string& source) {
   Problems problems(source);
-  Reader reader(problems);
+  SectionReader reader(problems);
   Config config;
   for (auto&& [key, node] : root) {
     const std::string path(key.str());
     if (key == "tenant") {
-      reader.tenants(node, config);
+      config.tenants = readTenants(node, problems);
       continue;
     }
-    void (Reader::*section)(const toml::table&, Config&) = nullptr;
+    void (SectionReader::*section)(const toml::table&, Config&) = nullptr;
     if (key == "daemon") {
-      section = &Reader::daemon;
+      section = &SectionReader::daemon;
     } else if (key == "rings") {
-      section = &Reader::rings;
+      section = &SectionReader::rings;
     } else if (key == "timeouts") {
-      section = &Reader::timeouts;
+      section = &SectionReader::timeouts;
     } else if (key == "persistence") {
-      section = &Reader::persistence;
+      section = &SectionReader::persistence;
     } else if (key == "cluster") {
-      section = &Reader::cluster;
+      section = &SectionReader::cluster;
     } else if (key == "metrics") {
-      section = &Reader::metrics;
+      section = &SectionReader::metrics;
     } else if (key == "admin") {
-      section = &Reader::admin;
+      section = &SectionReader::admin;
     } else {
       reader.unknownKey(key, path, kRootKeys, node.is_table() ? "table" : "key");
       continue;
