@@ -1,22 +1,16 @@
 #include "dbuf/daemon/server.hpp"
 
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <asio.hpp>
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "abandoned_thread.hpp"
@@ -25,64 +19,28 @@
 #include "dbuf/daemon/lock_file.hpp"
 #include "dbuf/daemon/logging.hpp"
 #include "jobs.hpp"
+#include "listener.hpp"
 #include "metrics.hpp"
+#include "operators.hpp"
+#include "reload.hpp"
 #include "session.hpp"
 
 namespace dbuf::daemon {
 
 class Server::Impl final : public SessionHandler {
  public:
-  static constexpr std::size_t kMaxSessions = 4096;  // connections, attached or not
-
   Impl(Config config, LockFile lock, std::uint64_t instance_id)
       : config_(std::move(config)),
         lock_(std::move(lock)),
         instance_id_(instance_id),
-        acceptor_(io_),
+        listener_(io_, *this),
         signals_(io_),
         heartbeat_(io_),
         shutdown_deadline_(io_),
-        jobs_(io_, config_, instance_id) {}
+        jobs_(io_, config_, instance_id),
+        desk_(config_, instance_id, daemon_uid_, jobs_, listener_) {}
 
-  Result<void> bind() {
-    // Bound and listening under a name of its own first, then renamed into
-    // place: the socket path appears only once connecting to it works (a
-    // client that sees the file is never refused). Binding in place where
-    // that name would be too long for a Unix socket.
-    const std::string& path = config_.socket_path;
-    const std::string staged = stagedSocketPath(path);
-    const std::string& bound = staged.empty() ? path : staged;
-    // One left by a daemon that crashed with this pid (the lock file beside
-    // the socket says no live daemon uses this directory).
-    if (!staged.empty()) ::unlink(staged.c_str());
-    asio::error_code error;
-    const asio::local::stream_protocol::endpoint endpoint(bound);
-    acceptor_.open(endpoint.protocol(), error);
-    if (!error) acceptor_.bind(endpoint, error);
-    if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
-    if (error) {
-      if (!staged.empty()) ::unlink(staged.c_str());
-      return makeError(ErrorCode::kIo, "cannot listen on " + path + ": " + error.message());
-    }
-    // Anyone may connect; who may do what is decided per peer (SO_PEERCRED)
-    // against the tenant table.
-    ::chmod(bound.c_str(), 0666);
-    if (!staged.empty() && ::rename(staged.c_str(), path.c_str()) != 0) {
-      const int saved = errno;
-      ::unlink(staged.c_str());
-      return makeError(ErrorCode::kIo, "cannot listen on " + path + ": rename: " + std::strerror(saved));
-    }
-    return {};
-  }
-
-  /// A name beside `path` to bind under before renaming into place, or
-  /// empty when it would not fit a Unix socket address.
-  static std::string stagedSocketPath(const std::string& path) {
-    const auto slash = path.rfind('/');
-    const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-    std::string staged = dir + ".dbufd-" + std::to_string(::getpid()) + ".sock";
-    return staged.size() < sizeof(sockaddr_un::sun_path) ? staged : std::string();
-  }
+  Result<void> bind() { return listener_.bind(config_.socket_path); }
 
   void run(bool handle_signals) {
     if (handle_signals) {
@@ -91,7 +49,7 @@ class Server::Impl final : public SessionHandler {
       signals_.add(SIGHUP);
       waitForSignal();
     }
-    accept();
+    listener_.start(config_.handshake_timeout);
     if (on_heartbeat_) beat();
     {
       const std::lock_guard lock(stats_mutex_);
@@ -182,7 +140,8 @@ class Server::Impl final : public SessionHandler {
       return;
     }
     if (const auto* request = std::get_if<ipc::AdminRequest>(&message)) {
-      handleAdmin(session, header.request_id, *request);
+      desk_.answer(session, header.request_id, *request, figures());
+      finishDrainIfDone();
       return;
     }
     if (session->isOperator()) {
@@ -195,11 +154,11 @@ class Server::Impl final : public SessionHandler {
   }
 
   void onClosed(const std::shared_ptr<Session>& session) override {
-    sessions_.erase(session->id());
+    listener_.forget(session->id());
     if (!stopping_) {
       jobs_.onClosed(session);
       finishDrainIfDone();
-    } else if (sessions_.empty()) {
+    } else if (listener_.empty()) {
       shutdown_deadline_.cancel();  // every goodbye went out
     }
   }
@@ -239,85 +198,7 @@ class Server::Impl final : public SessionHandler {
       spdlog::error("SIGHUP: the configuration has errors; nothing changed:\n{}", fresh.error().message);
       return;
     }
-    for (const std::string_view key : keysNeedingRestart(*fresh)) {
-      spdlog::warn("SIGHUP: {} changed; it takes effect when dbufd restarts", key);
-    }
-    config_.tenants = jobs_.retenant(effectiveTenants(*fresh, daemon_uid_));
-    config_.admin_uids = fresh->admin_uids;
-    config_.admin_gids = fresh->admin_gids;
-    config_.log_level = fresh->log_level;
-    spdlog::default_logger()->set_level(toSpdlogLevel(config_.log_level));
-    std::string tenants;
-    for (const Tenant& tenant : config_.tenants) {
-      tenants += (tenants.empty() ? "" : ", ") + tenant.name + " (quota " + std::to_string(tenant.memory_quota_bytes) +
-                 " bytes, at most " + std::to_string(tenant.max_jobs) + " jobs)";
-    }
-    spdlog::info("SIGHUP: configuration reloaded: tenants {}; log level {}", tenants, toString(config_.log_level));
-  }
-
-  /// The keys of `fresh` that differ from what the daemon runs with and that
-  /// only a restart applies.
-  std::vector<std::string_view> keysNeedingRestart(const Config& fresh) const {
-    std::vector<std::string_view> keys;
-    const auto note = [&](bool changed, std::string_view key) {
-      if (changed) keys.push_back(key);
-    };
-    note(fresh.socket_path != config_.socket_path, "daemon.socket");
-    // config_.backend is resolved ("auto" became host or cuda).
-    note(fresh.backend != Backend::kAuto && fresh.backend != config_.backend, "daemon.backend");
-    note(fresh.virtual_ranks != config_.virtual_ranks, "daemon.virtual_ranks");
-    note(fresh.memory_limit_bytes != config_.memory_limit_bytes, "daemon.memory_limit");
-    note(fresh.ring_entries != config_.ring_entries, "rings.entries");
-    note(fresh.busy_poll != config_.busy_poll, "rings.busy_poll_us");
-    note(fresh.handshake_timeout != config_.handshake_timeout, "timeouts.handshake_ms");
-    note(fresh.register_timeout != config_.register_timeout, "timeouts.register_ms");
-    note(fresh.collective_timeout != config_.collective_timeout, "timeouts.collective_ms");
-    note(fresh.persistence_grace != config_.persistence_grace, "persistence.grace_period_s");
-    note(fresh.cluster_address != config_.cluster_address, "cluster.address");
-    note(fresh.cluster_store_hosts != config_.cluster_store_hosts, "cluster.store_hosts");
-    note(fresh.metrics_listen != config_.metrics_listen, "metrics.listen");
-    return keys;
-  }
-
-  /// An operator's request (admin.hpp): who asks decides what it sees.
-  void handleAdmin(const std::shared_ptr<Session>& session, std::uint64_t request_id,
-                   const ipc::AdminRequest& request) {
-    if (session->attached()) {
-      session->sendError(ipc::WireError::kBadRequest,
-                         "a rank's connection cannot ask as an operator: open a connection of its own", request_id);
-      return;
-    }
-    auto groups = session->peerGroups();
-    auto access = groups ? admin::authorize(config_, daemon_uid_, session->peer(), *groups)
-                         : Result<admin::Access>(std::move(groups).error());
-    if (!access) {
-      spdlog::warn("operator request '{}' refused (pid {}, uid {}): {}", request.verb, session->peer().pid,
-                   session->peer().uid, access.error().message);
-      session->sendError(access.error(), request_id);
-      session->closeAfterSending();
-      return;
-    }
-    session->markOperator();
-    auto query = admin::parseRequest(request);
-    if (!query) {
-      session->sendError(query.error(), request_id);
-      return;
-    }
-    if (query->verb == admin::Verb::kDrain && access->everything && !jobs_.refusesNewJobs()) {
-      jobs_.refuseNewJobs();
-      spdlog::info("drain requested (pid {}, uid {}): no new jobs; stopping once {} job(s) with ranks end",
-                   session->peer().pid, session->peer().uid, jobs_.jobsWithRanks());
-    }
-    admin::DaemonView view = snapshot();
-    if (query->verb == admin::Verb::kPlan) view.plan_report = jobs_.planReport(query->job, query->group);
-    if (query->verb == admin::Verb::kTrace) view.trace = jobs_.trace(query->job, started_);
-    auto text = admin::answer(*query, *access, view);
-    if (text) {
-      session->send(ipc::AdminReply{std::move(*text)}, request_id);
-    } else {
-      session->sendError(text.error(), request_id);
-    }
-    finishDrainIfDone();
+    applyReload(config_, *fresh, jobs_, daemon_uid_);
   }
 
   /// The Prometheus endpoint, when [metrics] listen names an address; a
@@ -343,44 +224,10 @@ class Server::Impl final : public SessionHandler {
     {
       const std::lock_guard lock(stats_mutex_);  // (as in stats(): run() answers what was posted before it ended)
       if (!running_) return std::nullopt;
-      asio::post(io_, [this, promise] { promise->set_value(snapshot()); });
+      asio::post(io_, [this, promise] { promise->set_value(desk_.snapshot(figures())); });
     }
     if (future.wait_for(std::chrono::seconds(1)) != std::future_status::ready) return std::nullopt;
     return future.get();
-  }
-
-  /// What the daemon holds now, for an operator.
-  admin::DaemonView snapshot() const {
-    const auto now = SteadyClock::now();
-    admin::DaemonView view;
-    view.instance_id = instance_id_;
-    view.pid = static_cast<std::int32_t>(::getpid());
-    view.uid = daemon_uid_;
-    view.socket = config_.socket_path;
-    view.backend = std::string(toString(config_.backend));
-    view.uptime_s = std::chrono::duration<double>(now - started_).count();
-    view.started_unix_s = std::chrono::duration<double>(started_wall_.time_since_epoch()).count();
-    view.loop_busy_s = std::chrono::duration<double>(busy_).count();
-    if (metrics_) view.metrics_url = metrics_->url();
-    view.metrics_error = metrics_error_;
-    view.memory_limit_bytes = config_.memory_limit_bytes;
-    view.draining = jobs_.refusesNewJobs();
-    jobs_.describe(view, now);
-    for (const auto& [id, weak] : sessions_) {
-      const auto session = weak.lock();
-      if (!session) continue;
-      admin::SessionView entry;
-      entry.id = id;
-      entry.peer = session->peer();
-      entry.tenant = findTenant(config_.tenants, entry.peer.uid, entry.peer.gid);
-      entry.kind = session->isOperator() ? "operator" : "handshake";
-      entry.age_s = std::chrono::duration<double>(now - session->openedAt()).count();
-      jobs_.describe(*session, entry);
-      view.sessions.push_back(std::move(entry));
-    }
-    std::sort(view.sessions.begin(), view.sessions.end(),
-              [](const admin::SessionView& a, const admin::SessionView& b) { return a.id < b.id; });
-    return view;
   }
 
   /// Draining, once no job has a rank attached: stops (persistent jobs
@@ -391,56 +238,27 @@ class Server::Impl final : public SessionHandler {
     beginShutdown();
   }
 
-  void accept() {
-    acceptor_.async_accept([this](const asio::error_code& error, asio::local::stream_protocol::socket socket) {
-      if (error) {
-        if (error != asio::error::operation_aborted) spdlog::warn("accept: {}", error.message());
-        if (!stopping_ && error != asio::error::operation_aborted) accept();
-        return;
-      }
-      auto peer = ipc::peerCredentials(socket.native_handle());
-      if (sessions_.size() >= kMaxSessions) {
-        spdlog::warn("refusing a connection: {} sessions open", sessions_.size());
-      } else if (peer) {
-        auto session = std::make_shared<Session>(std::move(socket), *this, next_session_id_++, *peer);
-        sessions_.emplace(session->id(), session);
-        session->start(config_.handshake_timeout);
-      } else {
-        spdlog::warn("dropping a connection: {}", peer.error().message);
-      }
-      if (!stopping_) accept();
-    });
-  }
-
   void beginShutdown() {
     if (stopping_) return;
     stopping_ = true;
     keep_serving_.reset();  // serve() returns once the goodbyes are out
+    listener_.stop();
     asio::error_code ignored;
-    acceptor_.close(ignored);
     signals_.cancel(ignored);
     // Tell every client, free every job, then let the loop drain the
     // goodbyes; it returns once nothing is pending.
-    std::vector<std::shared_ptr<Session>> open;
-    for (auto& [id, weak] : sessions_) {
-      if (auto session = weak.lock()) open.push_back(std::move(session));
-    }
-    for (const auto& session : open) {
+    for (const auto& session : listener_.open()) {
       session->send(ipc::Shutdown{"dbufd is shutting down"}, 0);
       session->closeAfterSending();
     }
     jobs_.clear();
     heartbeat_.cancel();
-    if (sessions_.empty()) return;
+    if (listener_.empty()) return;
     // A client that does not read its goodbye must not keep the daemon up.
     shutdown_deadline_.expires_after(std::chrono::seconds(2));
     shutdown_deadline_.async_wait([this](const asio::error_code& error) {
       if (error) return;
-      std::vector<std::shared_ptr<Session>> stuck;
-      for (auto& [id, weak] : sessions_) {
-        if (auto session = weak.lock()) stuck.push_back(std::move(session));
-      }
-      for (const auto& session : stuck) session->close();
+      for (const auto& session : listener_.open()) session->close();
     });
   }
 
@@ -453,6 +271,10 @@ class Server::Impl final : public SessionHandler {
     });
   }
 
+  LoopFigures figures() const {
+    return LoopFigures{started_, started_wall_, busy_, metrics_ ? metrics_->url() : std::string(), metrics_error_};
+  }
+
   void finishShutdown() {
     jobs_.clear();
     ::unlink(config_.socket_path.c_str());
@@ -463,17 +285,16 @@ class Server::Impl final : public SessionHandler {
   LockFile lock_;
   std::uint64_t instance_id_;
   asio::io_context io_;
-  asio::local::stream_protocol::acceptor acceptor_;
+  std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
+  Listener listener_;
   asio::signal_set signals_;
   asio::steady_timer heartbeat_;
   asio::steady_timer shutdown_deadline_;
   std::chrono::milliseconds heartbeat_period_{0};
   std::function<void()> on_heartbeat_;
   JobTable jobs_;
-  std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions_;
-  std::uint64_t next_session_id_ = 1;
+  OperatorDesk desk_;
   bool stopping_ = false;
-  std::uint32_t daemon_uid_ = static_cast<std::uint32_t>(::getuid());
   std::function<Result<Config>()> config_source_;  // SIGHUP re-reads it
   SteadyClock::time_point started_ = SteadyClock::now();
   std::chrono::system_clock::time_point started_wall_ = std::chrono::system_clock::now();
