@@ -21,30 +21,28 @@
 // with another. A communicator goes back to the daemon's idle ones when its
 // job ends or loses its link.
 #include <cuda_runtime_api.h>
-#include <gloo/rendezvous/store.h>
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
 
+#include "abandoned_thread.hpp"
 #include "dbuf/common/cuda_status.hpp"
 #include "dbuf/gpu/nccl.hpp"
-#include "abandoned_thread.hpp"
 #include "dbuf/kernels/cuda_runner.hpp"
 #include "executor.hpp"
+#include "nccl_meeting.hpp"
 #include "node_executor.hpp"
+#include "rank_gpu.hpp"
 
 namespace dbuf::daemon {
 namespace {
@@ -52,177 +50,6 @@ namespace {
 using kernels::ConstBuffer;
 using kernels::MutBuffer;
 using kernels::Segment;
-
-/// fp32 elements of each GPU's reduction scratch (128 MiB).
-constexpr std::int64_t kScratchElements = std::int64_t{1} << 25;
-
-/// One rank's GPU: its stream, the event marking an op's end on it, and the
-/// fused kernels queued on that stream. Owns the stream and event.
-struct RankGpu {
-  explicit RankGpu(int gpu) : device(gpu) {}
-  RankGpu(const RankGpu&) = delete;
-  RankGpu& operator=(const RankGpu&) = delete;
-  ~RankGpu() {
-    static_cast<void>(cudaSetDevice(device));
-    runner.reset();  // its cached segment table is on this GPU
-    if (event != nullptr) static_cast<void>(cudaEventDestroy(event));
-    if (stream != nullptr) static_cast<void>(cudaStreamDestroy(stream));
-    if (scratch != nullptr) static_cast<void>(cudaFree(scratch));
-  }
-
-  int device;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t event = nullptr;
-  std::unique_ptr<kernels::cuda::CudaRunner> runner;
-  float* scratch = nullptr;  ///< kScratchElements floats for reductions
-};
-
-Result<std::unique_ptr<RankGpu>> makeRankGpu(int device) {
-  auto gpu = std::make_unique<RankGpu>(device);
-  const std::string on = " on GPU " + std::to_string(device);
-  if (auto r = cudaStatus(cudaSetDevice(device), "cudaSetDevice" + on); !r) return r.error();
-  if (auto r = cudaStatus(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking), "cudaStreamCreate" + on);
-      !r) {
-    return r.error();
-  }
-  if (auto r = cudaStatus(cudaEventCreateWithFlags(&gpu->event, cudaEventDisableTiming), "cudaEventCreate" + on); !r) {
-    return r.error();
-  }
-  void* scratch = nullptr;
-  // Made with the job, so that a GPU too full for it fails the attach, not a
-  // reduction halfway through training.
-  if (auto r =
-          cudaStatus(cudaMalloc(&scratch, kScratchElements * sizeof(float)),
-                     "cudaMalloc (reduction scratch, " + std::to_string(kScratchElements * 4 >> 20) + " MiB)" + on);
-      !r) {
-    return r.error();
-  }
-  gpu->scratch = static_cast<float*>(scratch);
-  gpu->runner = std::make_unique<kernels::cuda::CudaRunner>(gpu->stream);
-  return gpu;
-}
-
-/// A job across nodes' NCCL communicator, and what it is kept under
-/// between jobs (IdleCommunicators).
-struct MeetingComms {
-  std::shared_ptr<gpu::LocalComms> comms;  ///< ends by ncclCommAbort (abortedWhenDropped)
-  std::uint64_t id = 0;                    ///< agreed by every node's daemon
-  std::string key;                         ///< the daemons, the job's layout, this node's GPUs
-};
-
-/// What an NcclExecutor of a job across nodes has besides its GPUs.
-struct AcrossNodes {
-  /// Where the link thread leaves each meeting's communicator for the loop.
-  struct Made {
-    std::mutex mutex;
-    std::optional<MeetingComms> latest;
-  };
-  std::unique_ptr<NodeSync> sync;
-  std::shared_ptr<Made> made = std::make_shared<Made>();
-  std::shared_ptr<IdleCommunicators> idle;  ///< the daemon's
-  std::chrono::milliseconds timeout{0};     ///< [timeouts] collective_ms
-};
-
-/// A communicator across nodes ends with ncclCommAbort, never
-/// ncclCommDestroy: it is dropped when its peers may be gone, and destroy
-/// could wait for them.
-std::shared_ptr<gpu::LocalComms> abortedWhenDropped(gpu::LocalComms comms) {
-  auto owned = std::make_unique<gpu::LocalComms>(std::move(comms));
-  return {owned.release(), [](gpu::LocalComms* dropped) {
-            dropped->fail(Error{ErrorCode::kUnavailable, "no longer used", {}});
-            delete dropped;  // NOLINT(cppcoreguidelines-owning-memory): the shared_ptr's deleter
-          }};
-}
-
-std::string numbersText(const auto& numbers) {
-  std::string text;
-  for (const auto n : numbers) text += (text.empty() ? "" : ",") + std::to_string(n);
-  return text;
-}
-
-/// LocalComms::join on a thread of its own, for at most `timeout`: NCCL's
-/// set-up blocks until every rank has joined, and a node whose daemon died
-/// (or failed before joining) would hold the link's thread there for good.
-/// A set-up that takes longer is left to its thread (counted by
-/// AbandonedThread), which ends what it made if it ever returns.
-Result<gpu::LocalComms> joinWithin(std::vector<int> devices, const ncclUniqueId& id, int world, int first_rank,
-                                   std::chrono::milliseconds timeout) {
-  struct Joining {
-    std::mutex mutex;
-    std::condition_variable done;
-    std::optional<Result<gpu::LocalComms>> result;
-    std::unique_ptr<AbandonedThread> abandoned;  // set when nobody waits any more
-  };
-  auto joining = std::make_shared<Joining>();
-  try {
-    std::thread([joining, devices = std::move(devices), id, world, first_rank] {
-      Result<gpu::LocalComms> joined = gpu::LocalComms::join(devices, id, world, first_rank);
-      const std::lock_guard lock(joining->mutex);
-      if (joining->abandoned && joined) joined->fail(Error{ErrorCode::kTimeout, "set up too late", {}});
-      joining->result = std::move(joined);
-      joining->done.notify_all();
-    }).detach();
-  } catch (const std::system_error& error) {
-    return makeError(ErrorCode::kUnavailable, std::string("no thread for NCCL's set-up: ") + error.what());
-  }
-  std::unique_lock lock(joining->mutex);
-  if (!joining->done.wait_for(lock, timeout, [&] { return joining->result.has_value(); })) {
-    joining->abandoned = std::make_unique<AbandonedThread>();
-    return makeError(ErrorCode::kTimeout, "NCCL's set-up (ncclCommInitRank) did not end within " +
-                                              std::to_string(timeout.count()) +
-                                              " ms: another node's daemon did not join it");
-  }
-  return std::move(*joining->result);
-}
-
-/// The job's after_meeting: the communicator over this set (the daemons,
-/// the job's layout, this node's GPUs) that every node's daemon holds idle
-/// is used again, with no NCCL set-up (a later job, a job whose rank came
-/// back; idleOrNew). Else node 0's daemon puts a new NCCL unique id in the
-/// meeting's keys, under the new communicator's id, and every daemon joins
-/// its ranks (first_rank..) to it, within the collective timeout. Either is
-/// left in `made` for the loop. A failure here, once every node has come,
-/// spends the meeting: the nodes meet again, with a new id.
-NodeJob::AfterMeeting meetingCommunicator(const NodeJob& job, std::vector<int> devices, const AcrossNodes& across) {
-  return [=, job_id = job.job_id, world = job.world_size, first_rank = job.first_rank, made = across.made,
-          idle = across.idle, timeout = across.timeout](const NodeJob::Meeting& meeting) -> Result<void> {
-    const NodeLayout& layout = meeting.layout;
-    const std::uint64_t proposal =
-        layout.node == 0 ? (std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1) : 0;
-    bool joined_new = false;
-    const auto join = [&](std::uint64_t id) -> Result<std::shared_ptr<void>> {
-      const std::string key = "nccl-id-" + std::to_string(id);
-      ncclUniqueId unique{};
-      if (layout.node == 0) {
-        if (auto r = gpu::ncclStatus((*gpu::nccl())->getUniqueId(&unique), "ncclGetUniqueId"); !r) return r.error();
-        meeting.keys.set(key, std::vector<char>(unique.internal, unique.internal + sizeof unique.internal));
-      } else {
-        meeting.keys.wait({key}, timeout);
-        const std::vector<char> value = meeting.keys.get(key);
-        if (value.size() != sizeof unique.internal) {
-          return makeError(ErrorCode::kConflict, "the store's NCCL id for the job is not one this version understands");
-        }
-        std::memcpy(unique.internal, value.data(), sizeof unique.internal);
-      }
-      auto joined = joinWithin(devices, unique, static_cast<int>(world), static_cast<int>(first_rank), timeout);
-      if (!joined) return std::move(joined).error();
-      joined_new = true;
-      return std::shared_ptr<void>(abortedWhenDropped(std::move(*joined)));
-    };
-    MeetingComms chosen;
-    chosen.key = meeting.daemons + "|" + numbersText(layout.first_ranks) + "|" + numbersText(devices);
-    auto entry = idleOrNew(meeting, "nccl", *idle, chosen.key, proposal, timeout, join);
-    if (!entry) return std::move(entry).error();
-    chosen.comms = std::static_pointer_cast<gpu::LocalComms>(std::move(entry->communicator));
-    chosen.id = entry->id;
-    spdlog::info("job {}: NCCL communicator {:016x} for ranks {}-{} of {} ({})", job_id, chosen.id, first_rank,
-                 first_rank + devices.size() - 1, world, joined_new ? "new" : "reused");
-    std::optional<MeetingComms> unused;  // one the loop never took: it ends outside the lock
-    const std::lock_guard lock(made->mutex);
-    unused = std::exchange(made->latest, std::move(chosen));
-    return {};
-  };
-}
 
 class NcclExecutor final : public Executor {
  public:
@@ -636,18 +463,6 @@ class NcclExecutor final : public Executor {
   std::vector<Segment> stage_segments_;  // a reduce-scatter chunk's staging
   std::vector<gpu::LocalComms::Part> scale_parts_;  // every rank's scales, for fp8 all-gathers
 };
-
-/// NCCL, and a RankGpu for each of `devices`.
-Result<std::vector<std::unique_ptr<RankGpu>>> rankGpus(const std::vector<int>& devices) {
-  if (auto loaded = gpu::nccl(); !loaded) return loaded.error();  // say so at attach, not at the first op
-  std::vector<std::unique_ptr<RankGpu>> gpus;
-  for (const int device : devices) {
-    auto gpu = makeRankGpu(device);
-    if (!gpu) return std::move(gpu).error();
-    gpus.push_back(std::move(*gpu));
-  }
-  return gpus;
-}
 
 }  // namespace
 
