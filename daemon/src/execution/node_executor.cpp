@@ -17,6 +17,7 @@
 #include "dbuf/kernels/runner.hpp"
 #include "executor.hpp"
 #include "local_collective.hpp"
+#include "node_meetings.hpp"
 #include "node_transfer.hpp"
 #include "rank_text.hpp"
 
@@ -36,15 +37,7 @@ class NodeExecutor final : public NodeSync {
  public:
   /// headers_only: every op is its header exchange alone (nodeSync()).
   NodeExecutor(const NodeJob& job, const ClusterContext& cluster, bool headers_only)
-      : headers_only_(headers_only),
-        job_(job),
-        cluster_(cluster),
-        link_(std::make_unique<NodeLink>(job, cluster)),
-        runner_(kernels::Options{kernels::defaultThreads()}),
-        staging_(std::make_shared<Staging>()) {
-    // Meet the other nodes now, while the ranks register their groups.
-    meet();
-  }
+      : headers_only_(headers_only), meetings_(job, cluster), runner_(kernels::Options{kernels::defaultThreads()}) {}
 
   Result<bool> begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                      std::span<const RankBuffers> ranks) override;
@@ -61,33 +54,11 @@ class NodeExecutor final : public NodeSync {
   void ranksAttached() override;
   [[nodiscard]] const Error* unavailable() override;
   void loseLink(std::uint64_t sequence, const Error& why) override;
-  void whenLinkLost(std::function<void()> lost) override { when_lost_ = std::move(lost); }
+  void whenLinkLost(std::function<void()> lost) override { meetings_.whenLost(std::move(lost)); }
 
  private:
   using LocalStep = std::function<Result<void>()>;
   enum class Batch : std::uint8_t { kNone, kBefore, kAfter };
-  /// The job's link to its other nodes: up (or being made the first time:
-  /// ops wait for it), lost (its ops fail until this node has all its ranks
-  /// and the lost link's steps have ended), or being made again (its ops
-  /// fail until it is).
-  enum class LinkState : std::uint8_t { kUp, kLost, kMeeting };
-
-  /// Posts the step that makes the link (it runs before any other).
-  void meet();
-  /// The link cannot be used any more, because of `why`: no later step of
-  /// it runs, and the job's ops fail until its nodes meet again.
-  void lose(const Error& why);
-  /// lose() for a link already broken.
-  void lost(const Error& why);
-  /// A new meeting of the nodes, once the lost link is done with and every
-  /// rank of this node is attached. The other nodes lose their link too
-  /// (from this node's failure header, or their own timeout) and come.
-  void meetAgainIfReady();
-  /// The number of the data plane's collective `sequence` among the ops
-  /// since the nodes last met (the k-th op of every node must match): the
-  /// first one it is asked about is 0.
-  [[nodiscard]] std::uint64_t sinceMeeting(std::uint64_t sequence);
-
   /// Round j's pieces: [offset, offset + length) of every rank's part
   /// (broadcast: of the whole buffer).
   [[nodiscard]] std::int64_t roundOffset(std::int64_t j) const noexcept { return j * round_length_; }
@@ -126,11 +97,8 @@ class NodeExecutor final : public NodeSync {
   Result<bool> failed(const Error& error);
 
   bool headers_only_;
-  NodeJob job_;  // with the current meeting's number
-  ClusterContext cluster_;
-  std::unique_ptr<NodeLink> link_;
+  NodeMeetings meetings_;
   kernels::CpuRunner runner_;
-  std::shared_ptr<Staging> staging_;
 
   // The op.
   bool active_ = false;
@@ -156,34 +124,15 @@ class NodeExecutor final : public NodeSync {
   std::size_t next_step_ = 0;
   Batch batch_ = Batch::kNone;
   std::uint64_t written_ = 0;
-  /// The sequence whose round 0 (with its ready header) was posted: it then
-  /// fails, if it does, on every node alike.
-  std::optional<std::uint64_t> committed_;
-  std::optional<std::uint64_t> first_sequence_;  // of the ops since the nodes met
-  LinkState link_state_ = LinkState::kUp;
-  std::optional<Error> lost_;  // why, while the link is not up: the job's ops fail with it
-  bool whole_ = true;          // every rank of this node is attached
-  std::function<void()> when_lost_;
 };
 
 Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry& geometry,
                                  std::span<const RankBuffers> ranks) {
   if (const Error* why = unavailable()) return *why;  // (ops queued before the link was lost)
-  if (!link_->connected() || !link_->idle()) {
-    // Still meeting the other nodes, or an earlier op's rounds still run (in
-    // the staging memory): not yet. A first meeting that failed before every
-    // node came is tried again; one that failed after lost the link.
-    if (!link_->connected() && link_->idle()) {
-      if (const std::optional<Error> why = link_->broken()) {
-        lose(*why);
-        return *lost_;
-      }
-      meet();
-    }
-    return false;
-  }
+  // Not while the nodes meet, or an earlier op's rounds still run (in the staging memory).
+  if (auto ready = meetings_.readyForAnOp(); !ready || !*ready) return ready;
   args_ = args;
-  number_ = sinceMeeting(args.sequence);
+  number_ = meetings_.sinceMeeting(args.sequence);
   geometry_ = &geometry;
   ranks_ = ranks;
   op_link_ = std::make_shared<OpLink>();
@@ -195,7 +144,7 @@ Result<bool> NodeExecutor::begin(const CollectiveArgs& args, const GroupGeometry
   local_running_ = false;
   local_written_ = 0;
   scale_counts_.clear();
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   if (headersOnly()) {
     span_ = round_length_ = 0;
     rounds_ = 1;
@@ -236,18 +185,18 @@ bool NodeExecutor::scalesTravel() const noexcept {
 }
 
 bool NodeExecutor::rootHere() const noexcept {
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const std::uint32_t first = layout.firstRank(layout.node);
   return args_.root >= first && args_.root < first + layout.rankCount(layout.node);
 }
 
 void NodeExecutor::sizeStaging() {
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   // Broadcast rounds are runs of the whole buffer; the others, a piece per rank.
   const std::int64_t elements = args_.op == ipc::OpCode::kBroadcast ? round_length_ : world * round_length_;
-  for (RoundBuffer& round : staging_->rounds) {
+  for (RoundBuffer& round : meetings_.staging()->rounds) {
     const auto grow = [](auto& buffer, std::int64_t size) {
       if (std::cmp_less(buffer.size(), size)) buffer.resize(static_cast<std::size_t>(size));
     };
@@ -267,13 +216,13 @@ void NodeExecutor::sizeStaging() {
         break;
     }
   }
-  if (scalesTravel() && std::cmp_less(staging_->scales.size(), g.total_blocks)) {
-    staging_->scales.resize(static_cast<std::size_t>(g.total_blocks));
+  if (scalesTravel() && std::cmp_less(meetings_.staging()->scales.size(), g.total_blocks)) {
+    meetings_.staging()->scales.resize(static_cast<std::size_t>(g.total_blocks));
   }
 }
 
 Result<std::pair<std::int64_t, std::int64_t>> NodeExecutor::nodeScales(std::uint32_t node) const {
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const GroupGeometry& g = *geometry_;
   const std::int64_t first = g.ranks[layout.firstRank(node)].first_scale;
   std::int64_t next = first;
@@ -295,7 +244,7 @@ NodeExecutor::LocalStep NodeExecutor::counted(std::int64_t bytes, std::function<
 }
 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::roundSteps(Batch batch, std::int64_t j) {
-  RoundBuffer& round = staging_->rounds[static_cast<std::size_t>(j % 2)];
+  RoundBuffer& round = meetings_.staging()->rounds[static_cast<std::size_t>(j % 2)];
   const bool before = batch == Batch::kBefore;
   if (headersOnly()) return {};  // the exchange alone
   switch (args_.op) {
@@ -315,7 +264,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
   // The node's pieces, from its first rank (which has every part of the
   // node after the local all-gather), and in round 0 its scales.
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const std::int64_t S = g.shard_elems;
   const std::int64_t total = layout.firstRank(layout.nodes()) * S;
   const std::int64_t length = roundLength(j);
@@ -333,7 +282,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
     const auto [first, count] = my_scales_;
     const Segment mine{first, first, count, 0, 0};
     const ConstBuffer from{ranks_[0].scales, DType::kF32, g.total_blocks};
-    const MutBuffer to{staging_->scales.data(), DType::kF32, g.total_blocks};
+    const MutBuffer to{meetings_.staging()->scales.data(), DType::kF32, g.total_blocks};
     steps.push_back(counted(count * 4, [this, from, to, mine] {
       return mine.count == 0 ? Result<void>{} : runner_.copy(from, to, {&mine, 1});
     }));
@@ -344,7 +293,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherBefore(std::int64_t 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j, RoundBuffer& round) {
   // The other nodes' pieces (and in round 0 their scales) to every rank.
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   const std::int64_t S = g.shard_elems;
   const std::int64_t length = roundLength(j);
@@ -363,7 +312,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j
     }
   }
   const ConstBuffer gathered{round.params.data(), g.unsharded, world * length};
-  const ConstBuffer staged_scales{staging_->scales.data(), DType::kF32, g.total_blocks};
+  const ConstBuffer staged_scales{meetings_.staging()->scales.data(), DType::kF32, g.total_blocks};
   std::vector<LocalStep> steps;
   for (const RankBuffers& rank : ranks_) {
     const MutBuffer params{rank.params, g.unsharded, world * S};
@@ -383,7 +332,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t 
   // The node's partial of every rank's piece: its ranks' gradients summed in
   // rank order, pre-scaled (fp32).
   const GroupGeometry& g = *geometry_;
-  const std::uint32_t world = link_->layout().firstRank(link_->layout().nodes());
+  const std::uint32_t world = meetings_.layout().firstRank(meetings_.layout().nodes());
   const std::int64_t length = roundLength(j);
   const std::int64_t offset = roundOffset(j);
   std::vector<Segment> pieces;
@@ -396,7 +345,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t 
 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionAfter(std::int64_t j, RoundBuffer& round) {
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   const std::uint32_t world = layout.firstRank(layout.nodes());
   const std::int64_t length = roundLength(j);
   const std::int64_t offset = roundOffset(j);
@@ -437,7 +386,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastBefore(std::int64_t 
   const GroupGeometry& g = *geometry_;
   const std::int64_t total = g.world * g.shard_elems;
   const std::int64_t length = roundLength(j);
-  const RankBuffers& root = ranks_[args_.root - link_->layout().firstRank(link_->layout().node)];
+  const RankBuffers& root = ranks_[args_.root - meetings_.layout().firstRank(meetings_.layout().node)];
   const Segment run{roundOffset(j), 0, length, 0, 0};
   const ConstBuffer from{root.params, g.unsharded, total};
   const MutBuffer staged{round.params.data(), g.unsharded, length};
@@ -447,7 +396,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastBefore(std::int64_t 
   if (j == 0 && scalesTravel()) {
     const Segment all{0, 0, g.total_blocks, 0, 0};
     const ConstBuffer scales{root.scales, DType::kF32, g.total_blocks};
-    const MutBuffer to{staging_->scales.data(), DType::kF32, g.total_blocks};
+    const MutBuffer to{meetings_.staging()->scales.data(), DType::kF32, g.total_blocks};
     steps.push_back(counted(0, [this, scales, to, all] { return runner_.copy(scales, to, {&all, 1}); }));
   }
   return steps;
@@ -457,11 +406,11 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::broadcastAfter(std::int64_t j
   const GroupGeometry& g = *geometry_;
   const std::int64_t total = g.world * g.shard_elems;
   const std::int64_t length = roundLength(j);
-  const std::uint32_t first = link_->layout().firstRank(link_->layout().node);
+  const std::uint32_t first = meetings_.layout().firstRank(meetings_.layout().node);
   const Segment run{0, roundOffset(j), length, 0, 0};
   const Segment all{0, 0, g.total_blocks, 0, 0};
   const ConstBuffer staged{round.params.data(), g.unsharded, length};
-  const ConstBuffer staged_scales{staging_->scales.data(), DType::kF32, g.total_blocks};
+  const ConstBuffer staged_scales{meetings_.staging()->scales.data(), DType::kF32, g.total_blocks};
   std::vector<LocalStep> steps;
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
     if (first + i == args_.root) continue;
@@ -499,7 +448,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
   if (j + 1 == rounds_ && rounds_ > 1) t.verdict = failed_verdict ? *failed_verdict : readyHeader();
   if (!t.data) return t;
   const GroupGeometry& g = *geometry_;
-  const NodeLayout& layout = link_->layout();
+  const NodeLayout& layout = meetings_.layout();
   t.length = roundLength(j);
   t.unsharded_bytes = sizeBytes(g.unsharded);
   t.grad = g.grad;
@@ -512,8 +461,8 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
 }
 
 void NodeExecutor::post(const Transfer& transfer, std::shared_ptr<OpLink> shared) {
-  tickets_[transfer.buffer] = link_->post(
-      [transfer, staging = staging_, shared = shared ? std::move(shared) : op_link_](const LinkChannel& channel) {
+  tickets_[transfer.buffer] = meetings_.link().post(
+      [transfer, staging = meetings_.staging(), shared = shared ? std::move(shared) : op_link_](const LinkChannel& channel) {
         return transfer.run(channel, staging, *shared);
       });
 }
@@ -534,7 +483,7 @@ Result<bool> NodeExecutor::step() {
     }
     const Batch done = std::exchange(batch_, Batch::kNone);
     if (done == Batch::kBefore) {
-      if (posted_ == 0) committed_ = args_.sequence;
+      if (posted_ == 0) meetings_.commit(args_.sequence);
       post(transfer(posted_++, std::nullopt));
       return false;
     }
@@ -572,64 +521,16 @@ bool NodeExecutor::waiting() const noexcept {
 Result<bool> NodeExecutor::failed(const Error& error) {
   // Another node lost a rank, or this node's exchange timed out or lost its
   // connections: the other nodes lose the link too, and meet this one again.
-  if (link_state_ == LinkState::kUp && (staging_->fatal.load() || link_->broken())) lose(error);
+  if (meetings_.up() && (meetings_.staging()->fatal.load() || meetings_.link().broken())) meetings_.lose(error);
   return error;  // the data plane fails the op; opFailed() then tells the other nodes what they still expect
 }
 
-void NodeExecutor::meet() {
-  static_cast<void>(link_->post([](const LinkChannel&) { return Result<void>{}; }));
-}
-
-void NodeExecutor::lose(const Error& why) {
-  link_->breakLink(why);
-  lost(why);
-}
-
-void NodeExecutor::lost(const Error& why) {
-  link_state_ = LinkState::kLost;
-  lost_ = Error{why.code,
-                why.message + " (job " + job_.job_id +
-                    "'s nodes meet again once each has all its ranks attached; until then its collectives fail)",
-                why.ranks};
-  if (when_lost_) when_lost_();
-}
-
-void NodeExecutor::meetAgainIfReady() {
-  if (link_state_ != LinkState::kLost || !whole_ || !link_->idle()) return;
-  ++job_.meeting;
-  spdlog::info("job {}: meeting its other nodes again (meeting {}), after: {}", job_.job_id, job_.meeting,
-               lost_->message);
-  link_ = std::make_unique<NodeLink>(job_, cluster_);  // the lost one is idle: its thread ends now
-  // What Gloo still holds of the lost link's exchanges may land in their
-  // staging memory yet: the new link's ops get their own.
-  staging_ = std::make_shared<Staging>();
-  committed_.reset();
-  first_sequence_.reset();
-  link_state_ = LinkState::kMeeting;
-  meet();
-}
-
 const Error* NodeExecutor::unavailable() {
-  if (link_state_ == LinkState::kMeeting) {
-    if (link_->connected()) {
-      link_state_ = LinkState::kUp;
-      lost_.reset();
-    } else if (const std::optional<Error> why = link_->broken(); why && link_->idle()) {
-      lost(*why);  // the meeting failed once every node had come: the next one
-    }
-  }
-  meetAgainIfReady();
-  return link_state_ == LinkState::kUp ? nullptr : &*lost_;
+  return meetings_.unavailable();
 }
 
 void NodeExecutor::ranksAttached() {
-  whole_ = true;
-  meetAgainIfReady();
-}
-
-std::uint64_t NodeExecutor::sinceMeeting(std::uint64_t sequence) {
-  if (!first_sequence_) first_sequence_ = sequence;
-  return sequence - *first_sequence_;
+  meetings_.ranksAttached();
 }
 
 void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
@@ -640,16 +541,16 @@ void NodeExecutor::postRemainingRounds(const OpHeader& verdict) {
 void NodeExecutor::postFailureHeader(std::uint64_t sequence, const Error& error, bool fatal) {
   Transfer header_only;
   header_only.data = false;
-  header_only.header = failureHeader(sinceMeeting(sequence), error, fatal);
+  header_only.header = failureHeader(meetings_.sinceMeeting(sequence), error, fatal);
   post(header_only, std::make_shared<OpLink>());
 }
 
 void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
-  if (link_state_ != LinkState::kUp) return;  // the other nodes lose the link too
-  if (committed_ != sequence) {
+  if (!meetings_.up()) return;  // the other nodes lose the link too
+  if (meetings_.committed() != sequence) {
     // The other nodes have not heard of this op from here: round 0's header
     // tells them it failed (and this node sends no data).
-    committed_ = sequence;
+    meetings_.commit(sequence);
     postFailureHeader(sequence, error, false);
     return;
   }
@@ -659,22 +560,23 @@ void NodeExecutor::opFailed(std::uint64_t sequence, const Error& error) {
 }
 
 void NodeExecutor::abandon(std::uint64_t sequence, const Error& why) {
-  whole_ = false;
+  meetings_.rankMissing();
   loseLink(sequence, why);
 }
 
 void NodeExecutor::loseLink(std::uint64_t sequence, const Error& why) {
-  if (link_state_ == LinkState::kLost) return;  // the lost link told the other nodes all it will
+  if (meetings_.lost()) return;  // the lost link told the other nodes all it will
   // Up, or being made (its steps then run once it is): the other nodes
   // learn from this node's next header that the link is lost.
-  if (committed_ == sequence && active_ && posted_ < rounds_) {
+  const bool committed = meetings_.committed() == sequence;
+  if (committed && active_ && posted_ < rounds_) {
     postRemainingRounds(failureHeader(number_, why, true));
   } else {
     // The op that was running (if any) has told the other nodes all it had
     // to: their next one is the first to learn that the link is lost.
-    postFailureHeader(committed_ == sequence ? sequence + 1 : sequence, why, true);
+    postFailureHeader(committed ? sequence + 1 : sequence, why, true);
   }
-  lose(why);
+  meetings_.lose(why);
 }
 
 }  // namespace
