@@ -37,3 +37,41 @@ def test_every_public_name_exists_and_is_documented():
         assert getattr(dbuf.Client, method).__doc__
     for method in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "unshard", "reshard", "shard_view"):
         assert getattr(dbuf.Group, method).__doc__
+
+
+def _imports_of(path: Path, package: str) -> set[str]:
+    """The modules of `package` that `path` imports, under TYPE_CHECKING and inside functions too."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module)
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
+            found.add(node.module.removeprefix(package + ".").split(".")[0])
+    return found
+
+
+def test_dbuf_torch_modules_import_one_way():
+    # A cycle, even one only a type checker follows, means two modules hold one design between them.
+    folder = SOURCE / "torch"
+    modules = {path.stem: _imports_of(path, "dbuf.torch") & {p.stem for p in folder.glob("*.py")}
+               for path in folder.glob("*.py") if path.stem != "__init__"}
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", "import cycle: " + " -> ".join(trail + [module])
+        state[module] = "open"
+        for imported in sorted(modules.get(module, ())):
+            visit(imported, trail + [module])
+        state[module] = "done"
+
+    assert {"_session", "_unit"} <= modules.keys()
+    assert "_session" in modules["_unit"] and "_unit" not in modules["_session"]
+    for module in sorted(modules):
+        visit(module, [])
