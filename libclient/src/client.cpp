@@ -365,8 +365,7 @@ Result<void> Group::reshardOnStream(void* stream) {
 
 // ----------------------------------------------------------------- Client
 
-Client::Client(std::shared_ptr<Connection> connection, ClientOptions options)
-    : connection_(std::move(connection)), options_(std::move(options)) {}
+Client::Client(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
 Client::Client(Client&&) noexcept = default;
 Client& Client::operator=(Client&&) noexcept = default;
 Client::~Client() {
@@ -381,7 +380,9 @@ Result<std::shared_ptr<Connection>> openConnection(const ClientOptions& options)
   if (!socket) {
     return makeError(ErrorCode::kUnavailable, "cannot reach dbufd at " + path + ": " + socket.error().message);
   }
-  return std::make_shared<Connection>(std::move(*socket), options.timeout, options.interrupted);
+  auto connection = std::make_shared<Connection>(std::move(*socket), options.timeout, options.interrupted);
+  connection->origin = options;
+  return connection;
 }
 
 }  // namespace
@@ -389,7 +390,7 @@ Result<std::shared_ptr<Connection>> openConnection(const ClientOptions& options)
 Result<Client> Client::connect(const ClientOptions& options) {
   auto connection = openConnection(options);
   if (!connection) return std::move(connection).error();
-  return Client(std::move(*connection), options);
+  return Client(std::move(*connection));
 }
 
 Result<void> Client::attach(const AttachOptions& options, std::optional<std::chrono::milliseconds> timeout) {
@@ -406,25 +407,24 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   hello.persistent = options.persistent;
   hello.prefetch_depth = options.prefetch_depth;
   hello.nonce = std::random_device{}();
-  if (attach_failed_) {  // dbufd closed the connection of the refused attach
-    auto fresh = openConnection(options_);
-    if (!fresh) return std::move(fresh).error();
+  if (!connection_->open()) {  // dbufd closed it: an attach it refused, a detach, the handshake deadline
     connection_->close();
+    auto fresh = openConnection(connection_->origin);
+    if (!fresh) return std::move(fresh).error();
     connection_ = std::move(*fresh);
-    attach_failed_ = false;
   }
   auto reply = connection_->call(hello, timeout);
   if (!reply) {
-    attach_failed_ = true;
+    connection_->close();  // dbufd closes a connection whose Hello it refused: the next attach opens another
     return std::move(reply).error();
   }
   const auto* welcome = std::get_if<ipc::Welcome>(&reply->message);
   if (welcome == nullptr || welcome->nonce != hello.nonce) {
+    connection_->close();
     return makeError(ErrorCode::kInternal, "dbufd answered Hello with something else");
   }
   if (auto rings = connection_->openRings(*welcome, reply->fds); !rings) {
     connection_->close();
-    attach_failed_ = true;
     return rings;
   }
   connection_->attached = true;

@@ -114,6 +114,13 @@ void Connection::dropSocket() noexcept {
   socket_.reset();
 }
 
+bool Connection::open() const noexcept {
+  if (!socket_ || !lost_.empty()) return false;
+  pollfd watch{socket_.get(), POLLRDHUP, 0};
+  if (::poll(&watch, 1, 0) <= 0) return true;
+  return (watch.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
+}
+
 void Connection::close() noexcept {
   attached = false;  // what groups outlive the connection must not call on it
   dropSocket();

@@ -37,6 +37,14 @@ class Connection {
 
   [[nodiscard]] std::chrono::milliseconds defaultTimeout() const noexcept { return timeout_; }
   void close() noexcept;
+  /// Whether a request can still go out: not closed or lost here, and not
+  /// hung up by dbufd (which closes a connection whose Hello it refused, or
+  /// that said none within its handshake deadline).
+  [[nodiscard]] bool open() const noexcept;
+
+  /// How the connection was made (Client::attach makes another like it in
+  /// place of one that is no longer open()).
+  ClientOptions origin;
 
   /// Maps the session segment the daemon sent with its Welcome.
   [[nodiscard]] Result<void> openRings(const ipc::Welcome& welcome, std::vector<UniqueFd>& fds);

@@ -325,6 +325,10 @@ TEST(Errors, RankOutsideTheWorldSize) {
   ASSERT_TRUE(corrected.ok()) << messageOf(corrected);
   EXPECT_EQ(daemon.stats().jobs, 1U);
   ASSERT_TRUE(client->detach().ok());
+  // A detached client attaches again, on a connection of its own.
+  auto again = client->attach(rankOf("world", 3, 4));
+  ASSERT_TRUE(again.ok()) << messageOf(again);
+  ASSERT_TRUE(client->detach().ok());
   expectStillServing(daemon);
   EXPECT_TRUE(waitUntil([&] { return daemonIsEmpty(daemon.stats()); }));
 }

@@ -7,6 +7,7 @@
 
 #include <random>
 #include <span>
+#include <thread>
 
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/ipc/socket.hpp"
@@ -221,6 +222,16 @@ TEST_F(ProtocolAbuse, SilentConnectionIsClosedAfterTheHandshakeDeadline) {
   EXPECT_GE(waited, 150ms) << "closed before the deadline";
   EXPECT_LT(waited, 4s) << "closed long after the deadline";
   EXPECT_EQ(daemon_.stats().sessions, 0U);
+  expectServingAndClean(daemon_);
+}
+
+TEST_F(ProtocolAbuse, AClientThatAttachesAfterTheHandshakeDeadlineConnectsAgain) {
+  auto client = daemon_.connect();
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  std::this_thread::sleep_for(500ms);  // past the 200 ms handshake deadline: dbufd closed the connection
+  auto attached = client->attach(rankOf("late", 0, 1));
+  ASSERT_TRUE(attached.ok()) << messageOf(attached);
+  ASSERT_TRUE(client->detach().ok());
   expectServingAndClean(daemon_);
 }
 

@@ -317,9 +317,9 @@ class Client {
   ~Client();  ///< closes the connection (the daemon reclaims the session)
 
   /// HELLO / WELCOME. Fails if (job, rank) is taken, the rank is outside the
-  /// world size, or this user is not in the job's tenant. dbufd closes a
-  /// connection whose attach it refused: the client stays usable, and its
-  /// next attach() (corrected) connects again.
+  /// world size, or this user is not in the job's tenant. The client stays
+  /// usable: an attach on a connection dbufd closed (an attach it refused, a
+  /// detach, the handshake deadline) connects again first.
   [[nodiscard]] Result<void> attach(const AttachOptions& options,
                                     std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// True if the daemon kept this job's shards from an earlier life of this rank.
@@ -358,10 +358,8 @@ class Client {
   [[nodiscard]] Result<void> detach(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
  private:
-  Client(std::shared_ptr<Connection> connection, ClientOptions options);
+  explicit Client(std::shared_ptr<Connection> connection);
   std::shared_ptr<Connection> connection_;
-  ClientOptions options_;        ///< how to connect again after a failed attach
-  bool attach_failed_ = false;  ///< the last attach failed: its connection is spent
 };
 
 }  // namespace dbuf
