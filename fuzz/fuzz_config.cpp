@@ -36,7 +36,7 @@ void checkLimits(const Config& config) {
   check(config.persistence_grace.count() >= 0 && config.persistence_grace.count() <= kMaxGracePeriodS,
         "grace_period_s in 0..86400");
   // A Redis store a job names is admitted when "HOST:PORT" of its parsed
-  // port (daemon/src/cluster.cpp, checkStoreAllowed) equals a listed entry:
+  // port (daemon/src/cluster/cluster.cpp, checkStoreAllowed) equals a listed entry:
   // an entry whose port is not a TCP port in that spelling admits nothing.
   for (const std::string& host : config.cluster_store_hosts) {
     const std::size_t colon = host.rfind(':');

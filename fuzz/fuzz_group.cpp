@@ -1,5 +1,5 @@
 // Fuzzes what dbufd does with a client's RegisterGroup before any memory is
-// made (daemon/src/group_layout.hpp, as JobTable::buildGroup calls it): the
+// made (daemon/src/memory/group_layout.hpp, as JobTable::buildGroup calls it): the
 // payload is decoded (ipc decodePayload), planned over the job's ranks
 // (planGroup), described (describeGroup: the reply and the byte sizes of the
 // shard file and the slots), and turned into the data plane's geometry

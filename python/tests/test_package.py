@@ -45,13 +45,17 @@ def _imports_of(path: Path, package: str) -> set[str]:
 
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module)
-            else:
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level == 1 and module:  # from ._unit import Unit
+                found.add(module.split(".")[0])
+            elif node.level == 1 or module == package:  # from . import _unit / from dbuf.torch import _unit
                 found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
-            found.add(node.module.removeprefix(package + ".").split(".")[0])
+            elif module.startswith(package + "."):  # from dbuf.torch._unit import Unit
+                found.add(module.removeprefix(package + ".").split(".")[0])
+        elif isinstance(node, ast.Import):  # import dbuf.torch._unit
+            found.update(alias.name.removeprefix(package + ".").split(".")[0]
+                         for alias in node.names if alias.name.startswith(package + "."))
     return found
 
 

@@ -5,8 +5,12 @@ The build already refuses most slips: a folder's private headers are on the
 include path of its library and of those above it only. What it cannot see,
 this checks:
   - the public headers (dbuf/daemon/*.hpp) are on every folder's path; each
-    belongs to one folder, and only that folder and those above it include it;
+    belongs to one folder, and only that folder and those above it include it
+    (the public headers themselves included);
+  - a header reached by a relative path ("../control/jobs.hpp") compiles
+    anywhere: refused;
   - a private header named in two folders would let an include pick either;
+  - the libraries of daemon/CMakeLists.txt link only the folders USES allows;
   - the folders on disk are the ones below, and docs/daemon.md maps each.
 Run: python3 layering_test.py <repository root>. Prints each slip; exits 1 if any.
 """
@@ -35,7 +39,8 @@ PUBLIC_HEADERS = {
     "systemd_notify.hpp": "service",
 }
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]', re.MULTILINE)
+LINKS = re.compile(r"target_link_libraries\(\s*dbuf_daemon(?:_(\w+))?\b([^)]*)\)")
 
 
 def main(root: Path) -> int:
@@ -58,20 +63,41 @@ def main(root: Path) -> int:
                 slips.append(f"{header.name} is in both {owner[header.name]}/ and {folder}/")
             owner[header.name] = folder
 
-    for folder, uses in USES.items():
-        for path in sorted((src / folder).glob("*.[ch]pp")):
-            for included in INCLUDE.findall(path.read_text()):
-                if included.startswith("dbuf/daemon/"):
-                    home = PUBLIC_HEADERS.get(included.removeprefix("dbuf/daemon/"))
-                elif "/" in included:
-                    continue  # another library of the project (common, ipc, planner...)
-                else:
-                    home = owner.get(included)
-                if home is None:
-                    slips.append(f"{folder}/{path.name} includes \"{included}\", which no folder holds")
-                elif home != folder and home not in uses:
-                    slips.append(f"{folder}/{path.name} includes \"{included}\" of {home}/, "
-                                 f"which {folder}/ may not use (it uses {sorted(uses) or 'nothing'})")
+    sources = [(folder, path) for folder in USES for path in sorted((src / folder).glob("*.[ch]pp"))]
+    public_dir = root / "daemon" / "include" / "dbuf" / "daemon"
+    sources += [(PUBLIC_HEADERS[path.name], path) for path in sorted(public_dir.glob("*.hpp"))
+                if path.name in PUBLIC_HEADERS]
+    for folder, path in sources:
+        uses = USES[folder]
+        name = f"{path.parent.name}/{path.name}"
+        for included in INCLUDE.findall(path.read_text()):
+            if included.startswith(".") or "/../" in included:
+                slips.append(f"{name} includes \"{included}\" by a relative path: name the header alone")
+                continue
+            if included.startswith("dbuf/daemon/"):
+                home = PUBLIC_HEADERS.get(included.removeprefix("dbuf/daemon/"))
+            elif "/" in included or included not in owner:
+                continue  # another library of the project (common, ipc...) or a system header
+            else:
+                home = owner[included]
+            if home is None:
+                slips.append(f"{name} includes \"{included}\", which no folder holds")
+            elif home != folder and home not in uses:
+                slips.append(f"{name} includes \"{included}\" of {home}/, "
+                             f"which {folder}/ may not use (it uses {sorted(uses) or 'nothing'})")
+
+    cmake = (root / "daemon" / "CMakeLists.txt").read_text()
+    linked = 0
+    for suffix, libraries in LINKS.findall(cmake):
+        folder = suffix or "service"  # dbuf_daemon is service's library
+        for other in re.findall(r"\bdbuf_daemon(?:_(\w+))?\b", libraries):
+            other = other or "service"
+            linked += 1
+            if folder not in USES or (other != folder and other not in USES[folder]):
+                slips.append(f"daemon/CMakeLists.txt links dbuf_daemon_{folder} to dbuf_daemon_{other}, "
+                             f"against the order")
+    if linked == 0:
+        slips.append("daemon/CMakeLists.txt: no link between the folders' libraries found (the check is blind)")
 
     doc = (root / "docs" / "daemon.md").read_text()
     for folder in USES:

@@ -1,4 +1,4 @@
-// dbufd's cuda DBuffer memory (daemon/src/cuda_dbuffer_memory.cpp) across a
+// dbufd's cuda DBuffer memory (daemon/src/memory/cuda_dbuffer_memory.cpp) across a
 // process boundary, the way a shard file or slot travels: the daemon's side
 // allocates through the cuda allocator (zeroed, granularity-rounded), writes
 // it with the CUDA kernels at the daemon's own address and sends the fd; a

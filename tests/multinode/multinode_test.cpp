@@ -293,7 +293,7 @@ TEST(MultiNode, Fp8AllGatherAcrossNodes) {
 
 TEST(MultiNode, GroupsLargerThanARoundRunInSeveralRounds) {
   // Shards of over 4 M elements at 2 ranks: each op is several rounds of
-  // kRoundElements, two in flight (daemon/src/node_executor.cpp).
+  // kRoundElements, two in flight (daemon/src/execution/node_executor.cpp).
   Cluster cluster(2, NodeNetwork::kLoopback);
   cluster.start();
   CollJob large(cluster, "large", 1, "large", "rows", cluster.fileStore("large"));

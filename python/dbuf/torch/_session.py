@@ -30,9 +30,10 @@ from ._dtensor import spmd_mesh
 
 
 class SessionUnit(Protocol):
-    """What a session and the pass state ask of a unit (_unit.Unit, which depends on this module, not back).
+    """What a session asks of a unit (_unit.Unit, which depends on this module, not back).
 
-    The pass state keeps units for _hooks.py, which uses the whole of _unit.Unit.
+    PassState holds _unit.Unit objects for _hooks.py, which uses the whole of
+    _unit.Unit; their type here is the part this module needs.
     """
 
     label: str
