@@ -4,14 +4,11 @@
 #include <unistd.h>
 
 #include <asio.hpp>
-#include <algorithm>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <random>
-#include <string_view>
-#include <vector>
 
 #include "abandoned_thread.hpp"
 #include "admin.hpp"
