@@ -152,6 +152,11 @@ Result<std::size_t> DataPlane::takeSubmissions(JobSchedule& job, std::uint32_t r
   // Take only what can be answered: every op taken has a completion entry
   // reserved, so the daemon never has to hold a completion back.
   RankSchedule& state = job.ranks[rank];
+  // A filling ends when the rank's rings have drained: either its ring is
+  // found empty, or room has come back with none of its ops left here (its
+  // next ops can only be taken from now on, so this pass sees it before any
+  // next filling, however late the loop comes by).
+  if (state.rings_full && state.ops.empty() && plane.rings.roomToAnswer()) state.rings_full = false;
   while (true) {
     if (!plane.rings.roomToAnswer()) {
       // As many of its ops outstanding as its rings hold: its next submit
