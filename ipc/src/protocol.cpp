@@ -204,6 +204,7 @@ void fields(Io& io, M& m) {
 template <typename Io, MessageOf<AcquireSlot> M>
 void fields(Io& io, M& m) {
   io.integer("group_id", m.group_id);
+  io.boolean("grow", m.grow);
 }
 
 template <typename Io, MessageOf<SlotGranted> M>

@@ -706,6 +706,12 @@ dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int6
   return done ? DBUF_OK : fail(client, done.error());
 }
 
+dbuf_status dbuf_group_acquire_slot_growing(dbuf_client* client, dbuf_group* group, int64_t timeout_ms) {
+  if (group == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_group_acquire_slot_growing");
+  auto done = group->group.acquireSlot(ms(timeout_ms), dbuf::WhenPoolFull::kGrow);
+  return done ? DBUF_OK : fail(client, done.error());
+}
+
 namespace {
 
 /// The int a C caller stored in an enum field. C lets it store any value;

@@ -128,8 +128,8 @@ struct Group::State final : Connection::DeferredRelease {
   [[nodiscard]] bool holdsSlot() const noexcept { return slot.valid() && !release_point; }
 
   /// Asks dbufd for a slot and maps it.
-  Result<void> acquire(std::optional<std::chrono::milliseconds> timeout) {
-    auto reply = connection->call(ipc::AcquireSlot{plan.group_id}, timeout);
+  Result<void> acquire(std::optional<std::chrono::milliseconds> timeout, bool grow) {
+    auto reply = connection->call(ipc::AcquireSlot{plan.group_id, grow}, timeout);
     if (!reply) return std::move(reply).error();
     const auto* granted = std::get_if<ipc::SlotGranted>(&reply->message);
     if (granted == nullptr || reply->fds.size() != 1) {
@@ -217,8 +217,15 @@ struct Group::State final : Connection::DeferredRelease {
   TensorView shardPart(std::size_t index, const ipc::Region& region) const {
     const PlacedTensor& tensor = plan.tensors.at(index);
     TensorView view{tensor.name, sharded_dtype, tensor.shape, nullptr, 0, 0, 0};
+    if (!shard.valid()) return view;  // detached
     const auto slice = planner::sliceOnRank(tensor, plan.shard_elems, rank);
-    if (!slice || !shard.valid()) return view;  // nothing here, or detached
+    if (!slice) {
+      // None of the tensor here: an empty view at the start of the rank's part of the region, so that it has
+      // an address as every other local shard does (a null one reads as "no storage" to torch's code).
+      view.base = shard.data() + region.offset;
+      view.pin = shard_range.pin();
+      return view;
+    }
     // The slice starts at global element offset + begin; this rank's shard at rank * S.
     const std::int64_t in_shard = tensor.offset + slice->begin - static_cast<std::int64_t>(rank) * plan.shard_elems;
     const auto element = static_cast<std::size_t>(sizeBytes(sharded_dtype));
@@ -324,7 +331,7 @@ Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
   return allGather(timeout);
 }
 
-Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout) {
+Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout, WhenPoolFull when_full) {
   if (state_->release_point) {
     state_->cancelRelease();  // still mapped, still this group's: taken back as it is
     return {};
@@ -332,14 +339,21 @@ Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout
   if (state_->slot.valid()) return {};
   Connection& connection = *state_->connection;
   if (auto finished = connection.finishReleases(false); !finished) return finished;
-  auto acquired = state_->acquire(timeout);
+  auto acquired = state_->acquire(timeout, false);
   if (!acquired && acquired.error().code == ErrorCode::kConflict && !connection.deferred_releases.empty()) {
     // Every slot is held, some by releases waiting for their streams: the
     // host waits for those streams, and asks again.
     if (auto finished = connection.finishReleases(true); !finished) return finished;
-    acquired = state_->acquire(timeout);
+    acquired = state_->acquire(timeout, false);
+  }
+  if (!acquired && acquired.error().code == ErrorCode::kConflict && when_full == WhenPoolFull::kGrow) {
+    acquired = state_->acquire(timeout, true);  // only once the pool is really full: its slots keep their pages
   }
   return acquired;
+}
+
+Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout) {
+  return acquireSlot(timeout, WhenPoolFull::kFail);
 }
 
 Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {

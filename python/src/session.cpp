@@ -417,8 +417,16 @@ void bindGroup(nb::module_& m) {
       .def(
           "unsharded_grad_view", [](PyGroup& g, const Which& t) { return g.view(t, false, true); }, "tensor"_a,
           "The whole tensor's gradient in the unsharded slot.")
-      .def("acquire_slot", &slotRequest<&Group::acquireSlot>, "timeout"_a = nb::none(),
-           "Maps an unsharded slot without gathering (not a collective).")
+      .def(
+          "acquire_slot",
+          [](PyGroup& g, std::optional<double> timeout, bool grow) {
+            const auto ms = toRequestTimeout(timeout);
+            g.run([&](Group& group) { return group.acquireSlot(ms, grow ? WhenPoolFull::kGrow : WhenPoolFull::kFail); });
+          },
+          "timeout"_a = nb::none(), "grow"_a = false,
+          "Maps an unsharded slot without gathering (not a collective). When every slot of the rank's pool is "
+          "held: ConflictError, or with grow=True a slot beyond the pool (within the tenant's quota; its memory "
+          "goes back at reshard).")
       .def("unshard", &slotRequest<&Group::unshard>, "timeout"_a = nb::none(),
            "Collective: acquire_slot() if needed, then all_gather() and wait for it.")
       .def("reshard", &slotRequest<&Group::reshard>, "timeout"_a = nb::none(),

@@ -477,6 +477,9 @@ TEST(CApi, AttachExPassesEveryOption) {
     EXPECT_EQ(dbuf_group_acquire_slot(client, groups[g], kTimeoutMs), DBUF_OK) << g << ": " << lastError(client);
   }
   EXPECT_EQ(dbuf_group_acquire_slot(client, groups[3], kTimeoutMs), DBUF_CONFLICT) << "only 2 + 1 slots";
+  EXPECT_EQ(dbuf_group_acquire_slot_growing(client, groups[3], kTimeoutMs), DBUF_OK)
+      << "a slot beyond the pool: " << lastError(client);
+  EXPECT_EQ(dbuf_group_acquire_slot_growing(client, nullptr, kTimeoutMs), DBUF_INVALID_ARGUMENT);
   for (dbuf_group* group : groups) dbuf_group_free(group);
 
   // Another job: a rank of a world of 4 with its local rank; the same daemon.

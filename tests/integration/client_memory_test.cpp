@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "support/text.hpp"
 
 namespace dbuf::integration {
 namespace {
@@ -563,6 +564,66 @@ TEST(ClientMemory, AGroupDestroyedWhileUnshardedGivesItsSlotBack) {
     EXPECT_FAILS_WITH(other->acquireSlot(), ErrorCode::kConflict);  // the one slot is taken
   }
   EXPECT_TRUE(other->acquireSlot().ok()) << "the destroyed group kept its slot";
+}
+
+// A full pool: WhenPoolFull::kGrow takes a slot beyond it, which works as any
+// slot does, is charged while held and gives its memory back at reshard; the
+// pool's own slot keeps its pages.
+TEST(ClientMemory, AGrowingAcquireTakesASlotBeyondThePoolUntilItsReshard) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("grow", 0, 1, false, 0));  // prefetch depth 0: a pool of one slot
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto first = client->registerGroup(fp32Group("first", 2, 16));
+  ASSERT_TRUE(first.ok()) << messageOf(first);
+  auto second = client->registerGroup(fp32Group("second", 3, 32));
+  ASSERT_TRUE(second.ok()) << messageOf(second);
+  writeShards(*first, 1);
+  writeShards(*second, 2);
+  ASSERT_TRUE(first->unshard().ok());
+  const std::uint64_t pool_only = daemon.stats().bytes_in_use;
+
+  EXPECT_FAILS_WITH(second->acquireSlot(std::nullopt, WhenPoolFull::kFail), ErrorCode::kConflict);
+  ASSERT_TRUE(second->acquireSlot(std::nullopt, WhenPoolFull::kGrow).ok());
+  ASSERT_TRUE(second->allGather().ok());
+  expectGathered(*first, 1);
+  expectGathered(*second, 2);
+  EXPECT_GT(daemon.stats().bytes_in_use, pool_only) << "the slot beyond the pool is charged";
+
+  ASSERT_TRUE(second->reshard().ok());
+  EXPECT_EQ(daemon.stats().bytes_in_use, pool_only) << "the slot beyond the pool kept its memory";
+  ASSERT_TRUE(first->reshard().ok());
+  EXPECT_EQ(daemon.stats().bytes_in_use, pool_only) << "the pool's slot keeps its pages";
+  // With the pool free again, the plain acquire is served from it.
+  ASSERT_TRUE(second->unshard().ok());
+  expectGathered(*second, 2);
+}
+
+// Beyond the pool, the tenant's quota still holds: kInfeasible naming it, the
+// pool untouched.
+TEST(ClientMemory, AGrowingAcquireOverQuotaFailsAndLeavesThePool) {
+  daemon::Config config;
+  daemon::Tenant tenant;
+  tenant.name = "bounded";
+  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
+  // Room for both shard files (big's: 128 KiB) and small's slot, not for a second 128 KiB.
+  tenant.memory_quota_bytes = std::uint64_t{192} << 10;
+  config.tenants = {tenant};
+  EmbeddedDaemon daemon(config);
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(rankOf("grow-quota", 0, 1, false, 0));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto small = client->registerGroup(fp32Group("small", 1, 16));
+  ASSERT_TRUE(small.ok()) << messageOf(small);
+  auto big = client->registerGroup(fp32Group("big", 1, 2048));
+  ASSERT_TRUE(big.ok()) << messageOf(big);
+  ASSERT_TRUE(small->unshard().ok());
+  const std::uint64_t before = daemon.stats().bytes_in_use;
+  auto grown = big->acquireSlot(std::nullopt, WhenPoolFull::kGrow);
+  EXPECT_FAILS_WITH(grown, ErrorCode::kInfeasible);
+  EXPECT_TRUE(testing::contains(grown.error().message, "quota")) << grown.error().message;
+  EXPECT_EQ(daemon.stats().bytes_in_use, before);
+  EXPECT_TRUE(small->unsharded());
 }
 
 // A group that outlives its client (closed, rings unmapped) is destroyed

@@ -82,10 +82,11 @@ TEST_F(ProtocolAbuse, WrongProtocolVersionInTheHeader) {
 TEST_F(ProtocolAbuse, WrongProtocolVersionInTheHello) {
   const UniqueFd fd = daemon_.rawConnect();
   ipc::Hello hello = helloFor("versioned");
-  hello.protocol_version = 9;
+  hello.protocol_version = ipc::kProtocolVersion + 1;
   writeAll(fd.get(), frameOf(hello));
   const std::string message = expectErrorReply(fd.get(), ipc::WireError::kVersionMismatch);
-  EXPECT_NE(message.find("protocol version 9"), std::string::npos) << message;
+  const std::string named = "protocol version " + std::to_string(ipc::kProtocolVersion + 1);
+  EXPECT_NE(message.find(named), std::string::npos) << message;
   EXPECT_TRUE(closedByDaemon(fd.get()));
   expectServingAndClean(daemon_);
 }

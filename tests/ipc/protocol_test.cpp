@@ -153,14 +153,14 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
   const auto bytes = encodeHeader(header);
   const std::vector<std::uint8_t> expected = {
       0x44, 0x42, 0x55, 0x46,                          // magic "DBUF"
-      0x08, 0x00,                                      // version 8 (operators' requests)
+      0x09, 0x00,                                      // version 9 (AcquireSlot::grow)
       0x05, 0x00,                                      // type GroupReady
       0x03, 0x02, 0x01, 0x00,                          // payload length
       0x00, 0x00, 0x00, 0x00,                          // reserved
       0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,  // request id
   };
   ASSERT_EQ(expected.size(), kHeaderBytes);
-  static_assert(kProtocolVersion == 8, "update the expected header bytes with the version");
+  static_assert(kProtocolVersion == 9, "update the expected header bytes with the version");
   for (std::size_t i = 0; i < kHeaderBytes; ++i) {
     EXPECT_EQ(static_cast<std::uint8_t>(bytes[i]), expected[i]) << "byte " << i;
   }
@@ -172,8 +172,8 @@ TEST(ProtocolRoundTrip, HeaderLayoutIsLittleEndianAtFixedOffsets) {
 }
 
 TEST(ProtocolRoundTrip, PayloadLayoutOfAcquireSlotAndHello) {
-  const auto slot = payloadOf(AcquireSlot{0x04030201});
-  EXPECT_EQ(slot, Bytes().u32(0x04030201).get());
+  const auto slot = payloadOf(AcquireSlot{0x04030201, true});
+  EXPECT_EQ(slot, Bytes().u32(0x04030201).u8(1).get());
 
   Hello hello;
   hello.job_id = "ab";
@@ -322,10 +322,11 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
   // the one before the GPU's UUID (a shorter Hello), 5 the one before the
   // ranks of an error (a shorter ErrorReply, other completion entries), 6
   // the one before jobs across nodes (a shorter Hello), 7 the one before
-  // operators' requests: they must be refused as a version, not half-decoded.
+  // operators' requests, 8 the one before AcquireSlot::grow (a shorter
+  // AcquireSlot): they must be refused as a version, not half-decoded.
   for (const std::uint16_t version : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{3},
                                       std::uint16_t{4}, std::uint16_t{5}, std::uint16_t{6}, std::uint16_t{7},
-                                      std::uint16_t{9}, std::uint16_t{0xFFFF}}) {
+                                      std::uint16_t{8}, std::uint16_t{10}, std::uint16_t{0xFFFF}}) {
     FrameHeader header;
     header.version = version;
     header.type = MessageType::kHello;

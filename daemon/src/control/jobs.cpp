@@ -150,7 +150,7 @@ void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::Fra
   if (const auto* spec = std::get_if<ipc::RegisterGroup>(&message)) {
     handleRegister(session, request, *spec);
   } else if (const auto* acquire = std::get_if<ipc::AcquireSlot>(&message)) {
-    handleAcquire(session, request, acquire->group_id);
+    handleAcquire(session, request, *acquire);
   } else if (const auto* release = std::get_if<ipc::ReleaseSlot>(&message)) {
     handleRelease(session, request, release->group_id);
   } else if (std::holds_alternative<ipc::Detach>(message)) {
@@ -299,7 +299,8 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     job.ranks.resize(local_count);
     job.recorder = FlightRecorder(local_count);
     job.members.resize(local_count);
-    for (RankMembership& member : job.members) member.slots.resize(hello.prefetch_depth + 1);
+    job.prefetch_depth = hello.prefetch_depth;
+    for (RankMembership& member : job.members) member.slots.resize(job.poolSlots());
     job.collectives.buffers.resize(local_count);
     if (auto placed = placeRank(job, hello); !placed) return std::move(placed).error();
     Job* created = &jobs_.emplace(job.id, std::move(job)).first->second;
@@ -312,10 +313,10 @@ Result<Job*> JobTable::attachTo(const ipc::Hello& hello, const ipc::PeerCredenti
     return makeError(ErrorCode::kPermissionDenied, "job '" + hello.job_id + "' belongs to another tenant (uid " +
                                                        std::to_string(peer.uid) + " is not allowed)");
   }
-  if (job.persistent != hello.persistent || job.prefetchDepth() != hello.prefetch_depth) {
+  if (job.persistent != hello.persistent || job.prefetch_depth != hello.prefetch_depth) {
     return makeError(ErrorCode::kConflict, "job '" + job.id +
                                                "' was attached with persistent=" + (job.persistent ? "true" : "false") +
-                                               " and prefetch depth " + std::to_string(job.prefetchDepth()) +
+                                               " and prefetch depth " + std::to_string(job.prefetch_depth) +
                                                ", not persistent=" + (hello.persistent ? "true" : "false") +
                                                " and prefetch depth " + std::to_string(hello.prefetch_depth));
   }
@@ -582,7 +583,9 @@ void JobTable::replyGroup(const GroupState& group, std::uint32_t rank, const std
   session->send(group.reply, request, {group.shards[rank]->fd()});
 }
 
-void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id) {
+void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request,
+                             const ipc::AcquireSlot& acquire) {
+  const std::uint32_t group_id = acquire.group_id;
   const Attachment* attachment = attachmentOf(*session);
   Job& job = jobs_.at(attachment->job);
   const auto group = std::find_if(job.groups.begin(), job.groups.end(),
@@ -598,11 +601,16 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   if (slot == rank.slots.end()) {
     slot = std::find_if(rank.slots.begin(), rank.slots.end(), [](const Slot& s) { return !s.group.has_value(); });
   }
+  if (slot == rank.slots.end() && acquire.grow) {
+    // A group holds one slot at most, so the pool grows to the job's group count at most; the quota bounds
+    // the memory (growSlot charges it).
+    slot = rank.slots.emplace(rank.slots.end());
+  }
   if (slot == rank.slots.end()) {
     session->sendError(ipc::WireError::kConflict,
                        "all " + std::to_string(rank.slots.size()) + " unsharded slots of rank " +
                            std::to_string(job.globalRank(attachment->local)) + " are in use (prefetch depth " +
-                           std::to_string(rank.slots.size() - 1) + "); reshard a group first",
+                           std::to_string(job.prefetch_depth) + "); reshard a group first",
                        request);
     return;
   }
@@ -666,8 +674,14 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
   // page cache, is what bounds unsharded memory, and the next all-gather
   // into freshly punched pages would run at a fifth of memcpy speed, page
   // faults and zero-filling included (docs/collectives.md, Performance). The
-  // pages are given back with the slot file when the rank goes.
+  // pages are given back with the slot file when the rank goes. A slot
+  // beyond the pool (AcquireSlot::grow) gives its memory back now.
   slot->group.reset();
+  if (static_cast<std::size_t>(slot - rank.slots.begin()) >= job.poolSlots()) {
+    budget_.release(job.tenant, slot->bytes());
+    job.charged -= slot->bytes();
+    slot->memory.reset();
+  }
   session->send(ipc::SlotReleased{group_id}, request);
 }
 

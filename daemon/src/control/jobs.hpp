@@ -71,7 +71,10 @@ struct RankMembership {
   /// (kept while it is detached: a re-attach must come back to it); -1 before.
   std::int32_t device = -1;
   std::shared_ptr<Session> session;  // null while detached
-  std::vector<Slot> slots;           // prefetch_depth + 1
+  /// The pool (prefetch_depth + 1, kept with their pages), then slots
+  /// beyond it that AcquireSlot::grow asked for (their memory goes back at
+  /// their release).
+  std::vector<Slot> slots;
 };
 
 /// A job: what the data plane schedules (JobSchedule: id, world, this node's
@@ -97,10 +100,9 @@ struct Job final : JobSchedule {
   };
   std::map<std::string, FailedRegistration> failed;
 
-  /// Every rank has prefetch_depth + 1 slots.
-  [[nodiscard]] std::uint32_t prefetchDepth() const {
-    return static_cast<std::uint32_t>(members.front().slots.size() - 1);
-  }
+  /// Every rank's pool is prefetch_depth + 1 slots.
+  std::uint32_t prefetch_depth = 0;
+  [[nodiscard]] std::size_t poolSlots() const { return prefetch_depth + 1; }
 
   [[nodiscard]] const GroupGeometry* groupGeometry(std::uint32_t group_id) const override;
   [[nodiscard]] const std::string* groupName(std::uint32_t group_id) const override;
@@ -164,7 +166,7 @@ class JobTable {
 
   void handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello);
   void handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::RegisterGroup& spec);
-  void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
+  void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::AcquireSlot& acquire);
   /// Makes `slot` at least `bytes` long (charging the tenant); errors are
   /// kInfeasible when over quota.
   Result<void> growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank, const std::string& group);

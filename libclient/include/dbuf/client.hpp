@@ -201,6 +201,12 @@ struct OpResult {
   std::chrono::nanoseconds run{0};   ///< execution in the daemon
 };
 
+/// Group::acquireSlot when every slot of the rank's pool is held.
+enum class WhenPoolFull : std::uint8_t {
+  kFail,  ///< kConflict: the pool bounds unsharded memory (prefetching asks so)
+  kGrow,  ///< a slot beyond the pool, within the tenant's quota, its memory given back at reshard
+};
+
 class Connection;  // internal, shared by a Client and its Groups
 
 class Group {
@@ -216,7 +222,8 @@ class Group {
   [[nodiscard]] std::uint32_t rank() const noexcept;
 
   /// This rank's part of tensor `index` in the sharded (master) region; an
-  /// empty view (numel 0) when the rank holds none of it.
+  /// empty view (numel 0) when the rank holds none of it, at the start of the
+  /// rank's shard (null only once detached).
   [[nodiscard]] TensorView shardView(std::size_t index) const;
   /// The same part in the sharded gradient region.
   [[nodiscard]] TensorView shardGradView(std::size_t index) const;
@@ -225,10 +232,15 @@ class Group {
   [[nodiscard]] Result<TensorView> unshardedGradView(std::size_t index) const;
 
   /// Maps an unsharded slot (params + grads, devices * shard_elems each)
-  /// without gathering anything; not a collective. Fails with kConflict when
-  /// every slot of the pool is held by other groups. The slot holds what its
-  /// previous group left (zeros the first time): write or zero the gradients
-  /// before reducing them.
+  /// without gathering anything; not a collective. When every slot of the
+  /// pool is held by other groups: fails with kConflict (WhenPoolFull::kFail),
+  /// or takes a slot beyond the pool, charged to the tenant's quota and given
+  /// back with its memory at reshard (kGrow; kInfeasible over quota).
+  /// The slot holds what its previous group left (zeros the first time):
+  /// write or zero the gradients before reducing them.
+  [[nodiscard]] Result<void> acquireSlot(std::optional<std::chrono::milliseconds> timeout,
+                                         WhenPoolFull when_full);
+  /// acquireSlot(timeout, WhenPoolFull::kFail) (a symbol of its own: libdbuf.so.0's).
   [[nodiscard]] Result<void> acquireSlot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// Collective: acquireSlot() if needed, then allGather() and wait for it.
   [[nodiscard]] Result<void> unshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);

@@ -366,6 +366,11 @@ int64_t dbuf_group_scale_index(const dbuf_group* group, size_t index);
 /* Maps an unsharded slot without gathering (not a collective), at the
  * group's slot address (the same every time). */
 dbuf_status dbuf_group_acquire_slot(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
+/* The same, but when every slot of the rank's pool is held (where
+ * dbuf_group_acquire_slot fails with DBUF_CONFLICT): a slot beyond the pool,
+ * charged to the tenant's quota (DBUF_INFEASIBLE over it), whose memory goes
+ * back at reshard. */
+dbuf_status dbuf_group_acquire_slot_growing(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
 /* Collective: acquire the slot if needed, then all-gather into it. */
 dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
 /* Waits for this group's ops in flight (and, with GPU memory, for all of the

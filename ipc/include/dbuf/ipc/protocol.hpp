@@ -33,13 +33,14 @@
 namespace dbuf::ipc {
 
 inline constexpr std::uint32_t kMagic = 0x46554244;   // "DBUF" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 8;  // 2: session segment, collectives; 3: memory kind;
+inline constexpr std::uint16_t kProtocolVersion = 9;  // 2: session segment, collectives; 3: memory kind;
                                                       // 4: stream-ordered ops (segment version 2);
                                                       // 5: the GPU's UUID in Hello;
                                                       // 6: error codes kIo, kWouldBlock, kDevice, the
                                                       //    ranks of an error (segment version 3);
                                                       // 7: a job across nodes (Hello's node layout, store);
-                                                      // 8: operators' requests (AdminRequest, AdminReply)
+                                                      // 8: operators' requests (AdminRequest, AdminReply);
+                                                      // 9: AcquireSlot::grow
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPayloadBytes = 1U << 20;  // 1 MiB
 inline constexpr std::uint32_t kMaxStringBytes = 512;
@@ -234,6 +235,10 @@ struct GroupReady {
 
 struct AcquireSlot {
   std::uint32_t group_id = 0;
+  /// When every slot of the rank's pool is held: a slot beyond the pool
+  /// (charged to the tenant's quota, its memory given back at its release)
+  /// instead of kConflict.
+  bool grow = false;
   friend bool operator==(const AcquireSlot&, const AcquireSlot&) = default;
 };
 
