@@ -122,17 +122,23 @@ class TiedAcross(nn.Module):
         self.head = nn.Linear(8, 16, bias=False)
         self.head.weight = self.embed.weight
 
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
 
-def test_weights_tied_across_units_are_refused(daemon):
+
+def test_weights_tied_across_units_are_refused_at_the_first_forward(daemon):
+    # Where FSDP2 refuses them (its lazy init), with its exception type.
     session = session_of(daemon, 0, 1)
     model = TiedAcross()
     dt.fully_shard(model.embed, session=session)
-    try:
-        dt.fully_shard(model, session=session)
-    except ValueError as error:
-        assert "head.weight" in str(error) and "shared" in str(error)
-    else:
-        raise AssertionError("a weight tied across two units was sharded twice")
+    dt.fully_shard(model, session=session)
+    for _ in range(2):
+        try:
+            model(torch.zeros(2, dtype=torch.long))
+        except ValueError as error:
+            assert "head.weight" in str(error) and "shared" in str(error) and "fully_shard([" in str(error)
+        else:
+            raise AssertionError("a weight tied across two units was sharded twice")
 
 
 def test_state_dicts_keep_parameters_no_unit_shards_and_persistent_buffers_only(daemon):

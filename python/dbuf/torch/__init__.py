@@ -21,14 +21,18 @@ torch.distributed.checkpoint, ``torch.nn.utils.clip_grad_norm_`` and code that
 reads parameter shapes work as under FSDP2.
 """
 
-from ._clip import clip_grad_norm_
-from ._fully_shard import MixedPrecisionPolicy, fully_shard, units
-from ._module import DBufModule
-from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info
-from ._ragged import RaggedShard, ShardInfo, StridedRaggedShard
-from ._session import Session, default_session, destroy, init, is_initialized, sessions
-from ._state_dict import LocalShard, get_model_state_dict, set_model_state_dict
-from ._wrap import WrappedUnit, auto_wrap
+from . import _torch_version
+
+_torch_version.check()
+
+from ._clip import clip_grad_norm_  # noqa: E402 - after the version check
+from ._fully_shard import MixedPrecisionPolicy, fully_shard, units  # noqa: E402
+from ._module import DBufModule  # noqa: E402
+from ._dtensor import RaggedDTensor, distribute_ragged, local_elements, shard_info  # noqa: E402
+from ._ragged import RaggedShard, ShardInfo, StridedRaggedShard  # noqa: E402
+from ._session import Session, default_session, destroy, init, is_initialized, sessions  # noqa: E402
+from ._state_dict import LocalShard, get_model_state_dict, set_model_state_dict  # noqa: E402
+from ._wrap import WrappedUnit, auto_wrap  # noqa: E402
 
 __all__ = [
     "DBufModule",

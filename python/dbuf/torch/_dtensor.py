@@ -52,6 +52,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor._ops._math_ops import _NormPartial
 
+from . import _patch
 from ._ragged import Box, RaggedShard, ShardInfo, boxes_of
 
 aten = torch.ops.aten
@@ -85,12 +86,29 @@ def _placements_of(placements: RaggedShard | Sequence[Placement], mesh: DeviceMe
     return placements
 
 
+# ------------------------------------------------------------ torch's private DTensor constructor
+
+# DTensor(local, spec) and DTensorSpec are torch's internals (DTensor.from_local checks and redistributes,
+# which a RaggedShard local tensor must not be): these two functions are the only callers, so a change of
+# their signatures in a torch release is mended here (_torch_version.py says which releases are tested).
+
+
+def make_spec(mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence[int], stride: Sequence[int],
+              dtype: torch.dtype) -> DTensorSpec:
+    """torch's DTensorSpec of a tensor of `shape`, `stride` and `dtype` placed on `mesh`."""
+    return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+
+
+def make_dtensor(cls: type[DTensor], local: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
+    """A DTensor (or RaggedDTensor) of this rank's `local` tensor and `spec`, unchecked."""
+    return cls(local, spec, requires_grad=requires_grad)
+
+
 def ragged_spec(
     mesh: DeviceMesh, placements: RaggedShard | Sequence[Placement], shape: torch.Size, dtype: torch.dtype
 ) -> DTensorSpec:
     shape = torch.Size(shape)
-    return DTensorSpec(mesh, _placements_of(placements, mesh),
-                       tensor_meta=TensorMeta(shape, _contiguous_stride(shape), dtype))
+    return make_spec(mesh, _placements_of(placements, mesh), shape, _contiguous_stride(shape), dtype)
 
 
 def _chunk(mesh: DeviceMesh, placements: tuple[Placement, ...], shape: torch.Size) -> tuple[torch.Size, tuple[int, ...]]:
@@ -167,7 +185,7 @@ class RaggedDTensor(DTensor):
                 f"{ragged}: this rank holds elements [{begin}, {end}) of {tuple(chunk)}, got a local tensor "
                 f"of shape {tuple(local.shape)}"
             )
-        return RaggedDTensor(local, spec, requires_grad=requires_grad)
+        return make_dtensor(RaggedDTensor, local, spec, requires_grad=requires_grad)
 
     # ------------------------------------------------------------ layout
 
@@ -223,7 +241,8 @@ class RaggedDTensor(DTensor):
 
     def __deepcopy__(self, memo: dict) -> RaggedDTensor:
         # A copy is this process's memory, no longer dbufd's; still a DTensor of the same layout.
-        copied = RaggedDTensor(self._local_tensor.detach().clone(), self._spec, requires_grad=self.requires_grad)
+        copied = make_dtensor(RaggedDTensor, self._local_tensor.detach().clone(), self._spec,
+                              requires_grad=self.requires_grad)
         memo[id(self)] = copied
         return copied
 
@@ -555,9 +574,8 @@ class _Operands:
             return value
         meta = spec.tensor_meta
         if value.dtype != meta.dtype:
-            spec = DTensorSpec(spec.mesh, spec.placements,
-                               tensor_meta=TensorMeta(meta.shape, meta.stride, value.dtype))
-        return RaggedDTensor(value, spec, requires_grad=False)
+            spec = make_spec(spec.mesh, spec.placements, meta.shape, meta.stride, value.dtype)
+        return make_dtensor(RaggedDTensor, value, spec)
 
 
 def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> None:
@@ -614,9 +632,8 @@ def _as_partial(local: torch.Tensor, of: RaggedDTensor, placement) -> DTensor:
     gives every rank of it the same part: Replicate there.
     """
     placements = (placement, *(placement if isinstance(p, Shard) else Replicate() for p in of.placements[1:]))
-    spec = DTensorSpec(of.device_mesh, placements,
-                       tensor_meta=TensorMeta(local.shape, local.stride(), local.dtype))
-    return DTensor(local, spec, requires_grad=False)
+    return make_dtensor(DTensor, local, make_spec(of.device_mesh, placements, local.shape, local.stride(),
+                                                  local.dtype))
 
 
 def _local_norm(tensor: RaggedDTensor, norm_type: float, dtype) -> torch.Tensor:
@@ -744,8 +761,9 @@ class _GatherRagged(torch.autograd.Function):
         spec: DTensorSpec = ctx.spec
         placement: RaggedShard = spec.placements[0]  # type: ignore[assignment]
         local = placement.split(grad, mesh_rank(spec.mesh)).contiguous()  # grad: the chunk's
-        return RaggedDTensor(local, DTensorSpec(spec.mesh, spec.placements, tensor_meta=spec.tensor_meta),
-                             requires_grad=False)
+        meta = spec.tensor_meta
+        return make_dtensor(RaggedDTensor, local, make_spec(spec.mesh, spec.placements, meta.shape, meta.stride,
+                                                            meta.dtype))
 
 
 def distribute_ragged(
@@ -804,51 +822,50 @@ def _teach_full_state_dict_loading() -> None:
     Both paths of ``torch.distributed._state_dict_utils`` (every rank holds
     the full dict: ``distribute_tensor``; rank 0 broadcasts it:
     ``_distribute_tensors``) compute a rectangular slice per rank from the
-    placements, which a ragged range is not. These two wrappers hand the
-    RaggedShard DTensors to :func:`distribute_ragged` (or copy this rank's
-    elements into the existing one) and everything else to torch's own code;
-    they are installed once, at import, and only where torch has the names
-    (2.15, the version requirements.txt pins). ``torch.distributed.tensor.distribute_tensor``
-    is the same wrapper.
+    placements, which a ragged range is not. Their wrappers (_patch.wrap)
+    hand the RaggedShard DTensors to :func:`distribute_ragged` (or copy this
+    rank's elements into the existing one) and everything else to torch's
+    own function. ``torch.distributed.tensor.distribute_tensor`` is the same
+    wrapper, for code that distributes a full state dict itself with the
+    placements of the model's parameters (accelerate's
+    fsdp2_load_full_state_dict) and looks it up at call time.
     """
     import torch.distributed._state_dict_utils as utils
+    import torch.distributed.tensor as tensor_api
 
-    distribute = getattr(utils, "distribute_tensor", None)
-    distribute_many = getattr(utils, "_distribute_tensors", None)
-    if distribute is None or distribute_many is None or getattr(distribute, "_dbuf_ragged", False):
-        return
+    def distribute_tensor_or_ragged(distribute):
+        def distribute_tensor(tensor, device_mesh=None, placements=None, **kwargs):
+            if _is_ragged(placements):
+                return distribute_ragged(tensor, device_mesh, placements)  # checks the element count
+            return distribute(tensor, device_mesh, placements, **kwargs)
 
-    def distribute_tensor_or_ragged(tensor, device_mesh=None, placements=None, **kwargs):
-        if _is_ragged(placements):
-            return distribute_ragged(tensor, device_mesh, placements)  # checks the element count
-        return distribute(tensor, device_mesh, placements, **kwargs)
+        return distribute_tensor
 
-    def distribute_tensors_or_ragged(local_state_dict, keys, device, pg=None):
-        others = []
-        for key in keys:
-            entry = local_state_dict.get(key)
-            if isinstance(entry, tuple) and isinstance(entry[0], RaggedDTensor):
-                local, whole = entry
-                if tuple(whole.shape) != tuple(local.shape):
-                    raise ValueError(
-                        f"{key}: shape {tuple(whole.shape)} in the state dict, {tuple(local.shape)} here"
-                    )
-                if local.is_meta:
-                    local_state_dict[key] = distribute_ragged(whole.to(local.dtype), local.device_mesh,
-                                                              local.placements)
-                    continue
-                local._local_tensor.copy_(local.local_part(whole))
-                local_state_dict[key] = local
-            else:
-                others.append(key)
-        distribute_many(local_state_dict, others, device, pg)
+    def distribute_tensors_or_ragged(distribute_many):
+        def distribute_tensors(local_state_dict, keys, device, pg=None):
+            others = []
+            for key in keys:
+                entry = local_state_dict.get(key)
+                if isinstance(entry, tuple) and isinstance(entry[0], RaggedDTensor):
+                    local_state_dict[key] = _take_whole(key, *entry)
+                else:
+                    others.append(key)
+            distribute_many(local_state_dict, others, device, pg)
 
-    distribute_tensor_or_ragged._dbuf_ragged = True  # type: ignore[attr-defined]
-    utils.distribute_tensor = distribute_tensor_or_ragged
-    # The public name too, for code that distributes a full state dict itself with the placements
-    # of the model's parameters (accelerate's fsdp2_load_full_state_dict) and looks it up at call time.
-    torch.distributed.tensor.distribute_tensor = distribute_tensor_or_ragged
-    utils._distribute_tensors = distribute_tensors_or_ragged
+        return distribute_tensors
+
+    _patch.wrap([utils, tensor_api], "distribute_tensor", distribute_tensor_or_ragged)
+    _patch.wrap([utils], "_distribute_tensors", distribute_tensors_or_ragged)
+
+
+def _take_whole(key: str, local: RaggedDTensor, whole: torch.Tensor) -> RaggedDTensor:
+    """A full state dict's tensor into a RaggedShard parameter: its elements copied (a new one where it is on meta)."""
+    if tuple(whole.shape) != tuple(local.shape):
+        raise ValueError(f"{key}: shape {tuple(whole.shape)} in the state dict, {tuple(local.shape)} here")
+    if local.is_meta:
+        return distribute_ragged(whole.to(local.dtype), local.device_mesh, local.placements)
+    local._local_tensor.copy_(local.local_part(whole))
+    return local
 
 
 _register_for_foreach()
@@ -863,20 +880,18 @@ def _refuse_ragged_fragments_in_checkpoints() -> None:
     """
     import torch.distributed.checkpoint.planner_helpers as helpers
 
-    write_items = getattr(helpers, "_create_write_items_for_dtensor", None)
-    if write_items is None or getattr(write_items, "_dbuf_ragged", False):
-        return
+    def write_items_or_refuse(write_items):
+        def create_write_items_for_dtensor(fqn, tensor):
+            if not isinstance(tensor, RaggedDTensor) and any(isinstance(p, RaggedShard) for p in tensor.placements):
+                raise ValueError(
+                    f"torch.distributed.checkpoint: {fqn} is a plain DTensor with a RaggedShard placement, which "
+                    f"DCP cannot save whole; make it with RaggedDTensor.from_local or dbuf.torch.distribute_ragged"
+                )
+            return write_items(fqn, tensor)
 
-    def write_items_or_refuse(fqn, tensor):
-        if not isinstance(tensor, RaggedDTensor) and any(isinstance(p, RaggedShard) for p in tensor.placements):
-            raise ValueError(
-                f"torch.distributed.checkpoint: {fqn} is a plain DTensor with a RaggedShard placement, which DCP "
-                f"cannot save whole; make it with RaggedDTensor.from_local or dbuf.torch.distribute_ragged"
-            )
-        return write_items(fqn, tensor)
+        return create_write_items_for_dtensor
 
-    write_items_or_refuse._dbuf_ragged = True  # type: ignore[attr-defined]
-    helpers._create_write_items_for_dtensor = write_items_or_refuse
+    _patch.wrap([helpers], "_create_write_items_for_dtensor", write_items_or_refuse)
 
 
 _teach_full_state_dict_loading()

@@ -50,15 +50,18 @@ class MixedPrecisionPolicy:
 
 def _managed_parameters(
     modules: list[nn.Module], ignored: set[nn.Parameter], session: Session
-) -> list[tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]]:
+) -> tuple[list[tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]], str | None]:
     """The parameters a new unit of `modules` takes: not ignored, not already a unit's.
 
     Each comes with every (module, attribute) that holds it (tied weights),
     named by its first path from the first module. A parameter an earlier
     unit took, still held by a module here (weights tied across units), is
-    an error, as in FSDP2: two units would keep two copies that drift apart.
+    an error, as in FSDP2 (two units would keep two copies that drift apart),
+    raised where FSDP2 raises it: at the first forward (the new unit's
+    ``refusal``; Hooks.pre_forward).
     """
     found: dict[int, tuple[str, nn.Parameter, list[tuple[nn.Module, str]]]] = {}
+    refusal = None
     for position, root in enumerate(modules):
         prefix = "" if len(modules) == 1 else f"{position}."
         for module_name, module in root.named_modules(remove_duplicate=False):
@@ -70,15 +73,17 @@ def _managed_parameters(
                 fqn = prefix + (f"{module_name}.{name}" if module_name else name)
                 taken_by = session.unit_holding(param)
                 if taken_by is not None:
-                    raise ValueError(
-                        f"parameter {fqn} is shared with unit {taken_by.label}, which already shards it: put the "
-                        f"modules that share it in one unit (fully_shard their common parent, or a list of them)"
+                    refusal = refusal or (
+                        f"Parameter '{fqn}' is shared with a parameter already managed by another FSDP group "
+                        f"(dbuf unit {taken_by.label}). For shared/tied parameters, use fully_shard([module_a, "
+                        f"module_b]) to place them in the same FSDP group."
                     )
+                    continue
                 if id(param) in found:
                     found[id(param)][2].append((module, name))
                 else:
                     found[id(param)] = (fqn, param, [(module, name)])
-    return list(found.values())
+    return list(found.values()), refusal
 
 
 def _label(modules: list[nn.Module]) -> str:
@@ -130,8 +135,10 @@ def fully_shard(
         reshard_after_forward: give the slot back after forward and gather
             again in backward (None: True except for the root unit, the first
             whose forward runs, as in FSDP2). An int is FSDP2's group size to
-            reshard to: the world size means True, 1 means False, others are
-            refused (dbufd gathers over the whole job).
+            reshard to, a factor of the world size: the world size means True,
+            1 False, another factor True on one node (dbufd gathers again from
+            the node's memory) and False across nodes (nothing crosses nodes
+            in backward).
         shard_placement_fn: FSDP2's per-parameter placement: ``Shard(d)`` keeps
             each slice along dim d whole on one rank (the RaggedShard rule of
             blocks of ``stride(d)`` elements); None the default rule.
@@ -163,8 +170,8 @@ def fully_shard(
                                   "2-D (replicate, shard) mesh); dp_mesh_dims is not supported")
     session = _session_for(mesh, session)
     _check_offload(session, offload_policy)
-    reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session.world_size)
-    params = _managed_parameters(modules, set(ignored_params or ()), session)
+    reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session)
+    params, refusal = _managed_parameters(modules, set(ignored_params or ()), session)
     default_rule = granularity if isinstance(granularity, str) else "element"
     unit = Unit(
         session,
@@ -181,6 +188,7 @@ def fully_shard(
         # A unit without a mesh on an HSDP session (the root after the blocks) is HSDP's too.
         hsdp=mesh.ndim == 2 if mesh is not None else session.replicas > 1,
     )
+    unit.refusal = refusal
     session.units.append(unit)
     session.passes.units.append(unit)
     for _, param, _ in params:
@@ -236,20 +244,32 @@ def _check_offload(session: Session, offload_policy: OffloadPolicy | None) -> No
     )
 
 
-def _reshard_after_forward_of(value: bool | int | None, world_size: int) -> bool | None:
-    """FSDP2's int form (the group size to reshard to): world size = True, 1 = False, others refused."""
+def _reshard_after_forward_of(value: bool | int | None, session: Session) -> bool | None:
+    """FSDP2's int form, the group size to reshard to after forward, as a bool.
+
+    It must divide the world size (FSDP2's ValueError otherwise); the world
+    size means True and 1 means False, as in FSDP2. Another factor asks
+    FSDP2 to gather again in backward within a smaller group (a node), not
+    across the job; dbufd re-gathers from its own memory, which on one node
+    is that smaller group already: True. A job across nodes keeps the
+    parameters instead (False), so that backward sends nothing between nodes.
+    """
     if value is None or isinstance(value, bool):
         return value
     if not isinstance(value, int):
-        raise ValueError(f"reshard_after_forward should be a bool or an int, not {value!r}")
+        raise ValueError(
+            f"reshard_after_forward should be a bool or an int representing the group size to reshard to, not "
+            f"{value!r}"
+        )
+    world_size = session.world_size
+    if value < 1 or value > world_size or world_size % value != 0:
+        raise ValueError(f"If passing reshard_after_forward as an int, it should be a factor of {world_size}, not "
+                         f"{value}")
     if value == world_size:
         return True
     if value == 1:
         return False
-    raise NotImplementedError(
-        f"reshard_after_forward={value}: dbufd gathers over the whole job ({world_size} ranks) and cannot keep a "
-        f"copy resharded to {value} ranks after forward; pass True (reshard to {world_size}) or False (keep)"
-    )
+    return not session.across_nodes
 
 
 def _tensor_rules(params, granularity: Granularity, shard_placement_fn) -> dict[str, str]:

@@ -48,7 +48,7 @@ class _PostBackward(torch.autograd.Function):
     def backward(ctx, *grads: torch.Tensor):  # type: ignore[override]
         unit = ctx.unit
         unit.routed_calls -= 1
-        if unit.routed_calls == 0:  # every call's backward through the unit is done
+        if unit.routed_calls == 0 and not unit.unrouted_call:  # every call's backward through the unit is done
             unit.reduce_gradients()
         return (None, *grads)
 
@@ -82,6 +82,7 @@ class Hooks:
         if _in_backward():
             return self._pre_recompute(args, kwargs)
         if passes.forwards_running == 0:
+            _refuse_what_fsdp2_refuses_at_its_lazy_init(module, passes)
             if passes.root is None:
                 passes.root = unit
             if unit is passes.root:
@@ -98,6 +99,24 @@ class Hooks:
 
     # torch's register_fsdp_forward_method calls the state's hooks by these names.
     _pre_forward = pre_forward
+
+    def __getattr__(self, name: str):
+        """What FSDP2's state (``FSDPModule._get_fsdp_state()``) has and dbuf's has not: an error that says so.
+
+        Only reached for names Hooks lacks: torch code reading FSDP2's
+        internal state (pipelining's schedules, the FSDP2 memory tracker)
+        learns that it runs on dbuf, not merely that an attribute is missing.
+        Still an AttributeError, so that ``hasattr`` and ``getattr(..., default)``
+        behave as for any object.
+        """
+        unit = self.__dict__.get("unit")
+        if name.startswith("__") or unit is None:
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{name!r}: this FSDP state is dbuf.torch's (unit {unit.label!r}, backed by dbufd), which "
+            f"keeps none of FSDP2's internal fields; code that reads FSDP2's state (torch's pipelining schedules, "
+            f"the FSDP2 memory tracker) does not run on dbuf units"
+        )
 
     def _pre_recompute(self, args: tuple, kwargs: dict):
         """The unit's forward run again inside backward: activation checkpointing's recompute.
@@ -197,7 +216,11 @@ class Hooks:
         flat, spec = tree_flatten((args, kwargs))
         positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not positions:
-            return args, kwargs  # no gradient reaches this call's inputs: the end of backward reduces
+            # No gradient reaches this call's inputs, so nothing tells when its backward is done (a grouped
+            # unit's embedding, tied to its output layer, runs its backward after the output's): the end of
+            # backward reduces the unit.
+            self.unit.unrouted_call = True
+            return args, kwargs
         self.unit.routed_calls += 1
         if count_in_pass:
             self.passes.pass_routes.append(self.unit)
@@ -243,6 +266,17 @@ class Hooks:
             targets = order[position + 1 : position + 2]
         for target in targets:
             target.start_gather(required=False)
+
+
+def _refuse_what_fsdp2_refuses_at_its_lazy_init(root: nn.Module, passes: PassState) -> None:
+    """A model's first forward: a unit of it that fully_shard could not take whole raises FSDP2's ValueError."""
+    if root in passes.checked_roots:
+        return
+    for module in root.modules():
+        refusal = getattr(getattr(module, "_dbuf_unit", None), "refusal", None)
+        if refusal is not None:
+            raise ValueError(refusal)
+    passes.checked_roots.add(root)
 
 
 def _run_all(steps: list[Callable[[], None]]) -> None:

@@ -2,7 +2,8 @@
 
 A :class:`Session` is one attached :class:`dbuf.Client` (one dbuf job) plus what
 its units share: the pool of unsharded slots (``prefetch_depth + 1`` of them,
-as dbufd gives each rank), a small fp32 staging group for exact transfers
+as dbufd gives each rank, which prefetching stays within; a gather needed now
+takes one beyond it), a small fp32 staging group for exact transfers
 (full state dicts), and the job's ``DeviceMesh`` that its parameters, as
 RaggedShard DTensors, live on. ``init()`` makes the default session;
 ``fully_shard`` uses it, creating it from torchrun's environment on first use.
@@ -15,6 +16,9 @@ order units ran in (for prefetching) and the pass in progress.
 from __future__ import annotations
 
 import os
+import socket as socket_module
+import threading
+import uuid
 import weakref
 import zlib
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import dbuf
 
+from . import _patch
 from ._dtensor import spmd_mesh
 
 
@@ -58,13 +63,35 @@ def _env_int(name: str, default: int | None = None) -> int | None:
 
 
 def _job_from_env() -> str | None:
-    """The job id every rank of a torchrun launch agrees on."""
+    """The job id the environment names: ``$DBUF_JOB``, else torchrun's run id."""
     explicit = os.environ.get("DBUF_JOB")
     if explicit:
         return explicit
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return f"torchrun-{run_id}"
+    return None
+
+
+#: The key of the default process group's store under which rank 0 names the job (see _job_of_launch).
+JOB_KEY = "dbuf.torch/job"
+
+
+def _job_of_launch() -> str | None:
+    """The job id every rank of the launch agrees on, or None (a lone process).
+
+    The environment's (``$DBUF_JOB``, torchrun's run id); else, where
+    torch.distributed's default process group exists (``mp.spawn``, Slurm,
+    a test harness, ranks as threads), one that its rank 0 makes up and puts
+    in the group's store, which the others read (once per group); else
+    torchrun's rendezvous address (``MASTER_ADDR``/``MASTER_PORT``), over
+    which dbuf.torch then makes the default process group.
+    """
+    named = _job_from_env()
+    if named is not None:
+        return named
+    if dist.is_initialized():
+        return _rank_sessions(create=True).agreed_job()
     address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if address and port:
         return f"torchrun-{address}-{port}"
@@ -105,6 +132,7 @@ class PassState:
     post_forward_order: list[SessionUnit] = field(default_factory=list)  # as it left them: backward runs them in reverse
     order_recorded: bool = False
     root: SessionUnit | None = None  # the unit whose forward encloses the pass's others
+    checked_roots: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # models whose first forward found nothing to refuse
     in_backward: bool = False
     backward_task: int | None = None  # the autograd graph task of the backward in progress
     forwards_running: int = 0
@@ -144,6 +172,7 @@ class Session:
         prefetch_depth: int,
         mesh: DeviceMesh | None = None,
         passes: PassState | None = None,
+        across_nodes: bool = False,
     ) -> None:
         """``mesh``: the job's 1-D DeviceMesh (default: one over torch.distributed's default process group,
         made on first use; see :attr:`mesh`). ``passes``: the forward / backward state shared with the
@@ -153,6 +182,7 @@ class Session:
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
+        self.across_nodes = across_nodes  # the job's ranks on several nodes' dbufd
         self.slots = prefetch_depth + 1
         #: GPU of this session's memory (None: host memory, dbufd's host backend).
         self.device: int | None = client.device
@@ -331,29 +361,23 @@ class Session:
         """Zeroes the counts; the peak starts from what is held now."""
         self.stats = Stats(peak_unsharded_bytes=self.unsharded_bytes)
 
-    def make_room(self, unit: SessionUnit | None, *, required: bool, label: str | None = None) -> bool:
-        """Frees an unsharded slot for `unit` (None: the staging group) if the pool is full.
+    def make_room(self, unit: SessionUnit | None, *, required: bool) -> bool:
+        """Makes room in the pool of unsharded slots for `unit` (None: the staging group); whether there is.
 
         Units whose gradients are being reduced give theirs back first (their
-        reduce-scatter is waited for). With `required` (the slot is needed
-        now) a pool with nothing to give back is an error naming the holders;
-        without (a prefetch), False.
+        reduce-scatter is waited for). A prefetch (not `required`) takes a
+        slot of the pool only: False when every one is held. A required
+        gather always has room: when every slot of the pool is held by units
+        still using theirs, it asks dbufd for one beyond the pool
+        (``acquire_slot(grow=True)``), within the tenant's quota, as FSDP2
+        allocates what its unsharded parameters need.
         """
         if unit is not None and unit in self.slot_holders:
             return True
         while len(self.slot_holders) >= self.slots:
             releasable = next((u for u in self.slot_holders if u.releasable), None)
             if releasable is None:
-                if not required:
-                    return False
-                held = ", ".join(u.label for u in self.slot_holders)
-                wanted = unit.label if unit is not None else label
-                raise dbuf.ConflictError(
-                    f"{wanted} needs an unsharded slot and all {self.slots} are held ({held}); attach with a "
-                    f"larger prefetch_depth (dbuf.torch.init(prefetch_depth=...)): units that keep their "
-                    f"parameters for backward (reshard_after_forward=False, the root) or after it "
-                    f"(set_reshard_after_backward(False)), or whose backward runs through several forwards hold theirs"
-                )
+                return required
             releasable.reshard()
         return True
 
@@ -384,8 +408,8 @@ class Session:
         staging = self.staging()
         if count > self.STAGING_ELEMS * self.world_size:
             raise ValueError(f"all_reduce_sum takes at most {self.STAGING_ELEMS * self.world_size} values")
-        self.make_room(None, required=True, label="an all-reduce")
-        staging.acquire_slot()
+        self.make_room(None, required=True)
+        staging.acquire_slot(grow=True)
         try:
             buffer = staging.unsharded_grad_view(0).torch()
             buffer[:count].copy_(values.reshape(-1))
@@ -399,15 +423,19 @@ class Session:
 
     # ------------------------------------------------------------ end
 
-    def close(self) -> None:
-        """Detaches (every rank should); the views of the units read zeros afterwards."""
+    def close(self, *, destroy_process_group: bool = True) -> None:
+        """Detaches (every rank should); the views of the units read zeros afterwards.
+
+        The default process group dbuf.torch made for the session is destroyed
+        too, unless `destroy_process_group` is False (it is being destroyed).
+        """
         for unit in self.units:
             unit.close()
         if self._staging is not None:
             self._staging.close()
             self._staging = None
         self.client.detach()
-        if self._owns_process_group and dist.is_initialized():
+        if destroy_process_group and self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self._mesh = None
 
@@ -436,8 +464,78 @@ def _ensure_process_group(session: Session) -> bool:
     return True
 
 
-_default: Session | None = None
-_others: list[Session] = []  # the process's further sessions (see session_for_ranks)
+class _RankSessions:
+    """The sessions of one rank of this process, and the job id its launch agreed on.
+
+    A process is one rank, except where ranks are threads of one process
+    (torch's threaded process groups, as torch's own tests use): each
+    thread's default process group is then its own, and so are its sessions.
+    A rank's sessions end when its default process group is destroyed
+    (_end_sessions_with_the_group), so the next group in the process starts
+    clean.
+    """
+
+    def __init__(self) -> None:
+        self.default: Session | None = None
+        self.others: list[Session] = []  # further sessions (see session_for_ranks)
+        self._agreed_job: str | None = None
+
+    def all(self) -> list[Session]:
+        return [] if self.default is None else [self.default, *self.others]
+
+    def agreed_job(self) -> str:
+        """The job id of the default process group's ranks: rank 0's, through the group's store (once)."""
+        if self._agreed_job is None:
+            store = dist.distributed_c10d._get_default_store()
+            if dist.get_rank() == 0:
+                store.set(JOB_KEY, f"pg-{socket_module.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            self._agreed_job = store.get(JOB_KEY).decode()
+        return self._agreed_job
+
+
+#: Every rank's sessions in this process, by its default process group (None: made before there was one).
+_ranks: dict[object, _RankSessions] = {}
+_ranks_lock = threading.Lock()
+
+
+def _rank_sessions(*, create: bool = False) -> _RankSessions | None:
+    """This rank's sessions: those of the calling thread's default process group, else the process's."""
+    key = dist.group.WORLD if dist.is_initialized() else None
+    with _ranks_lock:
+        found = _ranks.get(key)
+        if found is None and key is not None:
+            found = _ranks.get(None)  # made before the default process group (which the session then made)
+        if found is None and create:
+            found = _ranks[key] = _RankSessions()
+        return found
+
+
+def _end_sessions_with_the_group(destroy_process_group):
+    """torch.distributed.destroy_process_group, ending the calling rank's sessions with its default group."""
+
+    def destroy_process_group_and_sessions(group=None):
+        if dist.is_initialized() and (group is None or group is dist.group.WORLD):
+            with _ranks_lock:
+                ending = [_ranks.pop(key) for key in (dist.group.WORLD, None) if key in _ranks]
+            for rank in ending:
+                _close_all(rank.all(), destroy_process_group=False)
+        return destroy_process_group(group)
+
+    return destroy_process_group_and_sessions
+
+
+_patch.wrap([dist, dist.distributed_c10d], "destroy_process_group", _end_sessions_with_the_group)
+
+
+def _close_all(closing: list[Session], *, destroy_process_group: bool = True) -> None:
+    first: BaseException | None = None
+    for session in reversed(closing):
+        try:
+            session.close(destroy_process_group=destroy_process_group)
+        except BaseException as error:  # noqa: BLE001 - every session is closed; the first error raises
+            first = first or error
+    if first is not None:
+        raise first
 
 
 def _store_from_env() -> str:
@@ -482,31 +580,35 @@ def init(
     are appended as the key prefix, so a restarted job never reads an earlier
     run's keys.
     """
-    global _default
-    if _default is not None:
+    mine = _rank_sessions(create=True)
+    if mine.default is not None:
         raise dbuf.ConflictError("dbuf.torch is already initialised in this process (dbuf.torch.destroy() first)")
-    _default = _attach(job=job, rank=rank, world_size=world_size, local_rank=local_rank, socket=socket,
-                       device=device, prefetch_depth=prefetch_depth, persistent=persistent,
-                       local_world_size=local_world_size, store=store, timeout=timeout)
-    return _default
+    mine.default = _attach(job=job, rank=rank, world_size=world_size, local_rank=local_rank, socket=socket,
+                           device=device, prefetch_depth=prefetch_depth, persistent=persistent,
+                           local_world_size=local_world_size, store=store, timeout=timeout)
+    return mine.default
 
 
 def _attach(*, job, rank, world_size, local_rank=None, socket=None, device=None, prefetch_depth=None,
             persistent=False, local_world_size=None, store=None, timeout=60.0, passes=None) -> Session:
     """A session attached to dbufd with init()'s arguments and defaults; `passes` as Session's."""
+    if dist.is_initialized():  # the trainer's ranks, however it was launched
+        rank = rank if rank is not None else dist.get_rank()
+        world_size = world_size if world_size is not None else dist.get_world_size()
     rank = rank if rank is not None else _env_int("RANK", 0)
     world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
-    local_rank = local_rank if local_rank is not None else _env_int("LOCAL_RANK", 0)
+    local_rank = local_rank if local_rank is not None else _env_int("LOCAL_RANK", rank if world_size > 1 else 0)
     prefetch_depth = prefetch_depth if prefetch_depth is not None else _env_int("DBUF_PREFETCH_DEPTH", 2)
     local_world_size = local_world_size if local_world_size is not None else _env_int("LOCAL_WORLD_SIZE", 0)
     if local_world_size == world_size:
         local_world_size = 0  # one node
     store = store if store is not None else _store_from_env()
-    job = job if job is not None else _job_from_env()
+    job = job if job is not None else _job_of_launch()
     if job is None:
         if world_size != 1:
-            raise ValueError("no job id: pass job=..., set $DBUF_JOB, or launch with torchrun")
-        job = f"single-{os.getpid()}"
+            raise ValueError("no job id: pass job=..., set $DBUF_JOB, launch with torchrun, or call "
+                             "torch.distributed.init_process_group() first (its store names the job)")
+        job = f"single-{os.getpid()}-{threading.get_ident()}"
     if device is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
     client = dbuf.Client(socket, timeout)
@@ -519,17 +621,19 @@ def _attach(*, job, rank, world_size, local_rank=None, socket=None, device=None,
         client.close()
         raise
     return Session(client, job=job, rank=rank, world_size=world_size, local_rank=local_rank,
-                   prefetch_depth=prefetch_depth, passes=passes)
+                   prefetch_depth=prefetch_depth, passes=passes, across_nodes=local_world_size != 0)
 
 
 def default_session() -> Session:
     """The default session, made from the environment on first use (see :func:`init`)."""
-    return _default if _default is not None else init()
+    mine = _rank_sessions()
+    return mine.default if mine is not None and mine.default is not None else init()
 
 
 def sessions() -> list[Session]:
-    """This process's sessions: the default one, then those of the other meshes fully_shard was given."""
-    return [] if _default is None else [_default, *_others]
+    """This rank's sessions: the default one, then those of the other meshes fully_shard was given."""
+    mine = _rank_sessions()
+    return [] if mine is None else mine.all()
 
 
 def init_replica(replica: int, ranks: list[int]) -> Session:
@@ -539,14 +643,14 @@ def init_replica(replica: int, ranks: list[int]) -> Session:
     replica's ranks are not the launch's r-th block (HSDP beside tensor
     parallelism: a replica has a shard group per tp rank) a checksum of them.
     """
-    global _default
-    if _default is not None:
+    mine = _rank_sessions(create=True)
+    if mine.default is not None:
         raise dbuf.ConflictError("dbuf.torch is already initialised in this process")
     block = list(range(replica * len(ranks), (replica + 1) * len(ranks)))
     suffix = f"replica{replica}" if ranks == block else f"replica{replica}-{_checksum(ranks)}"
-    _default = _attach(**_slice_job(suffix, ranks, "HSDP"))
-    _default.global_ranks = list(ranks)
-    return _default
+    mine.default = _attach(**_slice_job(suffix, ranks, "HSDP"))
+    mine.default.global_ranks = list(ranks)
+    return mine.default
 
 
 def session_for_ranks(ranks: list[int]) -> Session:
@@ -561,8 +665,8 @@ def session_for_ranks(ranks: list[int]) -> Session:
     launch); the sessions after the first share its PassState, since their
     units run in one forward and backward.
     """
-    global _default
-    for session in sessions():
+    mine = _rank_sessions(create=True)
+    for session in mine.all():
         if session.global_ranks == list(ranks):
             return session
     world = dist.get_world_size() if dist.is_initialized() else _env_int("WORLD_SIZE", 1)
@@ -570,12 +674,12 @@ def session_for_ranks(ranks: list[int]) -> Session:
         job = {"job": None, "rank": None, "world_size": None}  # init()'s: the launch's job
     else:
         job = _slice_job(f"dp{ranks[0]}-{_checksum(ranks)}", ranks, "a dp mesh beside tensor / expert parallelism")
-    session = _attach(**job, passes=_default.passes if _default is not None else None)
+    session = _attach(**job, passes=mine.default.passes if mine.default is not None else None)
     session.global_ranks = list(ranks)
-    if _default is None:
-        _default = session
+    if mine.default is None:
+        mine.default = session
     else:
-        _others.append(session)
+        mine.others.append(session)
     return session
 
 
@@ -590,9 +694,10 @@ def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:
     A one-node job where they lie within one node (``$LOCAL_WORLD_SIZE``
     ranks each), else one across nodes holding as many of them each.
     """
-    job = _job_from_env()
+    job = _job_of_launch()
     if job is None:
-        raise ValueError(f"{what} needs a job id: set $DBUF_JOB or launch with torchrun")
+        raise ValueError(f"{what} needs a job id: set $DBUF_JOB, launch with torchrun, or call "
+                         f"torch.distributed.init_process_group() first")
     me = dist.get_rank() if dist.is_initialized() else _env_int("RANK", 0)
     if me not in ranks:
         raise dbuf.InternalError(f"rank {me} is not among the ranks {ranks} of its own mesh")
@@ -613,16 +718,15 @@ def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:
 
 
 def is_initialized() -> bool:
-    """Whether this process has a default session (init() ran, or fully_shard made one)."""
-    return _default is not None
+    """Whether this rank has a default session (init() ran, or fully_shard made one)."""
+    mine = _rank_sessions()
+    return mine is not None and mine.default is not None
 
 
 def destroy() -> None:
-    """Detaches the process's sessions (the daemon keeps persistent jobs' shards)."""
-    global _default
-    if _default is None:
-        return
-    closing, _default = [_default, *_others], None
-    _others.clear()
-    for session in reversed(closing):
-        session.close()
+    """Detaches this rank's sessions (the daemon keeps persistent jobs' shards)."""
+    key = dist.group.WORLD if dist.is_initialized() else None
+    with _ranks_lock:
+        mine = _ranks.pop(key, None) or (_ranks.pop(None, None) if key is not None else None)
+    if mine is not None:
+        _close_all(mine.all())

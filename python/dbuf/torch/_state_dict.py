@@ -87,8 +87,8 @@ class _Staging:
         self.elems = Session.STAGING_ELEMS
 
     def __enter__(self) -> _Staging:
-        self.session.make_room(None, required=True, label="a full state dict")
-        self.group.acquire_slot()
+        self.session.make_room(None, required=True)
+        self.group.acquire_slot(grow=True)
         self.shard = self.group.shard_view(0).torch()
         self.unsharded = self.group.unsharded_view(0).torch()
         return self

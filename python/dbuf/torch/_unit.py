@@ -89,6 +89,9 @@ class ParamEntry:
     unsharded: nn.Parameter | None = None  # over the slot; made at the first unshard
     unsharded_grad: torch.Tensor | None = None
     unsharded_ptr: int = 0
+    # Autograd accumulated a gradient into the unsharded parameter since its last reduction: a parameter
+    # that backward did not reach keeps its sharded .grad as it was (None stays None), as in FSDP2.
+    grad_reached: bool = False
 
 
 class Unit:
@@ -134,6 +137,7 @@ class Unit:
         # Accumulating without sync: each parameter's unsharded gradient so far, in fp32, outside the slot.
         self.set_aside: dict[int, torch.Tensor] = {}
         self.releasable = False  # its gradients are reduced or set aside: the slot may go back
+        self.refusal: str | None = None  # FSDP2's error at the first forward (a parameter another unit took)
         if not params:
             self.param_dtype = param_dtype
             self.cast_forward_inputs = False
@@ -206,6 +210,7 @@ class Unit:
         self.inside = False  # between the forward pre-hook and the forward hook
         self.modules_done: set[int] = set()
         self.routed_calls = 0  # forward calls since the last backward whose inputs need gradients
+        self.unrouted_call = False  # a forward call whose inputs need none: the end of backward reduces
         self.pre_backward_done = False
         self.post_backward_done = False
         self.recomputing = False  # activation checkpointing ran its forward again in this backward
@@ -230,6 +235,8 @@ class Unit:
                 )
             entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec),
                                            requires_grad=entry.requires_grad)
+            if entry.requires_grad:
+                entry.unsharded.register_post_accumulate_grad_hook(_marks_reached(entry))
             entry.unsharded_ptr = view.data_ptr
             entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch() if entry.requires_grad else None
 
@@ -328,7 +335,7 @@ class Unit:
             return True
         if not self.session.make_room(self, required=required):
             return False
-        self.group.acquire_slot()
+        self.group.acquire_slot(grow=required)
         self.session.hold_slot(self)
         stats = self.session.stats
         self._bind_unsharded()
@@ -573,8 +580,13 @@ class Unit:
                     f"unit {self.label}: a gradient of {entry.fqn} arrived after its reduce-scatter "
                     f"(is the parameter used by another unit's forward too?)"
                 )
-            if self.reduced and entry.requires_grad:
+        if not self.reduced:
+            return
+        for entry in self.entries:
+            if entry.requires_grad and entry.grad_reached:
+                entry.grad_reached = False
                 entry.sharded.grad = entry.sharded_grad
+                _run_post_accumulate_grad_hooks(entry.sharded)
 
     def abandon_backward(self) -> None:
         """After a backward that raised: its gradients dropped, the slot given back, the pass reset.
@@ -582,6 +594,8 @@ class Unit:
         Gradients set aside by earlier backwards without sync are kept.
         """
         for entry in self.entries:
+            if not self.set_aside:  # (else what earlier backwards without sync reached still counts)
+                entry.grad_reached = False
             if entry.unsharded is not None:
                 entry.unsharded.grad = None
         self.use_sharded()
@@ -597,6 +611,26 @@ class Unit:
             if self.holds_slot:
                 self.session.slot_holders.remove(self)
             self.group.close()
+
+
+def _marks_reached(entry: ParamEntry):
+    """The unsharded parameter's post-accumulate-grad hook: backward reached it."""
+
+    def hook(_param: torch.Tensor) -> None:
+        entry.grad_reached = True
+
+    return hook
+
+
+def _run_post_accumulate_grad_hooks(param: nn.Parameter) -> None:
+    """The hooks registered with ``register_post_accumulate_grad_hook`` on a sharded parameter, its gradient set.
+
+    Autograd never accumulates into the sharded parameter (the unsharded one
+    computes), so its hooks run here once the reduction is done, as FSDP2
+    runs them after its reduce-scatter (optimizer-in-backward steps there).
+    """
+    for hook in (getattr(param, "_post_accumulate_grad_hooks", None) or {}).values():
+        hook(param)
 
 
 def _model_parallel_spec(fqn: str, param: torch.Tensor) -> DTensorSpec | None:

@@ -1,0 +1,276 @@
+"""One rank of dbuf.torch against torch's FSDP2, side by side in one process, scenario by scenario.
+
+  side_by_side.py SCENARIO [SCENARIO...]     (torchrun's environment; see test_fsdp2_parity.py)
+
+Each scenario builds one model twice from one seed, shards one copy with
+torch 2.15's ``fully_shard`` and the other with dbuf's (on one gloo process
+group, one dbufd job), trains both on the same batches and checks that every
+loss, every gradient's presence and every parameter are FSDP2's: bit for bit
+on 2 ranks (two addends commute), within float rounding on more. The
+functions here are also run by ranks that are threads (test_fsdp2_parity.py)
+and ranks that ``torch.multiprocessing.spawn`` started with explicit ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp._fully_shard import fully_shard as fsdp2_fully_shard
+
+import dbuf.torch as dt
+
+Shard = Callable[..., nn.Module]
+#: torch's generator is the process's: ranks that are threads build their models one at a time.
+_seeded = threading.Lock()
+
+
+# ------------------------------------------------------------ models
+
+
+class DoubleLinear(nn.Module):
+    """torch's test model: two heads; a backward may reach one of them only."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(dim, dim)
+        self.lin2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin1(x).relu(), self.lin2(x).relu()
+
+
+class TiedLM(nn.Module):
+    """Embedding and output tied (one parameter), blocks between; vocab x dim not a multiple of the ranks."""
+
+    def __init__(self, vocab: int = 13, dim: int = 5, blocks: int = 2) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(blocks))
+        self.output = nn.Linear(dim, vocab, bias=False)
+        self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for block in self.blocks:
+            h = block(h)
+        return self.output(h)
+
+
+def stack(units: int, dim: int = 7) -> nn.Sequential:
+    return nn.Sequential(*(nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(units)))
+
+
+# ------------------------------------------------------------ checks
+
+
+def world() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def same(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit for bit on 2 ranks; within rounding where more ranks' sums may be added in another order."""
+    if world()[1] <= 2:
+        assert torch.equal(got, want), f"{what}: max difference {(got - want).abs().max().item()}"
+    else:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-7, msg=lambda m: f"{what}: {m}")
+
+
+def same_parameters(what: str, dbuf_model: nn.Module, fsdp_model: nn.Module) -> None:
+    for (name, mine), (_, theirs) in zip(dbuf_model.named_parameters(), fsdp_model.named_parameters()):
+        same(f"{what}: {name}", mine.full_tensor(), theirs.full_tensor())
+
+
+def same_gradients(what: str, dbuf_model: nn.Module, fsdp_model: nn.Module) -> None:
+    """Which gradients exist, and their values."""
+    for (name, mine), (_, theirs) in zip(dbuf_model.named_parameters(), fsdp_model.named_parameters()):
+        assert (mine.grad is None) == (theirs.grad is None), (
+            f"{what}: {name}.grad is {'None' if mine.grad is None else 'set'} on dbuf, "
+            f"{'None' if theirs.grad is None else 'set'} on FSDP2"
+        )
+        if mine.grad is not None:
+            same(f"{what}: {name}.grad", mine.grad.full_tensor(), theirs.grad.full_tensor())
+
+
+def twins(build: Callable[[], nn.Module], shard: Callable[[nn.Module, Shard], None]) -> tuple[nn.Module, nn.Module]:
+    """The model built twice from one seed: sharded by dbuf, and by FSDP2."""
+    models = []
+    for fully_shard in (dt.fully_shard, fsdp2_fully_shard):
+        with _seeded:
+            torch.manual_seed(0)
+            model = build()
+        shard(model, fully_shard)
+        models.append(model)
+    return models[0], models[1]
+
+
+def batch(step: int, shape: tuple[int, ...], *, vocab: int | None = None) -> torch.Tensor:
+    """This rank's batch of a step (another one on each rank)."""
+    generator = torch.Generator().manual_seed(1000 * step + world()[0])
+    if vocab is not None:
+        return torch.randint(0, vocab, shape, generator=generator)
+    return torch.randn(shape, generator=generator)
+
+
+def train_side_by_side(dbuf_model, fsdp_model, loss_of, steps: int, what: str) -> None:
+    """AdamW on both; every step's loss, gradients and parameters the same."""
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (dbuf_model, fsdp_model)]
+    for step in range(steps):
+        losses = [loss_of(model, step) for model in (dbuf_model, fsdp_model)]
+        same(f"{what}: loss of step {step}", losses[0].detach(), losses[1].detach())
+        for loss in losses:
+            loss.backward()
+        same_gradients(f"{what}: step {step}", dbuf_model, fsdp_model)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        same_parameters(f"{what}: after step {step}", dbuf_model, fsdp_model)
+
+
+# ------------------------------------------------------------ scenarios
+
+
+def unused_parameters() -> None:
+    """A backward that reaches lin1 only: lin2's gradients stay None, so AdamW leaves lin2 alone (torch's autograd test)."""
+
+    def shard(model, fully_shard):
+        fully_shard(model.heads)
+        fully_shard(model)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = DoubleLinear(6)
+            self.head = nn.Linear(6, 1)
+
+        def forward(self, x, both):
+            a, b = self.heads(x)
+            return self.head(a + b if both else a).sum()
+
+    dbuf_model, fsdp_model = twins(Model, shard)
+    train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (4, 6)), step == 0), 4, "unused")
+    assert dbuf_model.heads.lin2.weight.grad is None
+
+
+def post_accumulate_grad_hooks() -> None:
+    """Optimizer in backward: a per-parameter AdamW stepped by each sharded parameter's post-accumulate-grad hook."""
+
+    def shard(model, fully_shard):
+        for block in model:
+            fully_shard(block)
+        fully_shard(model)
+
+    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+    fired = {}
+    for name, model in (("dbuf", dbuf_model), ("fsdp2", fsdp_model)):
+        optimizers = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+        fired[name] = 0
+
+        def step_in_backward(param, optimizers=optimizers, name=name):
+            fired[name] += 1
+            optimizers[param].step()
+            optimizers[param].zero_grad(set_to_none=True)
+
+        for param in model.parameters():
+            param.register_post_accumulate_grad_hook(step_in_backward)
+    for step in range(3):
+        losses = [m(batch(step, (4, 7))).square().sum() for m in (dbuf_model, fsdp_model)]
+        same(f"hooks: loss of step {step}", losses[0].detach(), losses[1].detach())
+        for loss in losses:
+            loss.backward()
+        same_parameters(f"hooks: after step {step}", dbuf_model, fsdp_model)
+    assert fired["dbuf"] == fired["fsdp2"] == 3 * len(list(dbuf_model.parameters())), fired
+
+
+def keep_parameters_over_eight_units() -> None:
+    """reshard_after_forward=False on 8 units at the default settings (more units than slots in the pool)."""
+
+    def shard(model, fully_shard):
+        for block in model:
+            fully_shard(block, reshard_after_forward=False)
+        fully_shard(model, reshard_after_forward=False)
+
+    dbuf_model, fsdp_model = twins(lambda: stack(8), shard)
+    train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 3, "keep")
+
+
+def reshard_to_a_smaller_group() -> None:
+    """reshard_after_forward=2 (on 4 ranks): FSDP2's group size to reshard to after forward."""
+
+    def shard(model, fully_shard):
+        for block in model:
+            fully_shard(block, reshard_after_forward=2)
+        fully_shard(model)
+
+    dbuf_model, fsdp_model = twins(lambda: stack(4), shard)
+    train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 3, "int")
+
+
+def tied_embedding_and_output_in_one_unit() -> None:
+    """fully_shard([tok_embeddings, output]) with the weight tied, shards uneven: gradients of both add up."""
+
+    def shard(model, fully_shard):
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard([model.tok_embeddings, model.output])
+        fully_shard(model)
+
+    dbuf_model, fsdp_model = twins(TiedLM, shard)
+    assert dbuf_model.output.weight is dbuf_model.tok_embeddings.weight
+
+    def loss_of(model, step):
+        tokens = batch(step, (2, 6), vocab=13)
+        return nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
+
+    train_side_by_side(dbuf_model, fsdp_model, loss_of, 4, "tied")
+
+
+def parameter_shared_across_units() -> None:
+    """Two units holding one parameter: each fully_shard call is taken; the first forward raises FSDP2's error."""
+    errors = []
+    for fully_shard in (fsdp2_fully_shard, dt.fully_shard):
+        with _seeded:
+            torch.manual_seed(0)
+            model = stack(2)
+        model[1][0].weight = model[0][0].weight
+        fully_shard(model[0])
+        fully_shard(model[1])
+        fully_shard(model)
+        try:
+            model(batch(0, (2, 7))).sum().backward()
+        except Exception as error:  # noqa: BLE001 - compared below
+            errors.append(error)
+        else:
+            errors.append(None)
+    fsdp_error, dbuf_error = errors
+    assert fsdp_error is not None, "FSDP2 trained a parameter shared across units"
+    assert type(dbuf_error) is type(fsdp_error), f"dbuf raised {dbuf_error!r}, FSDP2 {fsdp_error!r}"
+
+
+SCENARIOS = {
+    "unused": unused_parameters,
+    "hooks": post_accumulate_grad_hooks,
+    "keep": keep_parameters_over_eight_units,
+    "int": reshard_to_a_smaller_group,
+    "tied": tied_embedding_and_output_in_one_unit,
+    "shared": parameter_shared_across_units,
+}
+
+
+def run(names: list[str]) -> None:
+    """The scenarios, in this rank (its default process group made already)."""
+    for name in names:
+        SCENARIOS[name]()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    run(sys.argv[1:])
+    print(f"rank {os.environ['RANK']}: {' '.join(sys.argv[1:])} as FSDP2")
+    dist.destroy_process_group()
