@@ -163,8 +163,7 @@ def fully_shard(
     if not modules:
         raise ValueError("fully_shard needs at least one module")
     for m in modules:
-        if getattr(m, "_dbuf_unit", None) is not None:
-            raise ValueError(f"{type(m).__name__} is already a dbuf unit")
+        _check_module(m)
     if dp_mesh_dims is not None:
         raise NotImplementedError("dbuf.torch.fully_shard takes the dp dims as its mesh (world_mesh['dp'], or HSDP's "
                                   "2-D (replicate, shard) mesh); dp_mesh_dims is not supported")
@@ -201,6 +200,25 @@ def fully_shard(
         m.register_load_state_dict_post_hook(lambda module, incompatible_keys: unit.adopt_applied())
         mix_in(m)
     return modules if isinstance(module, (list, tuple)) else module
+
+
+def _check_module(module: nn.Module) -> None:
+    """What FSDP2 refuses to shard, refused with its exception types and words."""
+    if getattr(module, "_dbuf_unit", None) is not None:
+        raise AssertionError(
+            f"Each distinct composable distributed API can only be applied to a module once. {type(module).__name__} "
+            f"is a dbuf unit already"
+        )
+    if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and type(module).forward is nn.Module.forward:
+        raise ValueError(f"fully_shard does not support containers that do not implement forward: {module}")
+
+
+def _state_of(module: nn.Module):
+    """``fully_shard.state(module)``: the unit's state object (its hooks), one per fully_shard call, as FSDP2's."""
+    return getattr(module, "_dbuf_hooks", None)
+
+
+fully_shard.state = _state_of  # type: ignore[attr-defined]
 
 
 def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:

@@ -292,11 +292,14 @@ def _run_all(steps: list[Callable[[], None]]) -> None:
 
 
 def _leave(unit: Unit, failed: bool) -> None:
-    """The unit's forward is over: sharded parameters back on the modules, the slot given back unless kept."""
+    """The unit's forward is over: resharded (sharded parameters back on the modules) unless it keeps them.
+
+    A unit that keeps its parameters for backward keeps the unsharded ones on
+    its modules until then (or until ``reshard()``), as FSDP2 does.
+    """
     passes = unit.session.passes
     unit.modules_done = set()
     unit.inside = False
-    unit.use_sharded()
     if not passes.order_recorded and unit not in passes.post_forward_order:
         passes.post_forward_order.append(unit)
     if failed or not torch.is_grad_enabled() or _reshards_after_forward(unit):

@@ -26,7 +26,7 @@ class DBufModule(FSDPModule):
 
     _dbuf_unit: Unit
     _dbuf_hooks: Hooks
-    # [DBuf<Orig>, DBufModule, FSDPModule, Orig, ...]: FSDPModule.__new__ builds Orig (container indexing).
+    # [FSDP<Orig>, DBufModule, FSDPModule, Orig, ...]: FSDPModule.__new__ builds Orig (container indexing).
     _orig_cls_mro_index = 3
 
     @property
@@ -124,11 +124,14 @@ class DBufModule(FSDPModule):
             unit.reshard_after_backward = reshard_after_backward
 
     def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
-        if not unshard_in_backward:
-            raise NotImplementedError(
-                "dbuf.torch: a unit's gradients land in its unsharded slot, which backward takes by gathering; "
-                "skipping the gather in backward is not supported"
-            )
+        """FSDP2's hint that backward needs no gathered parameters (an embedding's): accepted, results unchanged.
+
+        A unit's gradients land in its unsharded slot, so backward takes the
+        slot all the same, and dbuf fills it: what FSDP2 saves by the hint
+        (one all-gather of the unit per step) dbuf still spends.
+        """
+        if not isinstance(unshard_in_backward, bool):
+            raise ValueError(f"unshard_in_backward should be a bool, got {type(unshard_in_backward)}")
 
     def set_modules_to_forward_prefetch(self, modules: list[DBufModule]) -> None:
         """Units to gather when this one's forward starts (default: the next one in the order recorded)."""
@@ -157,8 +160,10 @@ class DBufModule(FSDPModule):
         self._dbuf_unit.reduction.force_sum = bool(enable)
 
     def set_reduce_scatter_unused_params(self, reduce_scatter_unused_params: bool, *, recurse: bool = True) -> None:
-        """dbuf reduce-scatters every parameter of a unit (zeros where a rank's backward gave it none): always
-        the behaviour of True."""
+        """True: parameters a backward did not reach get the reduced gradient too (zeros where no rank's
+        backward reached them), as FSDP2 then reduce-scatters them; False (the default): they keep their .grad."""
+        for unit in units_of(self, recurse):
+            unit.reduce_unused_params = bool(reduce_scatter_unused_params)
 
     def set_custom_all_gather(self, comm: Any) -> None:
         raise NotImplementedError("dbufd runs the all-gather into the unit's slot; a custom one cannot replace it")
@@ -221,12 +226,17 @@ def units_of(module: nn.Module, recurse: bool) -> list[Unit]:
 _dbuf_classes: dict[type, type] = {}
 
 
+def _refuse_deepcopy(self, memo: dict) -> None:
+    raise AssertionError("FSDP does not support deepcopy. Please use state dict for serialization.")
+
+
 def mix_in(module: nn.Module) -> None:
     cls = type(module)
     if isinstance(module, DBufModule):
         return
     mixed = _dbuf_classes.get(cls)
     if mixed is None:
-        mixed = type(f"DBuf{cls.__name__}", (DBufModule, cls), {})
+        # FSDP2's name (FSDP<Orig>) and its refusal of deepcopy (a copy would share the unit's dbufd memory).
+        mixed = type(f"FSDP{cls.__name__}", (DBufModule, cls), {"__deepcopy__": _refuse_deepcopy})
         _dbuf_classes[cls] = mixed
     module.__class__ = mixed

@@ -514,12 +514,16 @@ def _end_sessions_with_the_group(destroy_process_group):
     """torch.distributed.destroy_process_group, ending the calling rank's sessions with its default group."""
 
     def destroy_process_group_and_sessions(group=None):
+        ending: list[Session] = []
         if dist.is_initialized() and (group is None or group is dist.group.WORLD):
             with _ranks_lock:
-                ending = [_ranks.pop(key) for key in (dist.group.WORLD, None) if key in _ranks]
-            for rank in ending:
-                _close_all(rank.all(), destroy_process_group=False)
-        return destroy_process_group(group)
+                for key in (dist.group.WORLD, None):
+                    if key in _ranks:
+                        ending += _ranks.pop(key).all()
+        try:
+            _close_all(ending, destroy_process_group=False)
+        finally:
+            destroy_process_group(group)  # whatever closing the sessions raised
 
     return destroy_process_group_and_sessions
 
@@ -701,7 +705,9 @@ def _slice_job(suffix: str, ranks: list[int], what: str) -> dict:
     me = dist.get_rank() if dist.is_initialized() else _env_int("RANK", 0)
     if me not in ranks:
         raise dbuf.InternalError(f"rank {me} is not among the ranks {ranks} of its own mesh")
-    per_node = _env_int("LOCAL_WORLD_SIZE", 0) or len(ranks)
+    # Without torchrun's variable, the launch is one node's (one dbufd).
+    world = dist.get_world_size() if dist.is_initialized() else _env_int("WORLD_SIZE", 1)
+    per_node = _env_int("LOCAL_WORLD_SIZE", 0) or world
     per_node_counts: dict[int, int] = {}
     for rank in ranks:
         per_node_counts[rank // per_node] = per_node_counts.get(rank // per_node, 0) + 1

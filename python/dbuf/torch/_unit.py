@@ -138,6 +138,7 @@ class Unit:
         self.set_aside: dict[int, torch.Tensor] = {}
         self.releasable = False  # its gradients are reduced or set aside: the slot may go back
         self.refusal: str | None = None  # FSDP2's error at the first forward (a parameter another unit took)
+        self.reduce_unused_params = False  # set_reduce_scatter_unused_params: unreached parameters get .grad too
         if not params:
             self.param_dtype = param_dtype
             self.cast_forward_inputs = False
@@ -233,17 +234,26 @@ class Unit:
                 raise dbuf.InternalError(
                     f"unit {self.label}: the unsharded slot moved between forward and backward"
                 )
-            entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec),
-                                           requires_grad=entry.requires_grad)
-            if entry.requires_grad:
-                entry.unsharded.register_post_accumulate_grad_hook(_marks_reached(entry))
+            # Made requiring a gradient so that the hook can be registered; use_unsharded sets what the
+            # sharded parameter says.
+            entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec), requires_grad=True)
+            entry.unsharded.register_post_accumulate_grad_hook(_marks_reached(entry))
             entry.unsharded_ptr = view.data_ptr
-            entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch() if entry.requires_grad else None
+            entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch()
 
     # ------------------------------------------------------------ parameters on the modules
 
     def use_unsharded(self) -> None:
+        """The unsharded parameters on the modules, requiring a gradient where the sharded ones do now.
+
+        As in FSDP2, ``requires_grad_`` on a sharded parameter (freezing or
+        unfreezing after fully_shard) takes effect at the next gather.
+        """
         for entry in self.entries:
+            requires_grad = entry.sharded.requires_grad
+            if requires_grad != entry.requires_grad or entry.unsharded.requires_grad != requires_grad:
+                entry.requires_grad = requires_grad
+                entry.unsharded.requires_grad_(requires_grad)
             for module, name in entry.registrations:
                 module._parameters[name] = entry.unsharded
 
@@ -370,7 +380,8 @@ class Unit:
         self.session.unwaited.append(op)
 
     def reshard(self) -> None:
-        """Gives the slot back, once this unit's ops in flight are done."""
+        """The sharded parameters on the modules; the slot given back, once this unit's ops in flight are done."""
+        self.use_sharded()
         if not self.holds_slot:
             return
         self._wait_gather()
@@ -390,9 +401,9 @@ class Unit:
             return
         self.grads_prepared = True
         for entry in self.entries:
+            entry.unsharded_grad.zero_()  # a frozen parameter's part too: the reduce-scatter reads the region
             if not entry.requires_grad:
                 continue
-            entry.unsharded_grad.zero_()
             # A plain parameter's gradient accumulates in the slot; a tensor parallel one's arrives as a
             # DTensor of the plan's placements (or Partial), taken into the slot by _take_model_parallel_grads.
             entry.unsharded.grad = entry.unsharded_grad if entry.model_spec is None else None
@@ -583,7 +594,7 @@ class Unit:
         if not self.reduced:
             return
         for entry in self.entries:
-            if entry.requires_grad and entry.grad_reached:
+            if entry.requires_grad and (entry.grad_reached or self.reduce_unused_params):
                 entry.grad_reached = False
                 entry.sharded.grad = entry.sharded_grad
                 _run_post_accumulate_grad_hooks(entry.sharded)

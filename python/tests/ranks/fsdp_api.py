@@ -85,8 +85,8 @@ raises(NotImplementedError, lambda: net.set_custom_reduce_scatter(object()), "db
 raises(NotImplementedError, lambda: net.set_all_reduce_hook(lambda t: None), "all-reduce")
 raises(NotImplementedError, lambda: net.set_manual_backward_finalization(True), "finalizes")
 raises(NotImplementedError, lambda: net.finalize_backward(), "finalizes")
-raises(NotImplementedError, lambda: net.set_unshard_in_backward(False), "gather")
-for accepted in (lambda: net.set_unshard_in_backward(True), lambda: net.set_is_last_backward(True),
+for accepted in (lambda: net.set_unshard_in_backward(True), lambda: net.set_unshard_in_backward(False),
+                 lambda: net.set_is_last_backward(True),
                  lambda: net.set_requires_all_reduce(False), lambda: net.set_keep_unsharded_storage(True),
                  lambda: net.set_reduce_scatter_unused_params(True), lambda: net.set_manual_backward_finalization(False),
                  lambda: net.set_reduce_scatter_max_input_buffers(2), lambda: net.set_separate_reduce_scatter_group(),
