@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard import fully_shard as fsdp2_fully_shard
 
 import dbuf.torch as dt
@@ -128,19 +129,26 @@ def train_side_by_side(dbuf_model, fsdp_model, loss_of, steps: int, what: str) -
         same_gradients(f"{what}: step {step}", dbuf_model, fsdp_model)
         for optimizer in optimizers:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if step < steps - 1:
+                optimizer.zero_grad(set_to_none=True)
         same_parameters(f"{what}: after step {step}", dbuf_model, fsdp_model)
 
 
 # ------------------------------------------------------------ scenarios
 
 
-def unused_parameters() -> None:
-    """A backward that reaches lin1 only: lin2's gradients stay None, so AdamW leaves lin2 alone (torch's autograd test)."""
+def unused_parameters(reduce_unused: bool = False) -> None:
+    """A backward that reaches lin1 only: lin2's gradients stay None, so AdamW leaves lin2 alone (torch's autograd test).
+
+    With `reduce_unused` (set_reduce_scatter_unused_params(True)) lin2 gets a
+    reduced gradient instead: zeros, as FSDP2 then reduce-scatters them.
+    """
 
     def shard(model, fully_shard):
-        fully_shard(model.heads)
-        fully_shard(model)
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # FSDP2 wants one to reduce unused parameters
+        fully_shard(model.heads, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        model.set_reduce_scatter_unused_params(reduce_unused)
 
     class Model(nn.Module):
         def __init__(self):
@@ -154,7 +162,7 @@ def unused_parameters() -> None:
 
     dbuf_model, fsdp_model = twins(Model, shard)
     train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (4, 6)), step == 0), 4, "unused")
-    assert dbuf_model.heads.lin2.weight.grad is None
+    assert (dbuf_model.heads.lin2.weight.grad is None) == (not reduce_unused)
 
 
 def post_accumulate_grad_hooks() -> None:
@@ -254,6 +262,7 @@ def parameter_shared_across_units() -> None:
 
 SCENARIOS = {
     "unused": unused_parameters,
+    "unused-reduced": lambda: unused_parameters(reduce_unused=True),
     "hooks": post_accumulate_grad_hooks,
     "keep": keep_parameters_over_eight_units,
     "int": reshard_to_a_smaller_group,
