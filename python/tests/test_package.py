@@ -79,3 +79,38 @@ def test_dbuf_torch_modules_import_one_way():
     assert "_session" in modules["_unit"] and "_unit" not in modules["_session"]
     for module in sorted(modules):
         visit(module, [])
+
+
+def test_a_torch_release_dbuf_torch_is_not_tested_with_is_refused_at_import():
+    import pytest
+
+    from dbuf.torch import _torch_version
+
+    _torch_version.check("2.15.0")
+    _torch_version.check("2.15.2+cu130")
+    for untested in ("2.14.1", "2.16.0", "3.0.0a0", "nonsense"):
+        with pytest.raises(ImportError, match="tested with torch 2.15"):
+            _torch_version.check(untested, override="")
+    _torch_version.check("2.16.0", override="1")  # $DBUF_TORCH_UNTESTED=1: at the user's risk
+
+
+def test_torch_functions_dbuf_changes_are_wrapped_and_a_missing_one_fails_loudly():
+    import functools
+    import types
+
+    import pytest
+    import torch.distributed as dist
+    import torch.distributed._state_dict_utils as state_dict_utils
+    import torch.distributed.tensor as tensor_api
+
+    from dbuf.torch import _patch
+
+    for owner, name in ((dist, "destroy_process_group"), (tensor_api, "distribute_tensor"),
+                        (state_dict_utils, "_distribute_tensors")):
+        wrapper = getattr(owner, name)
+        original = wrapper.__wrapped__
+        assert wrapper.__name__ == original.__name__ == name and wrapper.__doc__ == original.__doc__, name
+        assert inspect.signature(wrapper) == inspect.signature(original), name
+    assert dist.distributed_c10d.destroy_process_group is dist.destroy_process_group
+    with pytest.raises(ImportError, match="no renamed_away"):
+        _patch.wrap([types.ModuleType("torch_like")], "renamed_away", lambda original: functools.partial(original))

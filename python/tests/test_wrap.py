@@ -159,3 +159,18 @@ def test_state_dicts_keep_parameters_no_unit_shards_and_persistent_buffers_only(
             assert torch.equal(state["out.weight"], out["weight"]) and torch.equal(state["out.bias"], out["bias"])
         assert isinstance(sharded["blocks.0.weight"], dt.LocalShard)
         assert full["blocks.0.weight"].shape == (64, 32)
+
+
+def test_fsdp2_state_fields_dbuf_lacks_name_dbuf(daemon):
+    # torch code reading FSDP2's internal state (pipelining's schedules, the memory tracker) learns why.
+    model = Stack(2)
+    dt.fully_shard(model, session=session_of(daemon, 0, 1))
+    state = model._get_fsdp_state()
+    assert state is dt.fully_shard.state(model)
+    try:
+        state._fsdp_param_group
+    except AttributeError as error:
+        assert "dbuf" in str(error) and "_fsdp_param_group" in str(error)
+    else:
+        raise AssertionError("a field of FSDP2's state read on a dbuf unit")
+    assert not hasattr(state, "_fsdp_param_groups")
