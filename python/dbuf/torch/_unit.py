@@ -424,6 +424,7 @@ class Unit:
             self._set_aside_gradients()
             return
         residuals = self._take_back_set_aside()
+        self._round_to_reduce_dtype()
         accumulate = self._stage_sharded_gradients()
         if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.divides_here()
                            or self.reduction.rounds() or self.replicas > 1):
@@ -443,6 +444,21 @@ class Unit:
         self.reduced = True
         self.session.stats.reduce_scatters += 1
         self.session.stats.reduce_scatter_bytes += self.unsharded_elems * self.param_dtype.itemsize
+
+    def _round_to_reduce_dtype(self) -> None:
+        """A reduce_dtype narrower than the gradients: each rank's gradient rounded to it before the reduction.
+
+        FSDP2 casts each rank's gradient to reduce_dtype and reduce-scatters
+        that; dbufd then sums the rounded values in fp32 (in rank order) and
+        _finish_reduction rounds the result once more.
+        """
+        reduce_dtype = self.reduction.reduce_dtype
+        if not self.reduction.rounds() or self.param_dtype.itemsize <= reduce_dtype.itemsize:
+            return
+        with torch.no_grad():
+            for entry in self.entries:
+                if entry.requires_grad:
+                    entry.unsharded_grad.copy_(entry.unsharded_grad.to(reduce_dtype))
 
     def _take_model_parallel_grads(self) -> None:
         """Tensor / expert parallel parameters: their DTensor gradients into the slot's gradient region.
