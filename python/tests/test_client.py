@@ -193,3 +193,25 @@ def test_closed_groups_and_clients_raise(daemon):
         client.noop()
     with pytest.raises(dbuf.UnavailableError):
         group.unshard()
+
+
+def test_a_rank_holding_none_of_a_tensor_gets_an_empty_view_into_its_shard(daemon):
+    # 64 elements, then 2: on 2 ranks the small tensor lies on one rank only. The other rank's view of it is
+    # empty and points into that rank's shard, as FSDP2's empty local shards are views of its padded storage.
+    specs = [dbuf.TensorSpec("big", (8, 8)), dbuf.TensorSpec("small", (2,))]
+
+    def rank(r: int):
+        client = attached(daemon, r, 2)
+        group = client.register_group("g", specs)
+        views = [group.shard_view(i) for i in range(len(specs))]
+        empty = [i for i, view in enumerate(views) if view.end == view.begin]
+        held = [view.torch() for view in views if view.end > view.begin]
+        start = min(tensor.data_ptr() for tensor in held)
+        end = max(tensor.data_ptr() + tensor.numel() * tensor.element_size() for tensor in held)
+        pointers = [views[i].torch().untyped_storage().data_ptr() for i in empty]
+        return empty, pointers, (start, end)
+
+    results = run_threads(2, rank)
+    assert any(empty for empty, _, _ in results), "a layout with a rank holding none of a tensor"
+    for empty, pointers, (start, end) in results:
+        assert all(start <= pointer <= end for pointer in pointers), (pointers, start, end)
