@@ -59,16 +59,20 @@ class DBufModule(FSDPModule):
     # ------------------------------------------------------------ unshard / reshard
 
     def unshard(self, async_op: bool = False):
-        """Gathers the unit's parameters now (collective). With async_op, returns a handle to wait on."""
+        """Gathers the unit's parameters now (collective). With async_op, returns a handle to wait on.
+
+        Once gathered (here, or at the handle's wait()), the unsharded
+        parameters are the modules' until reshard(), as under FSDP2.
+        """
         unit = self._dbuf_unit
         unit.start_gather(required=True)
         if async_op:
             return _UnshardHandle(unit)
-        unit.unshard()
+        _gathered_on_the_modules(unit)
         return None
 
     def reshard(self) -> None:
-        """Gives the unit's unsharded slot back."""
+        """The sharded parameters back on the modules; the unit's unsharded slot given back."""
         self._dbuf_unit.reshard()
 
     def set_keep_unsharded_storage(self, keep: bool, *, recurse: bool = True) -> None:
@@ -209,7 +213,12 @@ class _UnshardHandle(UnshardHandle):
         self._unit = unit
 
     def wait(self) -> None:
-        self._unit.unshard()
+        _gathered_on_the_modules(self._unit)
+
+
+def _gathered_on_the_modules(unit: Unit) -> None:
+    unit.unshard()
+    unit.use_unsharded()
 
 
 def units_of(module: nn.Module, recurse: bool) -> list[Unit]:
