@@ -71,6 +71,7 @@ def _managed_parameters(
                 if isinstance(param, RaggedDTensor):
                     continue  # a unit of a submodule has it
                 fqn = prefix + (f"{module_name}.{name}" if module_name else name)
+                _check_parameter(fqn, param)
                 taken_by = session.unit_holding(param)
                 if taken_by is not None:
                     refusal = refusal or (
@@ -84,6 +85,19 @@ def _managed_parameters(
                 else:
                     found[id(param)] = (fqn, param, [(module, name)])
     return list(found.values()), refusal
+
+
+def _check_parameter(fqn: str, param: nn.Parameter) -> None:
+    """What FSDP2 refuses of a parameter, with its exception types and words."""
+    if param.dim() == 0:
+        raise ValueError(f"fully_shard doesn't support scalar parameters. Change {fqn} to a 1D tensor with numel "
+                         f"equal to 1.")
+    local = param.to_local() if isinstance(param, DTensor) else param
+    if not local.is_contiguous():
+        raise NotImplementedError(
+            f"FSDP does not support non-contiguous parameters yet: {fqn} of shape {tuple(param.shape)} and "
+            f"strides {local.stride()} (dbuf.torch packs each tensor's elements in row-major order)"
+        )
 
 
 def _label(modules: list[nn.Module]) -> str:
@@ -230,18 +244,19 @@ def _session_for(mesh: DeviceMesh | None, session: Session | None) -> Session:
     """
     if mesh is not None and not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard's mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh is not None and mesh.ndim not in (1, 2):
+        raise ValueError(
+            f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh} (dbuf.torch: the job's ranks, the dp dim of "
+            f"a mesh with tensor / expert parallel dims, or HSDP's 2-D (replicate, shard) mesh)"
+        )
+    if mesh is not None and mesh.ndim == 2 and mesh.mesh_dim_names is None:
+        raise AssertionError("Please init the 2D mesh for HSDP with mesh_dim_names specified")
     if mesh is not None and mesh.ndim == 2:
         if session is None:
             replica = mesh.get_coordinate()[0]
             session = default_session() if is_initialized() else init_replica(replica, mesh.mesh[replica].tolist())
         session.adopt_hsdp_mesh(mesh)
         return session
-    if mesh is not None and mesh.ndim != 1:
-        raise NotImplementedError(
-            f"dbuf.torch.fully_shard takes a 1-D mesh (the job's ranks, or the dp dim of a mesh with tensor / "
-            f"expert parallel dims) or HSDP's 2-D (replicate, shard) mesh; got a {mesh.ndim}-D mesh "
-            f"{tuple(mesh.shape)}"
-        )
     if session is None:
         # A mesh of other ranks than the default session's is another dbuf job (a dp slice beside TP / EP).
         session = default_session() if mesh is None else session_for_ranks(mesh.mesh.flatten().tolist())
@@ -314,7 +329,8 @@ def _rule_of_placement(fqn: str, param: nn.Parameter, placement: Shard | None) -
         raise ValueError(f"shard_placement_fn returned {placement!r} for {fqn}; FSDP2 takes Shard(dim) or None")
     dim = placement.dim + param.dim() if placement.dim < 0 else placement.dim
     if not 0 <= dim < max(param.dim(), 1):
-        raise ValueError(f"shard_placement_fn returned {placement!r} for {fqn}, a {param.dim()}-D tensor")
+        raise AssertionError(f"Shard dim {placement.dim} is invalid for {param.dim()}D tensor: {param.shape} "
+                             f"(shard_placement_fn's placement of {fqn})")
     # Of what this rank holds: tensor / expert parallelism's chunk where the parameter is their DTensor.
     shape = param.to_local().shape if isinstance(param, DTensor) else param.shape
     stride = math.prod(shape[dim + 1 :])

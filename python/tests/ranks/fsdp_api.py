@@ -63,7 +63,7 @@ passed.append("every argument")
 # Arguments refused, with what to do instead.
 raises(ValueError, lambda: fully_shard(model(), mesh=mesh, reshard_after_forward=world + 1), "factor of")
 raises(NotImplementedError, lambda: fully_shard(model(), dp_mesh_dims=object()), "dp_mesh_dims")
-raises(NotImplementedError, lambda: fully_shard(model(), mesh=init_device_mesh("cpu", (1, 1, world))), "3-D")
+raises(ValueError, lambda: fully_shard(model(), mesh=init_device_mesh("cpu", (1, 1, world))), "1D or 2D")
 raises(TypeError, lambda: fully_shard(model(), mesh="the mesh"), "DeviceMesh")
 passed.append("refused arguments")
 
