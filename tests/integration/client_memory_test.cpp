@@ -602,14 +602,8 @@ TEST(ClientMemory, AGrowingAcquireTakesASlotBeyondThePoolUntilItsReshard) {
 // Beyond the pool, the tenant's quota still holds: kInfeasible naming it, the
 // pool untouched.
 TEST(ClientMemory, AGrowingAcquireOverQuotaFailsAndLeavesThePool) {
-  daemon::Config config;
-  daemon::Tenant tenant;
-  tenant.name = "bounded";
-  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
   // Room for both shard files (big's: 128 KiB) and small's slot, not for a second 128 KiB.
-  tenant.memory_quota_bytes = std::uint64_t{192} << 10;
-  config.tenants = {tenant};
-  EmbeddedDaemon daemon(config);
+  EmbeddedDaemon daemon(oneTenantWithQuota("bounded", std::uint64_t{192} << 10));
   ASSERT_TRUE(daemon.started());
   auto client = daemon.attach(rankOf("grow-quota", 0, 1, false, 0));
   ASSERT_TRUE(client.ok()) << messageOf(client);

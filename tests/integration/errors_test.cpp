@@ -102,12 +102,8 @@ TEST(Errors, SpecMismatchAmongFourRanksFailsEveryWaitingRank) {
 }
 
 TEST(Errors, QuotaExceededSaysWhatWasAskedAndWhatIsLeftAndDisturbsNothing) {
-  daemon::Config config;
-  daemon::Tenant tenant;
-  tenant.name = "small";
-  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
-  tenant.memory_quota_bytes = std::uint64_t{64} << 10;
-  config.tenants = {tenant};
+  const daemon::Config config = oneTenantWithQuota("small", std::uint64_t{64} << 10);
+  const daemon::Tenant& tenant = config.tenants.front();
   EmbeddedDaemon daemon(config);
   ASSERT_TRUE(daemon.started());
 
@@ -180,13 +176,7 @@ TEST(Errors, AGroupTooLargeForAnyPlanIsRefusedBeforePlanning) {
 }
 
 TEST(Errors, UnshardOverQuotaFailsCleanly) {
-  daemon::Config config;
-  daemon::Tenant tenant;
-  tenant.name = "tight";
-  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
-  tenant.memory_quota_bytes = 8192;  // exactly the shard file of the group below
-  config.tenants = {tenant};
-  EmbeddedDaemon daemon(config);
+  EmbeddedDaemon daemon(oneTenantWithQuota("tight", 8192));  // exactly the shard file of the group below
   ASSERT_TRUE(daemon.started());
   auto client = daemon.attach(rankOf("tight", 0, 1));
   ASSERT_TRUE(client.ok()) << messageOf(client);

@@ -166,6 +166,16 @@ std::string describe(const GroupPlan& plan) {
   return text.str();
 }
 
+daemon::Config oneTenantWithQuota(const std::string& name, std::uint64_t quota_bytes) {
+  daemon::Tenant tenant;
+  tenant.name = name;
+  tenant.uids = {static_cast<std::uint32_t>(::getuid())};
+  tenant.memory_quota_bytes = quota_bytes;
+  daemon::Config config;
+  config.tenants = {tenant};
+  return config;
+}
+
 GroupSpec smallGroup(const std::string& name, std::size_t tensors, std::int64_t rows) {
   GroupSpec spec;
   spec.name = name;

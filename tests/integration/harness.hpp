@@ -108,6 +108,10 @@ bool waitUntil(const std::function<bool()>& predicate, Clock::duration timeout =
 /// Plan as text, for comparing ranks' plans and for failure messages.
 [[nodiscard]] std::string describe(const GroupPlan& plan);
 
+/// A daemon configuration with one tenant, `name`, of this process's user, whose memory quota is
+/// `quota_bytes`.
+[[nodiscard]] daemon::Config oneTenantWithQuota(const std::string& name, std::uint64_t quota_bytes);
+
 /// A small group: `tensors` x {rows, 8} fp32 tensors named t0, t1, ...
 [[nodiscard]] GroupSpec smallGroup(const std::string& name, std::size_t tensors = 1, std::int64_t rows = 16);
 

@@ -498,9 +498,14 @@ _ranks: dict[object, _RankSessions] = {}
 _ranks_lock = threading.Lock()
 
 
+def _rank_key() -> object:
+    """The calling rank's key in _ranks: its thread's default process group, None before there is one."""
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
 def _rank_sessions(*, create: bool = False) -> _RankSessions | None:
     """This rank's sessions: those of the calling thread's default process group, else the process's."""
-    key = dist.group.WORLD if dist.is_initialized() else None
+    key = _rank_key()
     with _ranks_lock:
         found = _ranks.get(key)
         if found is None and key is not None:
@@ -510,16 +515,20 @@ def _rank_sessions(*, create: bool = False) -> _RankSessions | None:
         return found
 
 
+def _take_rank_sessions() -> list[Session]:
+    """This rank's sessions, no longer registered (those of its default process group and any made before it)."""
+    with _ranks_lock:
+        taken = [_ranks.pop(key) for key in {_rank_key(), None} if key in _ranks]
+    return [session for rank in taken for session in rank.all()]
+
+
 def _end_sessions_with_the_group(destroy_process_group):
     """torch.distributed.destroy_process_group, ending the calling rank's sessions with its default group."""
 
     def destroy_process_group_and_sessions(group=None):
-        ending: list[Session] = []
+        ending = []
         if dist.is_initialized() and (group is None or group is dist.group.WORLD):
-            with _ranks_lock:
-                for key in (dist.group.WORLD, None):
-                    if key in _ranks:
-                        ending += _ranks.pop(key).all()
+            ending = _take_rank_sessions()
         try:
             _close_all(ending, destroy_process_group=False)
         finally:
@@ -731,8 +740,4 @@ def is_initialized() -> bool:
 
 def destroy() -> None:
     """Detaches this rank's sessions (the daemon keeps persistent jobs' shards)."""
-    key = dist.group.WORLD if dist.is_initialized() else None
-    with _ranks_lock:
-        mine = _ranks.pop(key, None) or (_ranks.pop(None, None) if key is not None else None)
-    if mine is not None:
-        _close_all(mine.all())
+    _close_all(_take_rank_sessions())

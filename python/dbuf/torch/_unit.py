@@ -251,7 +251,7 @@ class Unit:
         """
         for entry in self.entries:
             requires_grad = entry.sharded.requires_grad
-            if requires_grad != entry.requires_grad or entry.unsharded.requires_grad != requires_grad:
+            if entry.unsharded.requires_grad != requires_grad:  # (entry.requires_grad follows it)
                 entry.requires_grad = requires_grad
                 entry.unsharded.requires_grad_(requires_grad)
             for module, name in entry.registrations:
