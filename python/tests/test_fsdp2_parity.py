@@ -28,6 +28,15 @@ def test_on_two_ranks(daemon):
               job="fsdp2-2", env={"PYTHONPATH": str(RANKS)})
 
 
+def test_roots_meta_device_and_meshes(daemon):
+    """A root per model (a process training several keeps each one's root gathered after forward); a child run
+    first raises FSDP2's error; meta-device init stays on meta until materialized, FSDP2's error before, then
+    rank 0's weights assigned; a unit on a mesh made from the world's group beside the job's own; an all-reduce
+    hook on each block's reduced gradients."""
+    run_ranks("side_by_side.py", 2, daemon.socket, "roots", "meta", "from-group", "all-reduce-hook", job="fsdp2-roots",
+              env={"PYTHONPATH": str(RANKS)})
+
+
 def test_reshard_after_forward_as_a_group_size_on_four_ranks(daemon):
     run_ranks("side_by_side.py", 4, daemon.socket, "int", job="fsdp2-4", env={"PYTHONPATH": str(RANKS)})
 

@@ -186,21 +186,25 @@ def fully_shard(
     reshard_after_forward = _reshard_after_forward_of(reshard_after_forward, session)
     params, refusal = _managed_parameters(modules, set(ignored_params or ()), session)
     default_rule = granularity if isinstance(granularity, str) else "element"
-    unit = Unit(
-        session,
-        modules,
-        params,
-        granularity=default_rule,
-        tensor_granularity=_tensor_rules(params, granularity, shard_placement_fn),
-        param_dtype=getattr(mp_policy, "param_dtype", None),
-        reshard_after_forward=reshard_after_forward,
-        output_dtype=getattr(mp_policy, "output_dtype", None),
-        cast_forward_inputs=bool(getattr(mp_policy, "cast_forward_inputs", True)),
-        label=_label(modules),
-        reduction=Reduction(reduce_dtype=getattr(mp_policy, "reduce_dtype", None)),
-        # A unit without a mesh on an HSDP session (the root after the blocks) is HSDP's too.
-        hsdp=mesh.ndim == 2 if mesh is not None else session.replicas > 1,
-    )
+    # Under `with torch.device("meta")` (FSDP2 takes a model sharded inside it) the unit's own tensors are still
+    # dbufd's: only the parameters made on meta stay on meta.
+    with torch.device(session.torch_device):
+        unit = Unit(
+            session,
+            modules,
+            params,
+            granularity=default_rule,
+            tensor_granularity=_tensor_rules(params, granularity, shard_placement_fn),
+            param_dtype=getattr(mp_policy, "param_dtype", None),
+            reshard_after_forward=reshard_after_forward,
+            output_dtype=getattr(mp_policy, "output_dtype", None),
+            cast_forward_inputs=bool(getattr(mp_policy, "cast_forward_inputs", True)),
+            label=_label(modules),
+            reduction=Reduction(reduce_dtype=getattr(mp_policy, "reduce_dtype", None)),
+            # A unit without a mesh on an HSDP session (the root after the blocks) is HSDP's too.
+            hsdp=mesh.ndim == 2 if mesh is not None else session.replicas > 1,
+            mesh=mesh if mesh is not None and mesh.ndim == 1 else None,
+        )
     unit.refusal = refusal
     session.units.append(unit)
     session.passes.units.append(unit)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ._session import PassState
+from ._session import PassState, RootOrder
 from ._unit import Unit
 
 class _PostBackward(torch.autograd.Function):
@@ -60,10 +60,12 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
 class Hooks:
     """The hooks of one unit (see the module docstring).
 
-    Iterations: the root is the first unit whose forward ran with no other
-    unit's forward around it (FSDP2's lazy root), for good; each top-level
-    forward of the root starts an iteration. The first iteration records the
-    order units enter and leave forward, which prefetching follows.
+    Iterations: a model's root is the first of its units whose forward ran
+    with no other unit's forward around it (FSDP2's lazy root), for good; the
+    units under it are its model's. Each model (each top-level module sharded,
+    as in FSDP2) has its root; each top-level forward of a root starts an
+    iteration of its model. The first iteration records the order its units
+    enter and leave forward, which prefetching follows.
     """
 
     def __init__(self, unit: Unit) -> None:
@@ -83,10 +85,15 @@ class Hooks:
             return self._pre_recompute(args, kwargs)
         if passes.forwards_running == 0:
             _refuse_what_fsdp2_refuses_at_its_lazy_init(module, passes)
-            if passes.root is None:
-                passes.root = unit
-            if unit is passes.root:
+            if unit.root is None:
+                _become_root(unit, passes)
+            passes.running_root = unit.root
+            if unit.root is unit:
                 self._start_iteration()
+        elif unit.root is None:
+            # Called inside a model's forward without being under its root module (a unit the forward reaches
+            # through an attribute of another object): that model's, its order and prefetching among its units.
+            unit.root = passes.running_root
         first_call = not unit.forward_ran
         if not unit.inside:
             self._enter(first_call)
@@ -99,6 +106,17 @@ class Hooks:
 
     # torch's register_fsdp_forward_method calls the state's hooks by these names.
     _pre_forward = pre_forward
+
+    def _lazy_init(self) -> None:
+        """FSDP2's state method, which trainers call to settle the root before running a method other than forward:
+        this unit becomes its model's root unless it is one's already (FSDP2's errors where FSDP2 raises)."""
+        if self.unit.root is None:
+            _become_root(self.unit, self.passes)
+
+    @property
+    def _is_root(self) -> bool | None:
+        """FSDP2's: None before the model's first forward (or _lazy_init), then whether this unit is its root."""
+        return None if self.unit.root is None else self.unit.root is self.unit
 
     def __getattr__(self, name: str):
         """What FSDP2's state (``FSDPModule._get_fsdp_state()``) has and dbuf's has not: an error that says so.
@@ -145,24 +163,26 @@ class Hooks:
         return args, kwargs
 
     def _start_iteration(self) -> None:
-        passes = self.passes
+        root, passes = self.unit, self.passes
         if passes.in_backward:
             _recover_from_an_unfinished_backward(passes)
-        if passes.forward_order:
-            passes.order_recorded = True  # the first iteration's
+        if root.order.forward:
+            root.order.recorded = True  # the first iteration's
         for unit in passes.units:
-            unit.forward_ran = False
+            if unit.root is root:
+                unit.forward_ran = False
 
     def _enter(self, first_call: bool) -> None:
-        unit, passes = self.unit, self.passes
+        unit = self.unit
         unit.unshard()
         unit.use_unsharded()
         unit.inside = True
         unit.forward_ran = True
-        if first_call:
-            if not passes.order_recorded and unit not in passes.forward_order:
-                passes.forward_order.append(unit)
-            self._prefetch(unit.forward_prefetch, passes.forward_order)
+        if first_call and unit.root is not None:
+            order = unit.root.order
+            if not order.recorded and unit not in order.forward:
+                order.forward.append(unit)
+            self._prefetch(unit.forward_prefetch, order.forward)
 
     def post_forward(self, module: nn.Module, args: tuple, output: Any):
         # Runs when the forward raised too (then output is None and an
@@ -252,7 +272,8 @@ class Hooks:
         unit.unshard()
         unit.use_unsharded()  # activation checkpointing recomputes with what the modules hold
         unit.prepare_gradients()
-        self._prefetch(unit.backward_prefetch, list(reversed(passes.post_forward_order)))
+        order = unit.root.order.post_forward if unit.root is not None else []
+        self._prefetch(unit.backward_prefetch, list(reversed(order)))
 
     def _prefetch(self, explicit: list[Unit] | None, order: list[Unit]) -> None:
         """Starts gathering the unit after this one in `order` (or the explicit ones), if a slot is free."""
@@ -269,14 +290,57 @@ class Hooks:
 
 
 def _refuse_what_fsdp2_refuses_at_its_lazy_init(root: nn.Module, passes: PassState) -> None:
-    """A model's first forward: a unit of it that fully_shard could not take whole raises FSDP2's ValueError."""
+    """A model's first forward: FSDP2's errors for a unit fully_shard could not take whole (ValueError) and for
+    parameters still on the meta device (RuntimeError, naming the first such unit's, from the root)."""
     if root in passes.checked_roots:
         return
-    for module in root.modules():
-        refusal = getattr(getattr(module, "_dbuf_unit", None), "refusal", None)
-        if refusal is not None:
-            raise ValueError(refusal)
+    units = _units_under(root)
+    for unit in units:
+        if unit.refusal is not None:
+            raise ValueError(unit.refusal)
+    names = {id(param): name for name, param in root.named_parameters(remove_duplicate=False)}
+    for unit in units:
+        on_meta = [names.get(id(entry.sharded), entry.fqn) for entry in unit.entries if entry.sharded.is_meta]
+        if on_meta:
+            raise RuntimeError(
+                "FSDP parameters should be materialized from meta device before training, but the following were "
+                f"still on meta device: {on_meta}\nFor example, call module.to_empty(device) to materialize to device "
+                "and call module.reset_parameters() on each module to initialize values."
+            )
     passes.checked_roots.add(root)
+
+
+def _units_under(module: nn.Module) -> list[Unit]:
+    """The units of `module` and its submodules, in module order, each once."""
+    found: dict[int, Unit] = {}
+    for sub in module.modules():
+        unit = getattr(sub, "_dbuf_unit", None)
+        if unit is not None:
+            found.setdefault(id(unit), unit)
+    return list(found.values())
+
+
+def _become_root(unit: Unit, passes: PassState) -> None:
+    """The unit's forward is its model's first at the top level: FSDP2's lazy root, its model the units under it.
+
+    A unit under it that became a root before (its forward ran first, at the
+    top level), and a root of several modules, are FSDP2's RuntimeErrors.
+    """
+    if len(unit.modules) > 1:
+        raise RuntimeError(f"FSDP requires a single root module but got {tuple(unit.modules)}")
+    (module,) = unit.modules
+    under = [other for other in _units_under(module) if other is not unit]
+    for other in under:
+        if other.root is other:
+            names = {id(sub): name for name, sub in module.named_modules()}
+            raise RuntimeError(
+                f"FSDP state has already been lazily initialized for {names.get(id(other.modules[0]), other.label)}\n"
+                f"FSDP requires running forward through the root module first"
+            )
+    unit.root, unit.order = unit, RootOrder()
+    passes.roots.append(unit)
+    for other in under:
+        other.root = unit
 
 
 def _run_all(steps: list[Callable[[], None]]) -> None:
@@ -297,11 +361,11 @@ def _leave(unit: Unit, failed: bool) -> None:
     A unit that keeps its parameters for backward keeps the unsharded ones on
     its modules until then (or until ``reshard()``), as FSDP2 does.
     """
-    passes = unit.session.passes
     unit.modules_done = set()
     unit.inside = False
-    if not passes.order_recorded and unit not in passes.post_forward_order:
-        passes.post_forward_order.append(unit)
+    order = unit.root.order if unit.root is not None else None
+    if order is not None and not order.recorded and unit not in order.post_forward:
+        order.post_forward.append(unit)
     if failed or not torch.is_grad_enabled() or _reshards_after_forward(unit):
         unit.reshard()
 
@@ -310,7 +374,7 @@ def _reshards_after_forward(unit: Unit) -> bool:
     if unit.reshard_after_forward is None:
         # FSDP2's heuristic: the root's parameters would be gathered again
         # at once for backward, so it keeps them.
-        return unit is not unit.session.passes.root
+        return unit.root is not unit
     return bool(unit.reshard_after_forward)
 
 
@@ -320,7 +384,8 @@ def _begin_backward(passes: PassState) -> None:
         return
     passes.in_backward = True
     passes.backward_task = torch._C._current_graph_task_id()
-    passes.order_recorded = True
+    for root in passes.roots:
+        root.order.recorded = root.order.recorded or bool(root.order.forward)
     torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_of_backward(passes))
 
 
@@ -329,8 +394,9 @@ def _end_of_backward(passes: PassState) -> None:
     # Only the units this backward reached: the others' forwards still wait for a backward of their own
     # (torchtitan's chunked loss runs lm_head's backward per chunk before the decoder's).
     reached = [unit for unit in passes.units if unit.in_this_backward]
-    # In backward's order where the first iteration recorded it; units made since, after those.
-    order = [*reversed(passes.post_forward_order), *(u for u in reached if u not in passes.post_forward_order)]
+    # In backward's order where each model's first iteration recorded it; units made since, after those.
+    recorded = [unit for root in passes.roots for unit in reversed(root.order.post_forward)]
+    order = [*recorded, *(u for u in reached if u not in recorded)]
     steps = [
         *(unit.reduce_gradients for unit in order if unit.pre_backward_done),
         *(unit.finish_backward for unit in reached),

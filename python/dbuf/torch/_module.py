@@ -176,7 +176,13 @@ class DBufModule(FSDPModule):
         raise NotImplementedError("dbufd runs the reduce-scatter from the unit's slot; a custom one cannot replace it")
 
     def set_all_reduce_hook(self, hook: Callable[[torch.Tensor], None], *, stream: Any = None) -> None:
-        raise NotImplementedError("dbuf.torch has no all-reduce after its reduce-scatter to hook (a 1-D job)")
+        """FSDP2's: ``hook(output)`` on this rank's reduced gradients of the unit (one flat tensor, changed in place),
+        after HSDP's sum over the replicas where the unit has them: a trainer's own all-reduce over replica groups.
+        ``stream``: where the hook runs (refused with native HSDP, as FSDP2 refuses it)."""
+        unit = self._dbuf_unit
+        if stream is not None and unit.replicas > 1:
+            raise ValueError("stream cannot be set when using native HSDP")
+        unit.reduction.all_reduce_hook, unit.reduction.all_reduce_hook_stream = hook, stream
 
     def set_post_optim_event(self, event: torch.Event) -> None:
         """GPU: the next all-gathers wait for `event` (the optimizer's step) instead of the whole current stream."""

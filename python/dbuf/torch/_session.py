@@ -10,7 +10,7 @@ RaggedShard DTensors, live on. ``init()`` makes the default session;
 A process whose fully_shard calls name meshes of other ranks (a dp slice
 beside tensor or expert parallelism) holds a session per set of ranks
 (:func:`session_for_ranks`); all of them share one :class:`PassState`, the
-order units ran in (for prefetching) and the pass in progress.
+models' roots and the pass in progress.
 """
 
 from __future__ import annotations
@@ -99,6 +99,19 @@ def _job_of_launch() -> str | None:
 
 
 @dataclass
+class RootOrder:
+    """The order a root's first iteration ran the units of its model in (_hooks.py's prefetching follows it).
+
+    Each model has its own (FSDP2's lazy root per top-level model): two
+    models trained side by side in one process never prefetch each other's units.
+    """
+
+    forward: list[SessionUnit] = field(default_factory=list)  # units as the first forward entered them
+    post_forward: list[SessionUnit] = field(default_factory=list)  # as it left them: backward runs them in reverse
+    recorded: bool = False  # a backward began, or the root's forward ran again: the order is complete
+
+
+@dataclass
 class Stats:
     """What this process's units did through dbufd (Session.stats; Session.reset_step_stats() starts a step).
 
@@ -122,16 +135,14 @@ class PassState:
     One model's units may live in several jobs (expert parallelism: the
     experts' units in a job of their dp slice, the rest in the whole
     launch's), but they run in one forward and one backward: _hooks.py keeps
-    the order, the root and the backward in progress here, for all of them.
+    the roots and the backward in progress here, for all of them.
     A session shares its PassState with the other sessions of its process
     (see session_for_ranks).
     """
 
     units: list[SessionUnit] = field(default_factory=list)  # every unit, in the order made
-    forward_order: list[SessionUnit] = field(default_factory=list)  # units as the first forward entered them
-    post_forward_order: list[SessionUnit] = field(default_factory=list)  # as it left them: backward runs them in reverse
-    order_recorded: bool = False
-    root: SessionUnit | None = None  # the unit whose forward encloses the pass's others
+    roots: list[SessionUnit] = field(default_factory=list)  # each model's root unit, in the order they became roots
+    running_root: SessionUnit | None = None  # the root of the top-level forward in progress (or last run)
     checked_roots: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # models whose first forward found nothing to refuse
     in_backward: bool = False
     backward_task: int | None = None  # the autograd graph task of the backward in progress
@@ -229,7 +240,12 @@ class Session:
         return self._mesh
 
     def adopt_mesh(self, mesh: DeviceMesh) -> None:
-        """The trainer's 1-D mesh over the job's ranks (fully_shard's mesh=) becomes this session's."""
+        """The trainer's 1-D mesh over the job's ranks (fully_shard's mesh=); the first becomes this session's.
+
+        Another mesh over the same ranks (``DeviceMesh.from_group`` of the
+        group a dim of a larger mesh has) is accepted: a unit's parameters live
+        on the mesh its fully_shard was given, as FSDP2's do.
+        """
         ranks = mesh.mesh.flatten().tolist()
         if ranks != self.global_ranks or mesh.get_local_rank() != self.rank:
             raise ValueError(
@@ -238,11 +254,6 @@ class Session:
             )
         if self._mesh is None:
             self._mesh = mesh
-        elif self._mesh != mesh:
-            raise ValueError(
-                f"fully_shard's mesh {mesh} is not the mesh this job's units already live on ({self._mesh}): pass "
-                f"the same mesh to every fully_shard call"
-            )
 
     def adopt_hsdp_mesh(self, mesh: DeviceMesh) -> None:
         """fully_shard's 2-D (replicate, shard) mesh: this job shards over dim 1, the replicas are dim 0.

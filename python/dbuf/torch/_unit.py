@@ -24,10 +24,13 @@ hooks of _fully_shard.py call them in the model's forward / backward order).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
@@ -35,7 +38,7 @@ import dbuf
 
 from ._dtensor import RaggedDTensor, local_elements
 from ._ragged import ragged_shard_of
-from ._session import Session
+from ._session import RootOrder, Session
 
 
 _DBUF_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -56,18 +59,27 @@ class Reduction:
     it (None: by the world size, dbufd's AVG); ``force_sum``: dbufd sums and
     the division runs afterwards, here, even for the average;
     ``reduce_dtype``: a dtype narrower than fp32 rounds the reduced gradient
-    to it, the precision FSDP2 communicates it in.
+    to it, the precision FSDP2 communicates it in. ``all_reduce_hook``:
+    FSDPModule.set_all_reduce_hook's, called with this rank's reduced
+    gradients of the unit (one flat tensor, changed in place), on
+    ``all_reduce_hook_stream`` if given.
     """
 
     divide_factor: float | None = None
     force_sum: bool = False
     reduce_dtype: torch.dtype | None = None
+    all_reduce_hook: Callable[[torch.Tensor], None] | None = None
+    all_reduce_hook_stream: Any = None
 
     def rounds(self) -> bool:
         return self.reduce_dtype is not None and self.reduce_dtype.itemsize < 4
 
     def divides_here(self) -> bool:
         return self.divide_factor is not None or self.force_sum
+
+    def finishes_here(self, replicas: int) -> bool:
+        """Whether this side changes the reduced gradients (so dbufd must not add them into earlier ones)."""
+        return self.divides_here() or self.rounds() or replicas > 1 or self.all_reduce_hook is not None
 
 
 @dataclass
@@ -112,8 +124,10 @@ class Unit:
         label: str,
         reduction: Reduction | None = None,
         hsdp: bool = False,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.session = session
+        self.mesh = mesh  # the 1-D mesh fully_shard was given, which its parameters live on (default: the session's)
         # HSDP (fully_shard's 2-D mesh): the gradients are summed over the session's replicas too. A unit on
         # the dp mesh alone (expert parallelism's experts beside HSDP's other units) reduces over dp only.
         self.replicas = session.replicas if hsdp else 1
@@ -128,6 +142,10 @@ class Unit:
         self.group: dbuf.Group | None = None
         self.forward_prefetch: list[Unit] | None = None  # explicit, else the recorded order
         self.backward_prefetch: list[Unit] | None = None
+        # The root unit of the model this unit's first forward ran in (itself for a root; None before): FSDP2's lazy
+        # root. A root holds its model's RootOrder.
+        self.root: Unit | None = None
+        self.order: RootOrder | None = None
         self._reset_pass()
         self.gather_op: dbuf.Op | None = None
         self.gather_event: torch.cuda.Event | None = None  # GPU: where the gather's stream is after it
@@ -179,15 +197,19 @@ class Unit:
             model_spec = model_specs[index]
             block = self.group.plan.tensors[index].granularity
             if model_spec is None:
-                mesh, placements = self.session.mesh, ragged_shard_of(rank_ranges(self.group.plan, index), block)
+                mesh = self.mesh if self.mesh is not None else self.session.mesh
+                placements = ragged_shard_of(rank_ranges(self.group.plan, index), block)
             else:
                 # FSDP2's layout: dp first, then the model's own dims; StridedRaggedShard where those cut dim 0.
                 mesh = self.session.spmd_mesh(model_spec.mesh)
                 split = model_spec.num_shards_map[0] if model_spec.ndim else 1
                 placements = (ragged_shard_of(rank_ranges(self.group.plan, index), block, split),
                               *model_spec.placements)
+            # A parameter on meta stays on meta, as FSDP2's, until to_empty or load_state_dict(assign=True)
+            # materializes it (adopt_applied then points it at dbufd's memory, which holds it already).
+            shown = torch.empty_like(local, device="meta") if param.is_meta else local
             sharded = nn.Parameter(
-                RaggedDTensor.from_local(local, mesh, placements, param.shape), requires_grad=param.requires_grad
+                RaggedDTensor.from_local(shown, mesh, placements, param.shape), requires_grad=param.requires_grad
             )
             sharded.fqn = fqn
             shard_grad = self.group.shard_grad_view(index).torch()
@@ -282,14 +304,15 @@ class Unit:
             for position, entry in enumerate(self.entries):
                 module, name = entry.registrations[0]
                 held = module._parameters[name]
-                if held is entry.unsharded:
-                    continue  # inside its forward: nothing was replaced
+                if held is entry.unsharded or held.is_meta:
+                    continue  # inside its forward, or not materialized (FSDP2's error at the first forward)
                 local = self._elements_of(held, entry)
                 if local.dtype != entry.local.dtype or local.device != entry.local.device:
                     refused.append(f"{entry.fqn} ({local.dtype} on {local.device})")
-                elif local.data_ptr() != entry.local.data_ptr() and local.device.type != "meta":
+                elif local.data_ptr() != entry.local.data_ptr():
                     entry.local.copy_(local)
-                if held is entry.sharded:  # swapped in place: point it back at the sharded region
+                if held is entry.sharded or entry.sharded.is_meta:
+                    # Swapped in place, or materialized by a new parameter: the unit's own over the sharded region
                     fresh = nn.Parameter(
                         RaggedDTensor.from_local(entry.local, entry.sharded.device_mesh, entry.sharded.placements,
                                                  entry.sharded.shape),
@@ -426,8 +449,7 @@ class Unit:
         residuals = self._take_back_set_aside()
         self._round_to_reduce_dtype()
         accumulate = self._stage_sharded_gradients()
-        if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.divides_here()
-                           or self.reduction.rounds() or self.replicas > 1):
+        if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.finishes_here(self.replicas)):
             # dbufd adds into fp32 sharded gradients only, and before any
             # division or rounding here: the reduction overwrites, and the
             # gradients so far are added back, in the parameters' own dtype,
@@ -568,7 +590,10 @@ class Unit:
         HSDP: the sum over the replicas; then the division (by the divide
         factor, or the whole world's size after a forced sum, or the replicas'
         count after dbufd's average), then the rounding to a narrower
-        reduce_dtype.
+        reduce_dtype; then the all-reduce hook, which FSDP2 runs on its
+        reduce-scatter's output (after HSDP's all-reduce): here on the finished
+        reduction, so that a hook averaging over the trainer's own replica group
+        (FSDP2's test of it) gives FSDP2's gradients.
         """
         reduction, replicas = self.reduction, self.replicas
         if reduction.divide_factor is not None:
@@ -579,8 +604,6 @@ class Unit:
             divisor = replicas
         else:
             divisor = None
-        if divisor is None and not reduction.rounds():
-            return
         grads = [entry.shard_grad for entry in self.entries if entry.requires_grad]
         with torch.no_grad():
             if replicas > 1:
@@ -590,6 +613,17 @@ class Unit:
                     grad.div_(divisor)
                 if reduction.rounds():
                     grad.copy_(grad.to(reduction.reduce_dtype))
+            if reduction.all_reduce_hook is not None and grads:
+                self._run_all_reduce_hook(grads)
+
+    def _run_all_reduce_hook(self, grads: list[torch.Tensor]) -> None:
+        """The hook on one flat tensor of the unit's reduced gradients (as FSDP2's reduce output), copied back."""
+        flat = torch.cat(grads)
+        stream = self.reduction.all_reduce_hook_stream
+        with torch.get_device_module(flat.device.type).stream(stream) if stream is not None else nullcontext():
+            self.reduction.all_reduce_hook(flat)
+        for grad, part in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(part)
 
     def finish_backward(self) -> None:
         """End of backward: the reduction done, the sharded gradients on the sharded parameters."""

@@ -82,7 +82,6 @@ passed.append("accepted arguments")
 # Refused methods name what dbuf cannot do.
 raises(NotImplementedError, lambda: net.set_custom_all_gather(object()), "dbufd")
 raises(NotImplementedError, lambda: net.set_custom_reduce_scatter(object()), "dbufd")
-raises(NotImplementedError, lambda: net.set_all_reduce_hook(lambda t: None), "all-reduce")
 raises(NotImplementedError, lambda: net.set_manual_backward_finalization(True), "finalizes")
 raises(NotImplementedError, lambda: net.finalize_backward(), "finalizes")
 for accepted in (lambda: net.set_unshard_in_backward(True), lambda: net.set_unshard_in_backward(False),

@@ -21,8 +21,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard import fully_shard as fsdp2_fully_shard
+from torch.distributed.tensor import DTensor
 
 import dbuf.torch as dt
 
@@ -249,15 +251,151 @@ def parameter_shared_across_units() -> None:
         fully_shard(model[0])
         fully_shard(model[1])
         fully_shard(model)
-        try:
-            model(batch(0, (2, 7))).sum().backward()
-        except Exception as error:  # noqa: BLE001 - compared below
-            errors.append(error)
-        else:
-            errors.append(None)
+        errors.append(raised(lambda: model(batch(0, (2, 7))).sum().backward()))
     fsdp_error, dbuf_error = errors
     assert fsdp_error is not None, "FSDP2 trained a parameter shared across units"
     assert type(dbuf_error) is type(fsdp_error), f"dbuf raised {dbuf_error!r}, FSDP2 {fsdp_error!r}"
+
+
+def roots_per_model() -> None:
+    """Each model's first unit run at the top level is its root (FSDP2's lazy root), however many models a process
+    trains: with the default reshard_after_forward a root keeps its parameters after forward, the others reshard.
+    A child run at the top level before its model's root: FSDP2's RuntimeError at the root's first forward."""
+
+    def shard(model, fully_shard):
+        for block in model[:-1]:
+            fully_shard(block)
+        fully_shard(model)  # the root's own parameters: the last Linear
+
+    def build():
+        return nn.Sequential(*stack(2), nn.Linear(7, 7))
+
+    for round in range(2):  # the second pair in the same process: before, one process had one root for good
+        dbuf_model, fsdp_model = twins(build, shard)
+        for model in (dbuf_model, fsdp_model):
+            model(batch(round, (2, 7)))
+        kept = [[not isinstance(p, DTensor) for p in m.parameters()] for m in (dbuf_model, fsdp_model)]
+        assert kept[0] == kept[1] and any(kept[1]), f"round {round}: unsharded after forward: dbuf {kept[0]}, " \
+                                                    f"FSDP2 {kept[1]}"
+        for model in (dbuf_model, fsdp_model):
+            model.reshard()
+        train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 2,
+                           f"roots, round {round}")
+    def child_first(fully_shard):
+        model = build()
+        shard(model, fully_shard)
+        model[0](batch(0, (2, 7)))
+        model(batch(0, (2, 7)))
+
+    def child_lazy_init_first(fully_shard):  # trainers settle the root with the state's _lazy_init
+        model = build()
+        shard(model, fully_shard)
+        fully_shard.state(model[0])._lazy_init()
+        fully_shard.state(model)._lazy_init()
+
+    def grouped_root(fully_shard):
+        model = build()
+        fully_shard([model[0], model[1]])
+        fully_shard.state(model[0])._lazy_init()
+
+    for case in (child_first, child_lazy_init_first, grouped_root):
+        fsdp_error, dbuf_error = raised(lambda: case(fsdp2_fully_shard)), raised(lambda: case(dt.fully_shard))
+        assert isinstance(fsdp_error, RuntimeError), fsdp_error
+        first_lines = [str(error).split("\n")[0] for error in (dbuf_error, fsdp_error)]
+        assert type(dbuf_error) is type(fsdp_error) and first_lines[0] == first_lines[1], \
+            f"{case.__name__}: dbuf raised {dbuf_error!r}, FSDP2 {fsdp_error!r}"
+    states = []
+    for fully_shard in (fsdp2_fully_shard, dt.fully_shard):
+        model = build()
+        shard(model, fully_shard)
+        before = fully_shard.state(model)._is_root
+        fully_shard.state(model)._lazy_init()
+        states.append([before, fully_shard.state(model)._is_root, fully_shard.state(model[0])._is_root])
+    assert states[0] == states[1] == [None, True, False], states
+
+
+def meta_device_init() -> None:
+    """Built on the meta device (inside the device context, as torch's tests shard it): the parameters stay on meta
+    until materialized, and a forward before raises FSDP2's error naming them; rank 0's full weights broadcast,
+    distribute_tensor'd with each parameter's placements and assigned (accelerate's and torch's recipe): FSDP2's
+    training."""
+
+    def shard(model, fully_shard):
+        for block in model:
+            fully_shard(block)
+        fully_shard(model)
+
+    with _seeded:
+        torch.manual_seed(0)
+        full = stack(3).state_dict()
+    def on_meta(fully_shard):
+        with torch.device("meta"):
+            model = stack(3)
+            shard(model, fully_shard)
+        assert all(p.is_meta for p in model.parameters()), "a parameter left the meta device at fully_shard"
+        return model
+
+    models, errors = [], []
+    for fully_shard in (dt.fully_shard, fsdp2_fully_shard):
+        # (A model whose first forward raised is not used again: FSDP2's is left half initialized.)
+        errors.append(raised(lambda: on_meta(fully_shard)(batch(0, (2, 7)))))
+        model = on_meta(fully_shard)
+        sharded = {}
+        for name, meta in model.state_dict().items():
+            value = full[name].clone()
+            dist.broadcast(value, src=0)
+            # (Looked up now: dbuf.torch extends torch's distribute_tensor to RaggedShard when imported.)
+            distribute = torch.distributed.tensor.distribute_tensor
+            sharded[name] = nn.Parameter(distribute(value, meta.device_mesh, meta.placements))
+        model.load_state_dict(sharded, assign=True)
+        assert not any(p.is_meta for p in model.parameters())
+        models.append(model)
+    assert str(errors[0]) == str(errors[1]) and type(errors[0]) is type(errors[1]) is RuntimeError, errors
+    train_side_by_side(*models, lambda m, step: m(batch(step, (3, 7))).square().mean(), 3, "meta")
+
+
+def mesh_from_group() -> None:
+    """A unit on ``DeviceMesh.from_group(world)`` beside units on the job's own mesh (another object, same ranks):
+    its parameters live on the mesh it was given, as FSDP2's."""
+
+    def shard(model, fully_shard):
+        from_group = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+        fully_shard(model[0], mesh=from_group)
+        fully_shard(model[1])
+        fully_shard(model)
+
+    dbuf_model, fsdp_model = twins(lambda: stack(2), shard)
+    assert dbuf_model[0][0].weight.device_mesh.mesh.tolist() == list(range(world()[1]))
+    train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 2, "from_group")
+
+
+def all_reduce_hook() -> None:
+    """set_all_reduce_hook: a hook that halves each unit's reduced gradients, called once per unit and backward."""
+
+    def shard(model, fully_shard):
+        for block in model:
+            fully_shard(block)
+        fully_shard(model)
+
+    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+    calls = {"dbuf": 0, "fsdp2": 0}
+    for name, model in (("dbuf", dbuf_model), ("fsdp2", fsdp_model)):
+        def halve(output, name=name):
+            calls[name] += 1
+            output.mul_(0.5)
+
+        for block in model:
+            block.set_all_reduce_hook(halve)
+    train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 3, "hook")
+    assert calls["dbuf"] == calls["fsdp2"] == 3 * 3, calls
+
+
+def raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - compared by the caller
+        return error
+    return None
 
 
 SCENARIOS = {
@@ -268,6 +406,10 @@ SCENARIOS = {
     "int": reshard_to_a_smaller_group,
     "tied": tied_embedding_and_output_in_one_unit,
     "shared": parameter_shared_across_units,
+    "roots": roots_per_model,
+    "meta": meta_device_init,
+    "from-group": mesh_from_group,
+    "all-reduce-hook": all_reduce_hook,
 }
 
 
