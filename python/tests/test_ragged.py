@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from conftest import rank_mesh
 from dbuf.torch import RaggedDTensor, RaggedShard, StridedRaggedShard, distribute_ragged, local_elements
 from dbuf.torch._ragged import boxes_of
+
+FAST_PATH = os.environ.get("DBUF_TORCH_FAST_PATH", "1") == "1"  # RaggedDTensor's torch-function fast path
 
 
 @pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 4), (4, 1, 3), (2, 0, 3)])
@@ -220,3 +223,58 @@ def test_a_2d_layout_takes_a_ragged_dp_dim_then_shard_or_replicate():
         distribute_ragged(whole, mesh, (RaggedShard(6, (1, 1)), Partial()))
     with pytest.raises(ValueError, match="blocks for a tensor of 12 elements"):
         distribute_ragged(whole, mesh, (RaggedShard(6, (2, 2)), Shard(0)))  # the chunk is 2 x 6, not 4 x 6
+
+
+@pytest.mark.parametrize("flags", [{"foreach": False}, {"foreach": True}, {"fused": True}])
+def test_the_fast_path_steps_an_optimizer_as_torchs_dispatch_does(flags):
+    """AdamW on RaggedShard parameters outside autograd (RaggedDTensor.__torch_function__'s fast path) against
+    the same on the plain local tensors: the same bits, the same types, the wrappers' versions bumped."""
+    wholes = [torch.randn(5, 6), torch.randn(7), torch.randn(3, 4)]
+    placements = [RaggedShard(6, (2, 3)), RaggedShard(1, (4, 3)), RaggedShard(4, (3, 0))]
+    ragged = [torch.nn.Parameter(ranks_of(w, p)[0]) for w, p in zip(wholes, placements)]
+    plain = [torch.nn.Parameter(local_elements(p).clone()) for p in ragged]
+    for mine, theirs in zip(ragged, plain):
+        theirs.grad = torch.randn(theirs.shape)
+        mine.grad = distribute_ragged(torch.zeros(mine.shape), mine.device_mesh, mine.placements)
+        local_elements(mine.grad).copy_(theirs.grad)
+    optimizers = [torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, **flags) for params in (ragged, plain)]
+    versions = [p._version for p in ragged]
+    for _ in range(3):
+        for optimizer in optimizers:
+            optimizer.step()
+    for mine, theirs in zip(ragged, plain):
+        assert isinstance(mine, RaggedDTensor)
+        assert torch.equal(local_elements(mine), theirs.detach()), flags
+        for key in ("exp_avg", "exp_avg_sq"):
+            state = optimizers[0].state[mine][key]
+            assert isinstance(state, RaggedDTensor) and torch.equal(local_elements(state),
+                                                                    optimizers[1].state[theirs][key])
+    if FAST_PATH:  # (torch's own dispatch of _foreach_ and fused operators leaves the wrappers' versions)
+        assert all(p._version > v for p, v in zip(ragged, versions)), "an in-place step left a wrapper's version"
+
+
+def test_autograd_and_out_forms_keep_torchs_dispatch():
+    """A call autograd records (an operand needs a gradient, grad mode on) and an out= form take torch's path."""
+    (leaf, _) = ranks_of(torch.randn(4, 4), RaggedShard(4, (1, 3)))
+    leaf = torch.nn.Parameter(leaf)
+    out = (leaf * 2).sin()
+    assert out.requires_grad and out.grad_fn is not None and isinstance(out, RaggedDTensor)
+    saved = leaf.detach().clone().requires_grad_()
+    product = saved * saved  # saves `saved` for backward
+    with torch.no_grad():
+        saved.mul_(2.0)  # through the fast path: the version must still say it changed
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        product.sum().backward()
+    if FAST_PATH:
+        saved = leaf.detach().clone().requires_grad_()
+        product = saved * saved
+        with torch.no_grad():
+            torch._foreach_mul_([saved], 2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            product.sum().backward()
+    with torch.no_grad(), pytest.raises(ValueError, match="aten.mul.out"):  # named by __torch_dispatch__
+        torch.mul(leaf, 2.0, out=torch.empty(4, 4))
+    with torch.no_grad():  # an operator of several results, each on the layout, in its own dtype
+        mantissa, exponent = leaf.frexp()
+    assert isinstance(exponent, RaggedDTensor) and exponent.dtype == torch.int32
+    assert torch.equal(local_elements(mantissa) * 2.0 ** local_elements(exponent), local_elements(leaf).detach())

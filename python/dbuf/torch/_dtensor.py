@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, Sequence
 
 import torch
@@ -100,8 +101,16 @@ def make_spec(mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence
 
 
 def make_dtensor(cls: type[DTensor], local: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
-    """A DTensor (or RaggedDTensor) of this rank's `local` tensor and `spec`, unchecked."""
-    return cls(local, spec, requires_grad=requires_grad)
+    """A DTensor (or RaggedDTensor) of this rank's `local` tensor and `spec`, unchecked.
+
+    torch's own constructor (``DTensor.__new__``), without ``DTensor.__init__``,
+    which does nothing but costs the decorators around it (torch.compile's and
+    export's) at every result of an optimizer's step.
+    """
+    return _DTENSOR_NEW(cls, local, spec, requires_grad=requires_grad)
+
+
+_DTENSOR_NEW = DTensor.__new__
 
 
 def ragged_spec(
@@ -353,6 +362,33 @@ class RaggedDTensor(DTensor):
             handler = _HANDLERS[func] = _handler_of(func)
         return handler(func, args, kwargs or {})
 
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        """Elementwise operators outside autograd (an optimizer's step) on the local elements at once.
+
+        The same operators would reach __torch_dispatch__ through torch's
+        dispatcher (autograd, the wrapper's dispatch keys) at several times the
+        cost of the operator on these small local tensors; here they skip it.
+        Anything else, and any call that autograd records, takes torch's usual
+        path (DTensor's: no torch function, straight to the dispatcher).
+        """
+        written = _FAST_PATH.get(func, _UNDECIDED)
+        if written is _UNDECIDED:
+            written = _FAST_PATH[func] = _fast_path_of(func)
+        if written is None or (kwargs and "out" in kwargs) or (torch.is_grad_enabled() and _any_requires_grad(args)):
+            return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
+        result = _local_call(func, args, kwargs)
+        if result is _NOT_SIMPLE and written:
+            # In place (a _foreach_ or fused optimizer operator on lists): what it returns is what it wrote.
+            out = _elementwise(func, args, kwargs or {}, wrap=False)
+            result = None if out is None else args[written[0]]
+        elif result is _NOT_SIMPLE:
+            result = _elementwise(func, args, kwargs or {})
+        for position in written:  # as the dispatcher would: the wrappers' versions count the write
+            if position < len(args):
+                torch.autograd.graph.increment_version(args[position])
+        return result
+
 
 # ---------------------------------------------------------------- elementwise operators
 
@@ -413,6 +449,90 @@ def _handler_of(func):
 
 
 _HANDLERS: dict = {}
+
+
+# ---------------------------------------------------------------- the torch-function fast path
+
+_FAST_PATH: dict = {}  # Python-level function -> positions of the arguments it writes, or None: not fast
+_UNDECIDED = object()
+
+
+def _fast_path_of(func) -> tuple[int, ...] | None:
+    """Whether ``func`` (a Tensor method or torch function) is an elementwise operator __torch_dispatch__ runs
+    locally, decided once from its aten overloads: the positions of the arguments it writes, else None.
+
+    Every overload that takes tensors (not TorchScript's scalar ones, not the
+    ``out=`` forms, which the call then refuses) must be elementwise and write
+    the same arguments; never copy_, whose source may be a whole tensor.
+    """
+    name = getattr(func, "__name__", None)
+    packet = getattr(aten, name, None) if isinstance(name, str) and name != "copy_" else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    written: set[tuple[int, ...]] = set()
+    for overload in (getattr(packet, o) for o in packet.overloads()):
+        arguments = overload._schema.arguments
+        first = arguments[0].type if arguments else None
+        takes_tensors = isinstance(first, torch.TensorType) or (
+            isinstance(first, torch.ListType) and isinstance(first.getElementType(), torch.TensorType))
+        if not takes_tensors or any(argument.is_out for argument in arguments):
+            continue
+        if _handler_of(overload) is not _elementwise:
+            return None
+        written.add(tuple(i for i, argument in enumerate(arguments)
+                          if argument.alias_info is not None and argument.alias_info.is_write))
+    return written.pop() if len(written) == 1 else None
+
+
+_NOT_SIMPLE = object()
+_SCALARS = (int, float, bool)
+
+
+def _local_call(func, args, kwargs):
+    """The common call of an optimizer step, done with no other work: a RaggedShard DTensor, then scalars or
+    RaggedShard DTensors of the very same spec (optimizer states made from the parameter); else _NOT_SIMPLE."""
+    first = args[0] if args else None
+    if type(first) is not RaggedDTensor:
+        return _NOT_SIMPLE
+    spec = first._spec
+    local = [first._local_tensor]
+    for value in args[1:]:
+        kind = type(value)
+        if kind is RaggedDTensor and value._spec is spec:
+            local.append(value._local_tensor)
+        elif kind in _SCALARS:
+            local.append(value)
+        else:
+            return _NOT_SIMPLE
+    if kwargs and any(type(value) not in _SCALARS for value in kwargs.values()):
+        return _NOT_SIMPLE
+    out = func(*local, **kwargs) if kwargs else func(*local)
+    if out is local[0]:
+        return first  # in place
+    if isinstance(out, (tuple, list)):  # several results (frexp)
+        return type(out)(_wrap_local(value, spec) for value in out)
+    return _wrap_local(out, spec)
+
+
+def _wrap_local(value, spec: DTensorSpec):
+    """A result on the local elements as a RaggedDTensor of the operands' layout (in its own dtype)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    meta = spec.tensor_meta
+    if value.dtype != meta.dtype:
+        spec = make_spec(spec.mesh, spec.placements, meta.shape, meta.stride, value.dtype)
+    return make_dtensor(RaggedDTensor, value, spec)
+
+
+def _any_requires_grad(args) -> bool:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                return True
+        elif isinstance(value, (list, tuple)):
+            if any(isinstance(item, torch.Tensor) and item.requires_grad for item in value):
+                return True
+    return False
 
 
 def _refuse(func, args, kwargs):
@@ -486,13 +606,13 @@ def _new_like(func, args, kwargs):
     return _elementwise(func, (lead, [lead._local_tensor.numel()], *args[2:]), kwargs)
 
 
-def _elementwise(func, args, kwargs):
+def _elementwise(func, args, kwargs, *, wrap: bool = True):
     # Runs for every operator of an optimizer step, so one plain pass over
     # the arguments (and one level of lists, as operators take them).
     operands = _Operands(func)
     out = func(*[operands.local(value) for value in args],
                **{key: operands.local(value) for key, value in kwargs.items()})
-    return operands.wrap(out)
+    return operands.wrap(out) if wrap else out
 
 
 class _Operands:
@@ -572,10 +692,7 @@ class _Operands:
             return operand  # an in-place operator's result is its operand
         if spec is None or id(value) in self.plain:
             return value
-        meta = spec.tensor_meta
-        if value.dtype != meta.dtype:
-            spec = make_spec(spec.mesh, spec.placements, meta.shape, meta.stride, value.dtype)
-        return make_dtensor(RaggedDTensor, value, spec)
+        return _wrap_local(value, spec)
 
 
 def _check_same_layout(func, spec: DTensorSpec | None, other: DTensorSpec) -> None:
@@ -869,6 +986,20 @@ def _take_whole(key: str, local: RaggedDTensor, whole: torch.Tensor) -> RaggedDT
 
 
 _register_for_foreach()
+
+
+def _without_fast_path_if_asked() -> None:
+    """``$DBUF_TORCH_FAST_PATH=0``: every operator on RaggedShard DTensors through torch's dispatcher, as before
+    the fast path (a diagnostic, and python/bench/step_floor_bench.py's measure of what the fast path saves)."""
+    value = os.environ.get("DBUF_TORCH_FAST_PATH", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"$DBUF_TORCH_FAST_PATH={value!r}: 1 (the default) or 0")
+    if value == "0":
+        RaggedDTensor.__torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+
+_without_fast_path_if_asked()
+
 
 def _refuse_ragged_fragments_in_checkpoints() -> None:
     """DCP's generic path for a plain DTensor given a RaggedShard placement by hand raises, naming the tensor.

@@ -36,7 +36,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 import dbuf
 
-from ._dtensor import RaggedDTensor, local_elements
+from ._dtensor import RaggedDTensor, local_elements, make_dtensor
 from ._ragged import ragged_shard_of
 from ._session import RootOrder, Session
 
@@ -221,7 +221,7 @@ class Unit:
                 sharded=sharded,
                 local=local,
                 shard_grad=shard_grad,
-                sharded_grad=RaggedDTensor.from_local(shard_grad, mesh, placements, param.shape),
+                sharded_grad=_grad_of(sharded, shard_grad, mesh, placements, param.shape),
                 model_spec=model_spec,
             )
             self.entries.append(entry)
@@ -707,6 +707,14 @@ def _model_parallel_spec(fqn: str, param: torch.Tensor) -> DTensorSpec | None:
                 f"parallelism's Shard(d) and Replicate() placements"
             )
     return param._spec
+
+
+def _grad_of(sharded: RaggedDTensor, shard_grad: torch.Tensor, mesh, placements, shape) -> RaggedDTensor:
+    """The sharded gradient as a DTensor: on the parameter's own spec where the dtypes agree, so that the optimizer's
+    operators on both find one layout at once (RaggedDTensor's fast path compares specs by identity)."""
+    if shard_grad.dtype == sharded.dtype:
+        return make_dtensor(RaggedDTensor, shard_grad, sharded._spec)
+    return RaggedDTensor.from_local(shard_grad, mesh, placements, shape)
 
 
 def _chunk_of(param: torch.Tensor) -> torch.Tensor:

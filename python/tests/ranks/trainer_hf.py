@@ -1,7 +1,8 @@
 """One rank of a trainer written for FSDP2, the way torchtitan and accelerate call it, on FSDP2 or on dbuf.
 
-  trainer_hf.py OUT.pt --backend dbuf|fsdp2 --model llama|qwen3moe [--ac none|full|full-reentrant|selective|
-                hf|hf-reentrant|call] [--compile] [--mp bf16] [--accum N] [--steps N] [--meta-init]
+  trainer_hf.py OUT.pt --backend dbuf|fsdp2|replica --model llama|qwen3moe|gpt-oss [--ac none|full|full-reentrant|
+                selective|hf|hf-reentrant|call] [--compile] [--mp bf16] [--accum N] [--steps N] [--meta-init]
+                [--optim default|single|foreach|fused]
 
 The script only speaks torch's FSDP2 API (``from torch.distributed.fsdp import
 fully_shard, FSDPModule, MixedPrecisionPolicy, OffloadPolicy``); ``--backend
@@ -21,15 +22,26 @@ in it names dbuf. Activation checkpointing, in the patterns trainers use:
 the last only (``set_requires_gradient_sync``, accelerate's ``no_sync``).
 ``--meta-init``: the model made on the meta device, sharded, then
 ``to_empty`` and its weights loaded whole (torchtitan's path).
-``--chunked-loss N``: torchtitan's chunked loss (lm_head its own unit). Writes
-OUT.pt.<rank>: the losses of every micro-batch, each step's gradient norm and
-seconds, dbuf's all-gathers per step, and the peak resident memory the
-process added (``peak_rss_bytes``, python/bench/trainer_bench.py's figure).
+``--chunked-loss N``: torchtitan's chunked loss (lm_head its own unit).
+``--backend replica``: the floor python/bench/step_floor_bench.py measures
+against, each process training a replica of its own on its share of the
+batch, with nothing sharded or communicated (bf16: mixed precision's own work
+only, a bf16 copy of the model computing and its gradients added to the fp32
+model's, which the optimizer steps). ``--optim``: AdamW as the trainer writes
+it (``default``: torch picks, single-tensor on CPU), or its single-tensor,
+foreach or fused path. ``--profile PATH``: rank 0's steps after the first two
+under cProfile, its stats written there. Writes OUT.pt.<rank>: the losses of
+every micro-batch, each step's gradient norm and seconds (and those of its
+phases: forward and backward, clipping, the optimizer), dbuf's all-gathers per
+step, and the peak resident memory the process added (``peak_rss_bytes``,
+python/bench/trainer_bench.py's figure).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import cProfile
 import os
 import resource
 import sys
@@ -47,8 +59,10 @@ VOCAB = 101
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
-p.add_argument("--backend", choices=("dbuf", "fsdp2"), required=True)
-p.add_argument("--model", choices=("llama", "qwen3moe"), default="llama")
+p.add_argument("--backend", choices=("dbuf", "fsdp2", "replica"), required=True)
+p.add_argument("--model", choices=("llama", "qwen3moe", "gpt-oss"), default="llama")
+p.add_argument("--optim", choices=("default", "single", "foreach", "fused"), default="default")
+p.add_argument("--profile", default=None, help="rank 0's steps after the first two under cProfile, its stats there")
 p.add_argument("--ac", default="none", choices=("none", "full", "full-reentrant", "selective", "hf", "hf-reentrant",
                                                 "call", "call-reentrant"))
 p.add_argument("--compile", action="store_true")
@@ -96,6 +110,10 @@ def make_model() -> torch.nn.Module:
     # bf16: the experts' loop, as torch 2.15's CPU grouped_mm wants 16-byte strides these dims do not have
     # (FSDP2's run fails the same way).
     experts = {"experts_implementation": "eager"} if args.mp == "bf16" else {}
+    if args.model == "gpt-oss":
+        config = transformers.GptOssConfig(**{**common, "intermediate_size": 28}, num_local_experts=4,
+                                           num_experts_per_tok=2, sliding_window=4, **experts)
+        return transformers.GptOssForCausalLM(config)
     config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=28, num_experts=4, num_experts_per_tok=2,
                                          **experts)
     return transformers.Qwen3MoeForCausalLM(config)
@@ -162,13 +180,15 @@ if args.compile:
     for layer in layers:
         layer.compile(fullgraph=True)
 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.mp == "bf16" else None, reduce_dtype=torch.float32)
-for layer in layers:
-    fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True, offload_policy=OffloadPolicy())
 # The chunked loss runs the decoder (torchtitan's forward without lm_head) and lm_head apart: each is a root.
 roots = [model.model, model.lm_head] if args.chunked_loss else [model]
-for root in roots:
-    fully_shard(root, mesh=None if args.root_without_mesh else mesh, mp_policy=policy, reshard_after_forward=True)
-assert all(isinstance(m, FSDPModule) for m in (*roots, *layers))
+SHARDED = args.backend != "replica"
+if SHARDED:
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True, offload_policy=OffloadPolicy())
+    for root in roots:
+        fully_shard(root, mesh=None if args.root_without_mesh else mesh, mp_policy=policy, reshard_after_forward=True)
+    assert all(isinstance(m, FSDPModule) for m in (*roots, *layers))
 if args.ac.startswith("call"):
     for index, layer in enumerate(layers):
         layers[index] = CheckpointedCall(layer, reentrant=args.ac == "call-reentrant")
@@ -183,7 +203,24 @@ if args.meta_init:
     with torch.no_grad():  # the buffers no state dict holds (rotary frequencies), made again
         for buffer, made in zip(model.buffers(), reference.buffers()):
             buffer.copy_(made)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+# The replica floor in bf16: what mixed precision itself costs (see the docstring), with nothing sharded.
+compute_copy = copy.deepcopy(model).to(torch.bfloat16) if not SHARDED and args.mp == "bf16" else None
+
+
+def take_compute_grads() -> None:
+    with torch.no_grad():
+        for computing, master in zip(compute_copy.parameters(), model.parameters()):
+            if computing.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = computing.grad.float()
+            else:
+                master.grad += computing.grad
+            computing.grad = None
+
+
+OPTIM_FLAGS = {"default": {}, "single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, **OPTIM_FLAGS[args.optim])
 
 
 def micro_batch(step: int, micro: int) -> torch.Tensor:
@@ -239,8 +276,12 @@ def chunked_loss(tokens: torch.Tensor) -> torch.Tensor:
     return DecoderBackward.apply(hidden, hidden_grad.to(hidden.dtype), total)
 
 
-result: dict = {"losses": [], "norms": [], "all_gathers": [], "step_s": []}
+result: dict = {"losses": [], "norms": [], "all_gathers": [], "step_s": [],
+                "phase_s": {"forward and backward": [], "clip": [], "optimizer": []}}
+profiler = cProfile.Profile() if args.profile and rank == 0 else None
 for step in range(args.steps):
+    if profiler is not None and step == 2:
+        profiler.enable()
     started = time.perf_counter()
     if args.backend == "dbuf":
         import dbuf.torch
@@ -248,23 +289,39 @@ for step in range(args.steps):
         dbuf.torch.default_session().reset_step_stats()
     for micro in range(args.accum):
         last = micro == args.accum - 1
-        for root in roots:
-            root.set_requires_gradient_sync(last)
+        if SHARDED:
+            for root in roots:
+                root.set_requires_gradient_sync(last)
         tokens = micro_batch(step, micro)
+        if compute_copy is not None:
+            with torch.no_grad():
+                for computing, master in zip(compute_copy.parameters(), model.parameters()):
+                    computing.copy_(master)
         if args.chunked_loss:
             loss = chunked_loss(tokens) / args.accum
         else:
-            loss = model(input_ids=tokens, labels=tokens).loss / args.accum
+            loss = (compute_copy or model)(input_ids=tokens, labels=tokens).loss / args.accum
         loss.backward()
+        if compute_copy is not None:
+            take_compute_grads()
         result["losses"].append(loss.item())
+    backward_done = time.perf_counter()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    result["norms"].append(norm.full_tensor().item())
+    result["norms"].append((norm.full_tensor() if SHARDED else norm).item())
+    clipped = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad()
-    result["step_s"].append(time.perf_counter() - started)
+    finished = time.perf_counter()
+    result["step_s"].append(finished - started)
+    phases = (backward_done - started, clipped - backward_done, finished - clipped)
+    for phase, seconds in zip(result["phase_s"], phases):
+        result["phase_s"][phase].append(seconds)
     if args.backend == "dbuf":
         result["all_gathers"].append(dbuf.torch.default_session().stats.all_gathers)
 
+if profiler is not None:
+    profiler.disable()
+    profiler.dump_stats(args.profile)
 # The most this process held resident, over what it held before making the model: parameters,
 # gradients, optimizer state, activations, and (dbuf) the shared memory of dbufd's slots it touched.
 result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - RSS_AT_START
