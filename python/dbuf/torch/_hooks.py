@@ -396,7 +396,8 @@ def _end_of_backward(passes: PassState) -> None:
     reached = [unit for unit in passes.units if unit.in_this_backward]
     # In backward's order where each model's first iteration recorded it; units made since, after those.
     recorded = [unit for root in passes.roots for unit in reversed(root.order.post_forward)]
-    order = [*recorded, *(u for u in reached if u not in recorded)]
+    seen = set(recorded)
+    order = [*recorded, *(u for u in reached if u not in seen)]
     steps = [
         *(unit.reduce_gradients for unit in order if unit.pre_backward_done),
         *(unit.finish_backward for unit in reached),
