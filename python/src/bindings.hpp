@@ -147,10 +147,10 @@ std::optional<std::chrono::milliseconds> toTimeout(std::optional<double> seconds
 /// connection: 0 is refused (ValueError).
 std::optional<std::chrono::milliseconds> toRequestTimeout(std::optional<double> seconds);
 
-void bindErrors(nb::module_& module);
-void bindSession(nb::module_& module);
-void bindViews(nb::module_& module);
-void bindPlanner(nb::module_& module);
+void exposeErrors(nb::module_& module);
+void exposeSession(nb::module_& module);
+void exposeViews(nb::module_& module);
+void exposePlanner(nb::module_& module);
 
 /// A view of daemon memory as handed to Python (views.cpp).
 struct PyTensorView {

@@ -44,7 +44,7 @@ std::optional<std::chrono::milliseconds> toRequestTimeout(std::optional<double> 
   return timeout;
 }
 
-void bindErrors(nb::module_& module) {
+void exposeErrors(nb::module_& module) {
   module.def(
       "_error_name", [](int code) { return std::string(toString(static_cast<ErrorCode>(code))); }, nb::arg("code"),
       "libdbuf's name of an ErrorCode value (a check that both sides agree).");

@@ -43,7 +43,7 @@ planner::UnitSpec unitSpec(const std::string& name, const std::vector<TensorSpec
   return unit;
 }
 
-void bindResults(nb::module_& m) {
+void exposeResults(nb::module_& m) {
   nb::class_<planner::BoundDiagnosis>(m, "PlanDiagnosis",
                                       "Why a unit's lower bound is far above ceil(N/V), and what would fix it.")
       .def_ro("forcing_tensors", &planner::BoundDiagnosis::forcing_tensors, "tensors whose blocks force S up")
@@ -116,8 +116,8 @@ void bindResults(nb::module_& m) {
 
 }  // namespace
 
-void bindPlanner(nb::module_& m) {
-  bindResults(m);
+void exposePlanner(nb::module_& m) {
+  exposeResults(m);
   m.def(
       "plan_unit",
       [](const std::vector<TensorSpec>& tensors, std::int64_t devices, const std::string& granularity,

@@ -317,7 +317,7 @@ class PyClient {
 
 constexpr const char* kTimeoutDoc = "timeout: seconds (None: the client's default).";
 
-void bindValues(nb::module_& m) {
+void exposeValues(nb::module_& m) {
   nb::enum_<ReduceMode>(m, "ReduceOp", "How a reduction combines the ranks' values (in fp32, ranks in order).")
       .value("SUM", ReduceMode::kSum, "post_scale * sum over ranks of (pre_scale * x)")
       .value("AVG", ReduceMode::kAvg, "as SUM with post_scale divided by the world size");
@@ -368,7 +368,7 @@ void bindValues(nb::module_& m) {
       });
 }
 
-void bindOp(nb::module_& m) {
+void exposeOp(nb::module_& m) {
   nb::class_<PyOp>(m, "Op",
                    "An op in flight (async_op=True). wait() returns its OpResult or raises its error; waiting "
                    "again returns the same. A timeout or Ctrl-C leaves the op in flight. Every op must be waited "
@@ -385,7 +385,7 @@ void slotRequest(PyGroup& g, std::optional<double> timeout) {
   g.run([&](Group& group) { return (group.*Method)(ms); });
 }
 
-void bindGroup(nb::module_& m) {
+void exposeGroup(nb::module_& m) {
   using Which = std::variant<std::int64_t, std::string>;
   nb::class_<PyGroup>(m, "Group",
                       "A registered group (an FSDP unit): its plan, views of its memory and its collectives. "
@@ -494,7 +494,7 @@ void bindGroup(nb::module_& m) {
       });
 }
 
-void bindClient(nb::module_& m) {
+void exposeClient(nb::module_& m) {
   nb::class_<PyClient>(m, "Client",
                        "A trainer process's connection to its node's dbufd. Calls may block (the GIL is released "
                        "while they do, and Ctrl-C interrupts them); one call at a time runs per client.")
@@ -580,11 +580,11 @@ void bindClient(nb::module_& m) {
 
 }  // namespace
 
-void bindSession(nb::module_& m) {
-  bindValues(m);
-  bindOp(m);
-  bindGroup(m);
-  bindClient(m);
+void exposeSession(nb::module_& m) {
+  exposeValues(m);
+  exposeOp(m);
+  exposeGroup(m);
+  exposeClient(m);
 }
 
 }  // namespace dbuf::python

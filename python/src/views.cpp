@@ -75,7 +75,7 @@ std::vector<std::int64_t> viewShape(const PyTensorView& v) {
 
 }  // namespace
 
-void bindViews(nb::module_& m) {
+void exposeViews(nb::module_& m) {
   nb::class_<PyTensorView>(m, "TensorView",
                            "A view of dbufd's memory: a tensor's part in the sharded region (1-D) or the whole "
                            "tensor in the unsharded slot. numpy() and torch() give zero-copy arrays over it (the "
