@@ -270,17 +270,18 @@ def roots_per_model() -> None:
     def build():
         return nn.Sequential(*stack(2), nn.Linear(7, 7))
 
-    for round in range(2):  # the second pair in the same process: before, one process had one root for good
+    for pair in range(2):  # the second pair in the same process: before, one process had one root for good
         dbuf_model, fsdp_model = twins(build, shard)
         for model in (dbuf_model, fsdp_model):
-            model(batch(round, (2, 7)))
+            model(batch(pair, (2, 7)))
         kept = [[not isinstance(p, DTensor) for p in m.parameters()] for m in (dbuf_model, fsdp_model)]
-        assert kept[0] == kept[1] and any(kept[1]), f"round {round}: unsharded after forward: dbuf {kept[0]}, " \
+        assert kept[0] == kept[1] and any(kept[1]), f"pair {pair}: unsharded after forward: dbuf {kept[0]}, " \
                                                     f"FSDP2 {kept[1]}"
         for model in (dbuf_model, fsdp_model):
             model.reshard()
         train_side_by_side(dbuf_model, fsdp_model, lambda m, step: m(batch(step, (3, 7))).square().mean(), 2,
-                           f"roots, round {round}")
+                           f"roots, pair {pair}")
+
     def child_first(fully_shard):
         model = build()
         shard(model, fully_shard)
@@ -328,6 +329,7 @@ def meta_device_init() -> None:
     with _seeded:
         torch.manual_seed(0)
         full = stack(3).state_dict()
+
     def on_meta(fully_shard):
         with torch.device("meta"):
             model = stack(3)
