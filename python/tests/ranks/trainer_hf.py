@@ -300,7 +300,8 @@ for step in range(args.steps):
         if args.chunked_loss:
             loss = chunked_loss(tokens) / args.accum
         else:
-            loss = (compute_copy or model)(input_ids=tokens, labels=tokens).loss / args.accum
+            computing = compute_copy if compute_copy is not None else model
+            loss = computing(input_ids=tokens, labels=tokens).loss / args.accum
         loss.backward()
         if compute_copy is not None:
             take_compute_grads()
