@@ -8,7 +8,9 @@
 # on the installed unit, pkg-config and find_package see the /usr install, an
 # edit of the conffile survives a reinstall, dpkg -r keeps it and dpkg -P
 # removes it. Root only (exit 77 otherwise).
-#   deb_test.sh BUILD_DIR WORKDIR VERSION
+#   deb_test.sh BUILD_DIR WORKDIR VERSION MULTIARCH
+# MULTIARCH: Debian's library directory name (x86_64-linux-gnu), where the
+# .deb must put libdbuf, its CMake package and its pkg-config file.
 set -euo pipefail
 die() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIPPED: $*"; exit 77; }
@@ -54,7 +56,8 @@ if [[ "${1:-}" == --in-chroot ]]; then
   [[ "$(tail -n 1 /etc/dbufd/dbufd.toml)" == '# edited by the operator' ]] ||
     die "the reinstall replaced the edited conffile"
   dpkg -r dbuf
-  [[ ! -e /usr/bin/dbufd && ! -e /usr/lib/libdbuf.so.0 ]] || die "dpkg -r left the binaries"
+  [[ ! -e /usr/bin/dbufd ]] && ! compgen -G '/usr/lib/*/libdbuf.so*' >/dev/null && [[ ! -e /usr/lib/libdbuf.so.0 ]] ||
+    die "dpkg -r left the binaries"
   [[ -f /etc/dbufd/dbufd.toml ]] || die "dpkg -r removed the conffile"
   dpkg -P dbuf
   [[ ! -e /etc/dbufd ]] || die "dpkg -P left /etc/dbufd"
@@ -89,6 +92,7 @@ fi
 build=$1
 work=$2
 version=$3
+multiarch=${4:-}
 [[ $(id -u) -eq 0 ]] || skip "needs root (a mount namespace, an overlay, chroot, dpkg); CI runs as root"
 for tool in cpack dpkg dpkg-deb dpkg-shlibdeps unshare chroot; do
   command -v "$tool" >/dev/null || die "$tool is missing (scripts/install-deps.sh)"
@@ -120,6 +124,11 @@ conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 [[ "$conffiles" == /etc/dbufd/dbufd.toml ]] || die "conffiles: '$conffiles', not /etc/dbufd/dbufd.toml"
 contents=$(dpkg-deb -c "$deb")
 grep -q ' \./etc/dbufd/dbufd\.toml$' <<<"$contents" || die "the .deb does not hold /etc/dbufd/dbufd.toml"
+[[ -n "$multiarch" ]] || die "no multiarch directory given (CMake found no CMAKE_LIBRARY_ARCHITECTURE on this Debian)"
+for file in libdbuf.so.0 cmake/dbuf/dbufConfig.cmake pkgconfig/dbuf.pc; do
+  grep -qF " ./usr/lib/$multiarch/$file" <<<"$contents" ||
+    die "the .deb has no /usr/lib/$multiarch/$file (Debian's multiarch directory): $(grep -F libdbuf <<<"$contents")"
+done
 
 # The machine before, to compare after.
 exists() { if [[ -e "$1" ]]; then echo present; else echo absent; fi; }
