@@ -100,6 +100,13 @@ def same_gradients(what: str, dbuf_model: nn.Module, fsdp_model: nn.Module) -> N
             same(f"{what}: {name}.grad", mine.grad.full_tensor(), theirs.grad.full_tensor())
 
 
+def blocks_then_root(model: nn.Module, fully_shard: Shard) -> None:
+    """Each block a unit, then the root (FSDP2's usual wrapping)."""
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+
+
 def twins(build: Callable[[], nn.Module], shard: Callable[[nn.Module, Shard], None]) -> tuple[nn.Module, nn.Module]:
     """The model built twice from one seed: sharded by dbuf, and by FSDP2."""
     models = []
@@ -170,12 +177,7 @@ def unused_parameters(reduce_unused: bool = False) -> None:
 def post_accumulate_grad_hooks() -> None:
     """Optimizer in backward: a per-parameter AdamW stepped by each sharded parameter's post-accumulate-grad hook."""
 
-    def shard(model, fully_shard):
-        for block in model:
-            fully_shard(block)
-        fully_shard(model)
-
-    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+    dbuf_model, fsdp_model = twins(lambda: stack(3), blocks_then_root)
     fired = {}
     for name, model in (("dbuf", dbuf_model), ("fsdp2", fsdp_model)):
         optimizers = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
@@ -321,11 +323,6 @@ def meta_device_init() -> None:
     distribute_tensor'd with each parameter's placements and assigned (accelerate's and torch's recipe): FSDP2's
     training."""
 
-    def shard(model, fully_shard):
-        for block in model:
-            fully_shard(block)
-        fully_shard(model)
-
     with _seeded:
         torch.manual_seed(0)
         full = stack(3).state_dict()
@@ -333,7 +330,7 @@ def meta_device_init() -> None:
     def on_meta(fully_shard):
         with torch.device("meta"):
             model = stack(3)
-            shard(model, fully_shard)
+            blocks_then_root(model, fully_shard)
         assert all(p.is_meta for p in model.parameters()), "a parameter left the meta device at fully_shard"
         return model
 
@@ -374,12 +371,7 @@ def mesh_from_group() -> None:
 def all_reduce_hook() -> None:
     """set_all_reduce_hook: a hook that halves each unit's reduced gradients, called once per unit and backward."""
 
-    def shard(model, fully_shard):
-        for block in model:
-            fully_shard(block)
-        fully_shard(model)
-
-    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+    dbuf_model, fsdp_model = twins(lambda: stack(3), blocks_then_root)
     calls = {"dbuf": 0, "fsdp2": 0}
     for name, model in (("dbuf", dbuf_model), ("fsdp2", fsdp_model)):
         def halve(output, name=name):
