@@ -604,6 +604,8 @@ class Unit:
             divisor = replicas
         else:
             divisor = None
+        if divisor is None and not reduction.rounds() and reduction.all_reduce_hook is None:
+            return
         grads = [entry.shard_grad for entry in self.entries if entry.requires_grad]
         with torch.no_grad():
             if replicas > 1:
