@@ -58,7 +58,7 @@ sanitize: deps
 bench: build python
 	./scripts/bench.sh $(BUILD_DIR) $(PYTHON)
 
-# A CUDA build of its own (build-gpu/) packed into gpu-bundle/: copy that folder
+# A CUDA build of its own (build-gpu/) packed into gpu-bundle/ (~8 MB: run unpacks its payload): copy that folder
 # to a machine with an NVIDIA GPU and run `gpu-bundle/run [RESULTS_DIR]` there
 # (gpu-bundle/README.txt).
 gpu-bundle: deps venv

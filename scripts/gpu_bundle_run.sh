@@ -2,6 +2,10 @@
 # The GPU bundle's runner (copied to gpu-bundle/run by make_gpu_bundle.sh).
 #
 #   gpu-bundle/run [RESULTS_DIR]     # default ./gpu-results
+#   gpu-bundle/run --check           # the bundle is whole; runs nothing
+#
+# (gpu-bundle/run as it travels is scripts/gpu_bundle_launch.sh: it unpacks
+# the bundle's payload.tar.xz, then runs this from the unpacked tree.)
 #
 # Runs every GPU test executable (bin/gpu_tests.txt), then every GPU benchmark
 # (bin/bench_gpu_*), then the longest test (gpu_collectives_test) last, each
@@ -42,6 +46,26 @@ budget_left() {
 # Run after the benchmarks: the longest by far, so that a budget cut costs
 # part of it rather than the figures.
 LAST_TESTS=(gpu_collectives_test)
+
+# --check: the bundle is whole (every listed executable is here and runs far
+# enough to load its libraries: `--gtest_list_tests`, or `--help` for a
+# helper), then exit; no GPU needed. The size test runs it after packing.
+if [[ ${1:-} == --check ]]; then
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [[ -f "$BIN/gpu_tests.txt" ]] || { echo "run --check: $BIN/gpu_tests.txt is missing" >&2; exit 1; }
+  checked=0
+  while read -r name; do
+    [[ -z "$name" ]] && continue
+    if ! "$BIN/$name" --gtest_list_tests >/dev/null 2>&1; then
+      echo "run --check: $name does not start: $("$BIN/$name" --gtest_list_tests 2>&1 | head -n 3)" >&2
+      exit 1
+    fi
+    checked=$((checked + 1))
+  done <"$BIN/gpu_tests.txt"
+  "$BIN/dbufd" --help >/dev/null || { echo "run --check: dbufd does not start" >&2; exit 1; }
+  echo "run --check: $checked test executables and dbufd start from $BUNDLE"
+  exit 0
+fi
 
 RESULTS_DIR=${1:-./gpu-results}
 mkdir -p "$RESULTS_DIR" || {

@@ -6,15 +6,21 @@
 # an NVIDIA GPU and run there as `BUNDLE_DIR/run [RESULTS_DIR]`. `make
 # gpu-bundle` builds build-gpu/ and calls this script.
 #
-# The bundle:
+# The bundle as it travels (BUNDLE_DIR, at most 48 MiB: a device run carries
+# 64 MiB with the working tree):
+#   run             scripts/gpu_bundle_launch.sh: unpacks payload.tar.xz
+#                   once (into BUNDLE_DIR/unpacked/, else $TMPDIR) and runs
+#                   the unpacked runner with its arguments
+#   payload.tar.xz  the bundle's tree below, packed (~7 MB; ~60 MB unpacked)
+#   README.txt      the tree's README.txt
+# The tree (gpu-bundle/ in the payload):
 #   bin/            every executable a CTest test labelled `gpu` runs (listed,
 #                   one name a line, in bin/gpu_tests.txt), every GPU
 #                   benchmark (bench_gpu_*), and the helpers GPU tests may
 #                   spawn: dbufd and whatever the build's bin/ holds named
 #                   coll*rank*, cf*rank*, mp*rank*, dbuf*, gpu* (with `_` or
 #                   `-` after the prefix). Copies are `strip --strip-all`ed
-#                   (the static symbol tables go too: the bundle must stay
-#                   under 64 MiB; the dynamic symbols stay).
+#                   (the dynamic symbols stay).
 #   lib/            shared libraries those binaries need that the GPU machine
 #                   may lack (rule below); often empty.
 #   models/         the model files (benchmarks default to models/*.json,
@@ -24,12 +30,9 @@
 #                   `make gpu-bundle` installs it there) and its GPU tests
 #                   (python/tests/test_gpu.py with what it imports); `run`
 #                   runs them where the GPU machine's python3 has torch.
-#   run             scripts/gpu_bundle_run.sh
+#   run             scripts/gpu_bundle_run.sh (`run --check`: the tree is
+#                   whole, no GPU needed)
 #   README.txt      what it is, how to run it, where results go.
-# and BUNDLE_DIR.tar.xz beside it, the same packed (~6 MB): what a device run
-# carries (the working tree and what it carries must stay under 64 MiB
-# together, and the folder alone is ~60 MB); unpack it there with
-# `tar xJf gpu-bundle.tar.xz`.
 #
 # lib/ rule, per `ldd` of every binary in bin/:
 #   - never: the CUDA driver (libcuda.so*), NCCL (libnccl*), anything
@@ -57,13 +60,13 @@ BUILD_DIR=$1
 BUNDLE_DIR=${2:-gpu-bundle}
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 SOURCE_DIR=$(cd "$SCRIPT_DIR/.." && pwd -P)
-MAX_BUNDLE_MIB=64
+MAX_TRAVELLING_MIB=${MAX_GPU_BUNDLE_MIB:-48}
 
 [[ -f "$BUILD_DIR/CMakeCache.txt" ]] || die "$BUILD_DIR is not a configured CMake build (no CMakeCache.txt)"
 BUILD_DIR=$(cd "$BUILD_DIR" && pwd -P)
 BUILD_BIN="$BUILD_DIR/bin"
 [[ -d "$BUILD_BIN" ]] || die "$BUILD_BIN does not exist: build $BUILD_DIR first"
-for tool in ctest python3 ldd strip; do
+for tool in ctest python3 ldd strip tar xz; do
   command -v "$tool" >/dev/null || die "needs '$tool' on PATH"
 done
 
@@ -85,10 +88,14 @@ for exe in "${test_exes[@]}"; do
   [[ -x "$exe" ]] || die "gpu test executable $exe is missing: build $BUILD_DIR first"
 done
 
-# --- the bundle ----------------------------------------------------------------
+# --- the tree, staged, then packed into BUNDLE_DIR -------------------------------
 rm -rf "$BUNDLE_DIR"
+mkdir -p "$BUNDLE_DIR"
+TRAVELLING_DIR=$(cd "$BUNDLE_DIR" && pwd -P)
+STAGE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle-stage.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+BUNDLE_DIR="$STAGE/gpu-bundle" # the tree; what follows fills it
 mkdir -p "$BUNDLE_DIR/bin" "$BUNDLE_DIR/lib"
-BUNDLE_DIR=$(cd "$BUNDLE_DIR" && pwd -P)
 
 copy_exe() { # SRC: into bin/, debug info and static symbols stripped
   local dest
@@ -223,8 +230,11 @@ tests skip themselves. The CUDA runtime is linked into the binaries.
 Run
 ---
     gpu-bundle/run [RESULTS_DIR]        # RESULTS_DIR defaults to ./gpu-results
+    gpu-bundle/run --check              # the bundle is whole; runs nothing
 
-from any working directory. Environment:
+from any working directory. The bundle travels packed (run, README.txt,
+payload.tar.xz): its run unpacks the payload once, into gpu-bundle/unpacked/
+(or \$TMPDIR where that is read-only), with tar and xz or else python3. Environment:
     GPU_TEST_TIMEOUT   seconds per test executable (default 300)
     GPU_BENCH_TIMEOUT  seconds per benchmark (default 300)
     GPU_RUN_BUDGET     seconds for the whole run (default: no limit); what no
@@ -266,8 +276,15 @@ Built from
     needs libstdc++    ${glibcxx_needed:-none} (newest symbol version used)
 EOF
 
+# --- packing -----------------------------------------------------------------------
+tree_size=$(du -sh "$BUNDLE_DIR" | cut -f1)
+XZ_OPT=${XZ_OPT:--6 -T0} tar -cJf "$TRAVELLING_DIR/payload.tar.xz" -C "$STAGE" gpu-bundle
+cp "$SCRIPT_DIR/gpu_bundle_launch.sh" "$TRAVELLING_DIR/run"
+chmod 755 "$TRAVELLING_DIR/run"
+cp "$BUNDLE_DIR/README.txt" "$TRAVELLING_DIR/README.txt"
+
 # --- report -----------------------------------------------------------------------
-echo "make_gpu_bundle: $BUNDLE_DIR"
+echo "make_gpu_bundle: $TRAVELLING_DIR"
 echo "  tests:   $(tr '\n' ' ' <"$BUNDLE_DIR/bin/gpu_tests.txt")"
 echo "  benches: ${benches[*]:-(none)}"
 echo "  helpers: ${helpers[*]:-(none)}"
@@ -277,8 +294,7 @@ else
   echo "  lib/:    (empty: every library needed is a system one)"
 fi
 echo "  needs:   ${glibc_needed:-no GLIBC_} / ${glibcxx_needed:-no GLIBCXX_} on the GPU machine"
-size_kib=$(du -sk "$BUNDLE_DIR" | cut -f1)
-echo "  size:    $(du -sh "$BUNDLE_DIR" | cut -f1)"
-((size_kib < MAX_BUNDLE_MIB * 1024)) || die "the bundle is ${size_kib} KiB, over ${MAX_BUNDLE_MIB} MiB"
-tar -cJf "$BUNDLE_DIR.tar.xz" -C "$(dirname "$BUNDLE_DIR")" "$(basename "$BUNDLE_DIR")"
-echo "  packed:  $BUNDLE_DIR.tar.xz ($(du -sh "$BUNDLE_DIR.tar.xz" | cut -f1))"
+travelling_kib=$(du -sk "$TRAVELLING_DIR" | cut -f1)
+echo "  size:    $(du -sh "$TRAVELLING_DIR" | cut -f1) as it travels (payload.tar.xz, run, README.txt), $tree_size unpacked"
+((travelling_kib <= MAX_TRAVELLING_MIB * 1024)) ||
+  die "the bundle is ${travelling_kib} KiB as it travels, over ${MAX_TRAVELLING_MIB} MiB"
