@@ -105,6 +105,7 @@
 #include <thread>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/client.hpp"
 #include "dbuf/common/shared_memory.hpp"
 #include "dbuf/kernels/convert.hpp"
@@ -249,19 +250,6 @@ struct Options {
   std::uint32_t busy_poll_us = 50;
 };
 Options options;
-
-std::vector<std::uint64_t> parseList(const std::string& text) {
-  std::vector<std::uint64_t> values;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const unsigned long long value = std::strtoull(item.c_str(), &end, 10);
-    if (end == nullptr || *end != '\0' || value == 0) die("bad list '" + text + "'");
-    values.push_back(value);
-  }
-  return values;
-}
 
 // ------------------------------------------------------- shared with ranks
 
@@ -1275,71 +1263,53 @@ bool modelMemory(const dbuf::bench::DaemonProcess& daemon) {
   return peak <= bound;
 }
 
-void usage(FILE* to) {
-  std::fprintf(
-      to,
-      "usage: bench_collectives [--worlds 4,8] [--sizes 1,4,16,64,256,1024 (MiB per rank)] [--repeats N]\n"
-      "                         [--memory-budget GiB] [--no-cast] [--no-cold] [--no-diagnostics]\n"
-      "                         [--no-model | --only-model | --only-diagnostics] [--model FILE] [--model-scale K]\n"
-      "                         [--busy-poll-us N] [--quick]\n"
-      "  --quick  sizes 1,4,16,64, 3 repeats, model scale 4\n");
+void describeOptions(CLI::App& app, bool& quick) {
+  app.add_option("--worlds", options.worlds, "World sizes to measure")
+      ->delimiter(',')
+      ->type_name("W,...")
+      ->check(CLI::Range(1U, static_cast<unsigned>(kMaxRanks)))
+      ->capture_default_str();
+  app.add_option("--sizes", options.sizes_mib, "Sizes in MiB per rank")
+      ->delimiter(',')
+      ->type_name("MIB,...")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--repeats", options.repeats, "Repeats of each row")->check(CLI::Range(1, kMaxRepeats))
+      ->capture_default_str();
+  app.add_option("--memory-budget", options.budget_gib, "GiB the rows may take")->type_name("GIB")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag_callback("--no-cast", [] { options.cast_rows = false; }, "Leave out the casting rows");
+  app.add_flag_callback("--no-cold", [] { options.cold_rows = false; }, "Leave out the cold-slot rows");
+  app.add_flag_callback("--no-diagnostics", [] { options.diagnostics = false; }, "Leave out the diagnostics");
+  auto* no_model = app.add_flag_callback("--no-model", [] { options.model = false; }, "Leave out the model run");
+  auto* only_diagnostics = app.add_flag_callback(
+      "--only-diagnostics", [] { options.bandwidth = options.model = false; }, "Only the diagnostics");
+  auto* only_model = app.add_flag_callback(
+      "--only-model", [] { options.bandwidth = options.diagnostics = false; }, "Only the model run");
+  no_model->excludes(only_model);
+  only_diagnostics->excludes(only_model);
+  app.add_option("--model", options.model_path, "The model file of the model run")->type_name("FILE")
+      ->capture_default_str();
+  app.add_option("--model-scale", options.model_scale, "The model run's sizes divided by K")->type_name("K")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--busy-poll-us", options.busy_poll_us, "dbufd's busy-poll time")->type_name("US")
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "Sizes 1,4,16,64, 3 repeats, model scale 4 (where not given)");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage(stderr);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--worlds") {
-      options.worlds.clear();
-      for (const auto w : parseList(value())) options.worlds.push_back(static_cast<std::uint32_t>(w));
-    } else if (arg == "--sizes") {
-      options.sizes_mib = parseList(value());
-    } else if (arg == "--repeats") {
-      options.repeats = std::clamp(std::atoi(value().c_str()), 1, kMaxRepeats);
-    } else if (arg == "--memory-budget") {
-      options.budget_gib = std::atof(value().c_str());
-    } else if (arg == "--no-cast") {
-      options.cast_rows = false;
-    } else if (arg == "--no-cold") {
-      options.cold_rows = false;
-    } else if (arg == "--no-diagnostics") {
-      options.diagnostics = false;
-    } else if (arg == "--no-model") {
-      options.model = false;
-    } else if (arg == "--only-diagnostics") {
-      options.bandwidth = false;
-      options.model = false;
-    } else if (arg == "--only-model") {
-      options.bandwidth = false;
-      options.diagnostics = false;
-    } else if (arg == "--model") {
-      options.model_path = value();
-    } else if (arg == "--model-scale") {
-      options.model_scale = std::max(1, std::atoi(value().c_str()));
-    } else if (arg == "--busy-poll-us") {
-      options.busy_poll_us = static_cast<std::uint32_t>(std::atoi(value().c_str()));
-    } else if (arg == "--quick") {
-      options.sizes_mib = {1, 4, 16, 64};
-      options.repeats = 3;
-      options.model_scale = 4;
-    } else if (arg == "--help" || arg == "-h") {
-      usage(stdout);
-      return 0;
-    } else {
-      usage(stderr);
-      return 2;
-    }
-  }
-  for (const auto w : options.worlds) {
-    if (w < 1 || w > kMaxRanks) die("world sizes are 1..8");
+  bool quick = false;
+  CLI::App app{"bench_collectives: dbufd's all-gather and reduce-scatter against memcpy and gloo, and a model run",
+               "bench_collectives"};
+  dbuf::cli::useConventions(app);
+  describeOptions(app, quick);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  if (quick) {
+    if (app.count("--sizes") == 0) options.sizes_mib = {1, 4, 16, 64};
+    if (app.count("--repeats") == 0) options.repeats = 3;
+    if (app.count("--model-scale") == 0) options.model_scale = 4;
   }
 
   const int threads = dbuf::kernels::defaultThreads();

@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/client.hpp"
 #include "dbuf/common/shared_memory.hpp"
 #include "dbuf/ipc/ring.hpp"
@@ -590,47 +591,26 @@ bool barrierAgainstBaseline(const std::string& baseline, std::size_t rounds) {
   return true;
 }
 
-void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: bench_control [--iterations N] [--quick] [--baseline-dbufd PATH] [--rounds R]\n"
-               "  --iterations N         round trips per spinning row (blocking rows: N / 10); default 200000\n"
-               "  --quick                same as --iterations 20000\n"
-               "  --baseline-dbufd PATH  also time the 1-rank barrier against this dbufd, alternating\n"
-               "  --rounds R             rounds of that comparison (default 9)\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t iterations = 200000;
   std::size_t rounds = 9;
   std::string baseline;
-  const auto count = [&](int& i, std::size_t& out) {
-    char* end = nullptr;
-    const unsigned long long value = std::strtoull(argv[++i], &end, 10);
-    if (end == nullptr || *end != '\0' || value == 0) return false;
-    out = static_cast<std::size_t>(value);
-    return true;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      iterations = 20000;
-    } else if ((arg == "--iterations" || arg == "--rounds") && i + 1 < argc) {
-      if (!count(i, arg == "--rounds" ? rounds : iterations)) {
-        usage(stderr);
-        return 2;
-      }
-    } else if (arg == "--baseline-dbufd" && i + 1 < argc) {
-      baseline = argv[++i];
-    } else if (arg == "--help" || arg == "-h") {
-      usage(stdout);
-      return 0;
-    } else {
-      usage(stderr);
-      return 2;
-    }
-  }
+  bool quick = false;
+  CLI::App app{"bench_control: control round trips between two processes, bare shared memory, a Unix socket, a "
+               "message queue and dbuf's session rings",
+               "bench_control"};
+  dbuf::cli::useConventions(app);
+  app.add_option("--iterations", iterations, "Round trips per spinning row (blocking rows: N / 10)")
+      ->type_name("N")->check(CLI::Range(std::size_t{1}, std::size_t{1} << 40))->capture_default_str();
+  app.add_flag("--quick", quick, "Same as --iterations 20000");
+  app.add_option("--baseline-dbufd", baseline, "Also time the 1-rank barrier against this dbufd, alternating")
+      ->type_name("PATH");
+  app.add_option("--rounds", rounds, "Rounds of that comparison")->type_name("R")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))->capture_default_str();
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  if (quick && app.count("--iterations") == 0) iterations = 20000;
   config.busy_iterations = iterations;
   config.blocking_iterations = std::max<std::size_t>(iterations / 10, 1);
 

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/client.hpp"
 #include "dbuf/gpu/nccl.hpp"
 #include "dbufd_process.hpp"
@@ -54,30 +55,14 @@ struct Args {
   std::string json;
 };
 
-[[noreturn]] void usage() {
-  std::fprintf(stderr, "usage: bench_gpu_allgather [--ranks N] [--reps R] [--max-mib M] [--json PATH]\n");
-  std::exit(2);
-}
-
-Args parseArgs(int argc, char** argv) {
-  Args args;
-  if (argc % 2 == 0) usage();
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const char* value = argv[i + 1];
-    if (flag == "--ranks") {
-      args.ranks = std::max(1, std::atoi(value));
-    } else if (flag == "--reps") {
-      args.reps = std::max(3, std::atoi(value));
-    } else if (flag == "--max-mib") {
-      args.max_mib = std::max<std::int64_t>(kFirstMib, std::atoll(value));
-    } else if (flag == "--json") {
-      args.json = value;
-    } else {
-      usage();
-    }
-  }
-  return args;
+void describeArgs(CLI::App& app, Args& args) {
+  app.add_option("--ranks", args.ranks, "Ranks, a GPU each (default: every GPU)")->type_name("N")
+      ->check(CLI::Range(1, 1 << 10));
+  app.add_option("--reps", args.reps, "Timed repetitions per size")->type_name("R")->check(CLI::Range(3, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-mib", args.max_mib, "Largest size in MiB per rank (from 64, doubling)")->type_name("M")
+      ->check(CLI::Range(kFirstMib, std::int64_t{1} << 30))->capture_default_str();
+  app.add_option("--json", args.json, "Also write the results here")->type_name("PATH");
 }
 
 std::vector<std::int64_t> sizesMib(const Args& args) {
@@ -302,7 +287,13 @@ bool collectReports(const std::vector<int>& reports, std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parseArgs(argc, argv);
+  Args args;
+  CLI::App app{"bench_gpu_allgather: all-gather over NCCL directly, through dbufd, and through dbufd on the "
+               "trainer's stream",
+               "bench_gpu_allgather"};
+  dbuf::cli::useConventions(app);
+  describeArgs(app, args);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   const int gpus = countGpus();
   if (gpus == 0) {
     std::printf("bench_gpu_allgather: skipped: no usable CUDA device\n");

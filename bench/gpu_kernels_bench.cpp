@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/common/cuda_status.hpp"
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
@@ -88,46 +89,20 @@ struct Args {
   std::string json;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s [MODEL_JSON] [--elements N] [--reps R] [--batch K] [--tile T] [--json PATH]\n",
-               kProgram, why.c_str(), kProgram);
-  std::exit(2);
-}
-
-std::int64_t positive(const std::string& flag, const char* text, std::int64_t most) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || value <= 0 || value > most) {
-    usage(flag + " takes an integer in [1, " + std::to_string(most) + "], got '" + text + "'");
-  }
-  return value;
-}
-
-Args parseArgs(int argc, char** argv) {
+void describeArgs(CLI::App& app, Args& args) {
   constexpr std::int64_t kMostElements = std::int64_t{1} << 40;
-  constexpr std::int64_t kMostCount = 1000000;
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--elements" && has_value) {
-      args.elements = positive(arg, argv[++i], kMostElements);
-    } else if (arg == "--reps" && has_value) {
-      args.reps = static_cast<int>(positive(arg, argv[++i], kMostCount));
-    } else if (arg == "--batch" && has_value) {
-      args.batch = static_cast<int>(positive(arg, argv[++i], kMostCount));
-    } else if (arg == "--tile" && has_value) {
-      args.tile_elements = positive(arg, argv[++i], kMostElements);
-    } else if (arg == "--json" && has_value) {
-      args.json = argv[++i];
-    } else if (arg.starts_with("-")) {
-      usage("unknown option, or one without its value: '" + arg + "'");
-    } else {
-      args.model = arg;
-    }
-  }
-  return args;
+  constexpr int kMostCount = 1000000;
+  app.add_option("MODEL_JSON", args.model, "The model file whose 1000 largest tensors make the group")
+      ->capture_default_str();
+  app.add_option("--elements", args.elements, "Elements of the group")->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, kMostElements))->capture_default_str();
+  app.add_option("--reps", args.reps, "Timed repetitions")->type_name("R")->check(CLI::Range(1, kMostCount))
+      ->capture_default_str();
+  app.add_option("--batch", args.batch, "Launches per timed repetition")->type_name("K")
+      ->check(CLI::Range(1, kMostCount))->capture_default_str();
+  app.add_option("--tile", args.tile_elements, "Elements per tile of the fused kernels")->type_name("T")
+      ->check(CLI::Range(std::int64_t{1}, kMostElements))->capture_default_str();
+  app.add_option("--json", args.json, "Also write the results here")->type_name("PATH");
 }
 
 // ---- the group ---------------------------------------------------------------------------------
@@ -487,7 +462,13 @@ void writeJson(const Args& args, const Group& group, const std::string& device, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parseArgs(argc, argv);
+  Args args;
+  CLI::App app{"bench_gpu_kernels: the CUDA twins of the fused ops over a 1000-tensor group, against one "
+               "cudaMemcpyAsync of the same bytes and a per-tensor loop",
+               kProgram};
+  dbuf::cli::useConventions(app);
+  describeArgs(app, args);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   if (const gpu::DeviceCheck check = gpu::checkDevice(); !check.usable) {
     std::printf("%s: skipped: no usable CUDA device: %s\n", kProgram, check.reason.c_str());
     return 0;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "gpu_compute_load.hpp"
 
@@ -216,28 +217,12 @@ struct Args {
   std::string json;
 };
 
-Args parseArgs(int argc, char** argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: bench_gpu_overlap [--seconds S] [--label NAME] [--json PATH]\n");
-      std::exit(2);
-    }
-    const char* value = argv[++i];
-    if (flag == "--seconds") {
-      args.seconds = std::atof(value);
-    } else if (flag == "--label") {
-      args.label = value;
-    } else if (flag == "--json") {
-      args.json = value;
-    } else {
-      std::fprintf(stderr, "bench_gpu_overlap: unknown flag %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
-  if (args.seconds <= 0) args.seconds = 2.0;
-  return args;
+void describeArgs(CLI::App& app, Args& args) {
+  app.add_option("--seconds", args.seconds, "Seconds of each measurement")->type_name("S")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--label", args.label, "The run's name in the JSON (e.g. mps)")->type_name("NAME")
+      ->capture_default_str();
+  app.add_option("--json", args.json, "Also write the results here")->type_name("PATH");
 }
 
 void writeJson(const Args& args, const std::vector<Row>& rows) {
@@ -260,7 +245,13 @@ void writeJson(const Args& args, const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parseArgs(argc, argv);
+  Args args;
+  CLI::App app{"bench_gpu_overlap: a trainer's compute-bound kernels beside the daemon's fused kernels or copies "
+               "on the same GPU, alone and together",
+               "bench_gpu_overlap"};
+  dbuf::cli::useConventions(app);
+  describeArgs(app, args);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   int code = 0;
   const auto trainer = runTogether({Role::kTrainer}, {0}, args.seconds, code);
   if (code == kNoGpu) {

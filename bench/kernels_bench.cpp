@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/kernels/convert.hpp"
 #include "dbuf/kernels/cuda_ops.hpp"
 #include "dbuf/kernels/detail/table_image.hpp"
@@ -97,16 +98,16 @@ int main(int argc, char** argv) {
   std::string model = "models/llama3-8b.json";
   std::int64_t target = std::int64_t{32} << 20;
   int threads = defaultThreads();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--elements" && i + 1 < argc) {
-      target = std::atoll(argv[++i]);
-    } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::atoi(argv[++i]);
-    } else {
-      model = a;
-    }
-  }
+  CLI::App app{"bench_kernels: the fused multi-tensor ops (copy, cast, reduce, fp8) over a 1000-tensor group "
+               "against memcpy and per-tensor loops",
+               "bench_kernels"};
+  dbuf::cli::useConventions(app);
+  app.add_option("MODEL_JSON", model, "The model file whose tensor sizes make the group")->capture_default_str();
+  app.add_option("--elements", target, "Elements of the group")->type_name("N")
+      ->check(CLI::Range(std::int64_t{1000}, std::int64_t{1} << 40))->capture_default_str();
+  app.add_option("--threads", threads, "Threads of the ops")->type_name("T")->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   auto file = dbuf::plan_io::loadModelFile(model);
   if (!file.ok()) {
     std::fprintf(stderr, "bench_kernels: %s\n", file.error().message.c_str());

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
@@ -114,14 +115,13 @@ void syntheticComparison(int units, std::int64_t devices) {
 int main(int argc, char** argv) {
   std::string dir = "models";
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      quick = true;
-    } else {
-      dir = arg;
-    }
-  }
+  CLI::App app{"bench_planner: the planner on every model file, against the three-order baseline and the proven "
+               "lower bound",
+               "bench_planner"};
+  dbuf::cli::useConventions(app);
+  app.add_option("MODELS_DIR", dir, "The folder of model files")->check(CLI::ExistingDirectory)->capture_default_str();
+  app.add_flag("--quick", quick, "V = 8 and 1024 only");
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() == ".json") files.push_back(entry.path().string());

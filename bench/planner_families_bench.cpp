@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 #include "model_families.hpp"
 
@@ -207,43 +208,32 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;               // models whose name starts with this
   std::int64_t only_devices = 0;  // one V
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      quick = true;
-      count = 40;
-    } else if (arg == "--models" && i + 1 < argc) {
-      count = std::strtoull(argv[++i], nullptr, 10);
-    } else if (arg == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (arg == "--worst" && i + 1 < argc) {
-      worst = std::atoi(argv[++i]);
-    } else if (arg == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else if (arg == "--devices" && i + 1 < argc) {
-      only_devices = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--node-budget" && i + 1 < argc) {
-      search_options.node_budget = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--scan-work" && i + 1 < argc) {
-      search_options.scan_work = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--proof-work" && i + 1 < argc) {
-      search_options.proof_work = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--prove" && i + 1 < argc) {
-      prove_work = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--repeat" && i + 1 < argc) {
-      repeat = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--interleave-work" && i + 1 < argc) {
-      search_options.interleave_work = std::strtoll(argv[++i], nullptr, 10);
-    } else if (arg == "--beam-width" && i + 1 < argc) {
-      search_options.beam_width = std::strtoll(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_planner_families [--models N] [--seed S] [--quick] [--worst K] [--only PREFIX]\n"
-                   "         [--devices V] [--node-budget N] [--scan-work N] [--beam-width N] [--proof-work N]\n"
-                   "         [--interleave-work N] [--repeat N] [--prove W]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"bench_planner_families: the planner on generated models of the common families (dense, MoE, "
+               "...), its gap to the proven bound and its time",
+               "bench_planner_families"};
+  dbuf::cli::useConventions(app);
+  const auto work = [&app](const std::string& flag, std::int64_t& target, const std::string& help) {
+    app.add_option(flag, target, help)->type_name("N")->check(CLI::NonNegativeNumber)->capture_default_str();
+  };
+  app.add_option("--models", count, "Generated models")->type_name("N")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))->capture_default_str();
+  app.add_option("--seed", seed, "Seed of the generator")->type_name("S")->capture_default_str();
+  app.add_flag("--quick", quick, "40 models (where --models is not given), V = 8 and 1024 only");
+  app.add_option("--worst", worst, "Worst plans to print per V and rule")->type_name("K")->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--only", only, "Only the models whose name starts with this")->type_name("PREFIX");
+  app.add_option("--devices", only_devices, "One V only")->type_name("V")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  work("--node-budget", search_options.node_budget, "SearchOptions::node_budget");
+  work("--scan-work", search_options.scan_work, "SearchOptions::scan_work");
+  work("--proof-work", search_options.proof_work, "SearchOptions::proof_work");
+  work("--interleave-work", search_options.interleave_work, "SearchOptions::interleave_work");
+  work("--beam-width", search_options.beam_width, "SearchOptions::beam_width");
+  work("--prove", prove_work, "Also prove each plan optimal with this much work, apart");
+  app.add_option("--repeat", repeat, "Plans of each model timed (the median is reported)")->type_name("N")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  if (quick && app.count("--models") == 0) count = 40;
   std::vector<GeneratedModel> models = dbuf::bench::generateModels(seed, count);
   std::erase_if(models, [&](const GeneratedModel& m) { return m.name.rfind(only, 0) != 0; });
   std::size_t moe = 0;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"  // tools/dbuf_plan: dbuf-plan's byte counts
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/planner/merge.hpp"
 #include "dbuf/planner/unit_plan.hpp"
@@ -116,31 +118,31 @@ int main(int argc, char** argv) {
   std::int64_t devices = 1024;
   std::vector<std::int64_t> budgets{1 * kGiB,  2 * kGiB,  4 * kGiB,  8 * kGiB,
                                     16 * kGiB, 32 * kGiB, 64 * kGiB, 128 * kGiB};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--devices" && i + 1 < argc) {
-      devices = std::stoll(argv[++i]);
-    } else if (arg == "--budgets" && i + 1 < argc) {
-      budgets.clear();
-      const std::string list = argv[++i];
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        std::string item = list.substr(at, comma - at);
-        std::int64_t factor = 1;
-        if (item.ends_with("GiB") || item.ends_with("MiB")) {
-          factor = item.ends_with("GiB") ? kGiB : std::int64_t{1} << 20;
-          item.resize(item.size() - 3);
-        }
-        budgets.push_back(std::stoll(item) * factor);
-        at = comma + 1;
-      }
-    } else if (arg.starts_with("--")) {
-      std::fprintf(stderr, "usage: bench_planner_merge [MODELS_DIR] [--devices V] [--budgets 1GiB,2GiB,...]\n");
-      return 2;
-    } else {
-      dir = arg;
-    }
-  }
+  CLI::App app{"bench_planner_merge: dbuf-plan --merge auto on every model file over a range of unsharded budgets",
+               "bench_planner_merge"};
+  dbuf::cli::useConventions(app);
+  app.add_option("MODELS_DIR", dir, "The folder of model files")->check(CLI::ExistingDirectory)->capture_default_str();
+  app.add_option("--devices", devices, "V")->type_name("V")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option_function<std::vector<std::string>>(
+         "--budgets",
+         [&budgets](const std::vector<std::string>& sizes) {
+           budgets.clear();
+           for (const std::string& size : sizes) budgets.push_back(*dbuf::plan_cli::parseBytes("--budgets", size));
+         },
+         "Unsharded budgets per rank (default 1GiB .. 128GiB, doubling)")
+      ->delimiter(',')
+      ->type_name("BYTES,...")
+      ->check(CLI::Validator(
+          [](std::string& size) {
+            auto bytes = dbuf::plan_cli::parseBytes("", size);
+            if (bytes) return std::string();
+            std::string message = bytes.error().message;  // dbuf-plan's, which ends "(see --help)"
+            if (const auto help = message.rfind(" (see --help)"); help != std::string::npos) message.resize(help);
+            return message;
+          },
+          ""));
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() == ".json") files.push_back(entry.path().string());

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake make pkg-config
-  nlohmann-json3-dev libgtest-dev
+  nlohmann-json3-dev libgtest-dev libcli11-dev
   libtomlplusplus-dev libspdlog-dev libasio-dev libboost-dev
   libgloo-dev libhiredis-dev redis-server iproute2
   python3

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/common/build_info.hpp"
 #include "dbuf/plan_io/report.hpp"
 #include "support/child_process.hpp"
 #include "support/temp_dir.hpp"
@@ -102,7 +103,7 @@ TEST(CliUsage, UnknownGranularityRule) {
 }
 
 TEST(CliUsage, UnknownFormat) {
-  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--format", "xml"}), {"--format", "'xml'"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--format", "xml"}), {"--format", "xml not in {table,json,svg}"});
 }
 
 TEST(CliUsage, BadAlignment) {
@@ -122,7 +123,7 @@ TEST(CliUsage, UnknownUnit) {
 }
 
 TEST(CliUsage, UnknownMergeMode) {
-  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "always"}), {"--merge", "'always'"});
+  expectBadInput(plan({"--model", kLlama, "--devices", "8", "--merge", "always"}), {"--merge", "always not in {none,auto}"});
 }
 
 TEST(CliUsage, MergeAutoNeedsABudgetAndABudgetNeedsMergeAuto) {
@@ -150,10 +151,18 @@ TEST(CliUsage, UnitMergedIntoALargerOne) {
 TEST(CliUsage, HelpGoesToStdout) {
   const ChildResult result = plan({"--help"});
   expectOk(result);
-  EXPECT_NE(result.out.find("usage: dbuf-plan"), std::string::npos);
+  EXPECT_NE(result.out.find("Usage: dbuf-plan [OPTIONS]"), std::string::npos);
   EXPECT_NE(result.out.find("--granularity"), std::string::npos);
   EXPECT_NE(result.out.find("--merge MODE"), std::string::npos);
   EXPECT_NE(result.out.find("--unsharded-budget BYTES"), std::string::npos);
+}
+
+TEST(CliUsage, VersionNamesTheBuild) {
+  const ChildResult result = plan({"--version"});
+  expectOk(result);
+  EXPECT_TRUE(result.out.starts_with("dbuf-plan " + std::string(buildInfo().version) + " (commit " +
+                                     std::string(buildInfo().commit) + ")\n"))
+      << result.out;
 }
 
 // ------------------------------------------------------- model file errors --

@@ -25,6 +25,8 @@ using prometheus::MetricType;
 admin::DaemonView view() {
   admin::DaemonView made;
   made.backend = "host";
+  made.version = "1.2.3";
+  made.commit = "0123456789ab";
   made.loop_busy_s = 1.5;
   made.memory_limit_bytes = 1 << 30;
   made.memory_used_bytes = 4096;
@@ -169,6 +171,17 @@ TEST(Metrics, JobRanksTenantsAndSessionsAreGauges) {
     EXPECT_EQ(metric.gauge.value, label(metric, "kind") == "rank" ? 2 : 0);
   }
   EXPECT_EQ(find(all, "dbuf_loop_busy_seconds_total").metric[0].counter.value, 1.5);
+}
+
+TEST(Metrics, BuildInfoNamesTheVersionCommitAndBackend) {
+  const auto all = families(view());
+  const MetricFamily& info = find(all, "dbuf_build_info");
+  ASSERT_EQ(info.metric.size(), 1u);
+  EXPECT_EQ(info.type, MetricType::Gauge);
+  EXPECT_EQ(info.metric[0].gauge.value, 1);
+  EXPECT_EQ(label(info.metric[0], "version"), "1.2.3");
+  EXPECT_EQ(label(info.metric[0], "commit"), "0123456789ab");
+  EXPECT_EQ(label(info.metric[0], "backend"), "host");
 }
 
 TEST(Metrics, TheTextFormatHasTypeLinesAndEscapedLabels) {

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "dbuf/common/build_info.hpp"
 #include "harness.hpp"
 
 extern char** environ;  // NOLINT(readability-identifier-naming): POSIX name
@@ -243,6 +244,12 @@ TEST_F(Dbufctl, ShowsAJobsRanksGroupsAndWhichRankItsCollectiveWaitsFor) {
   EXPECT_EQ(status_text.exit_code, 0) << status_text.err;
   EXPECT_TRUE(contains(status_text.out, "jobs:     1 (1 running)")) << status_text.out;
   EXPECT_TRUE(contains(status_text.out, "state:    serving")) << status_text.out;
+  // Which build answers: the one this test was built with.
+  EXPECT_EQ(status["daemon"]["version"], std::string(buildInfo().version));
+  EXPECT_EQ(status["daemon"]["commit"], std::string(buildInfo().commit));
+  EXPECT_TRUE(contains(status_text.out, "build:    " + std::string(buildInfo().version) + ", commit " +
+                                            std::string(buildInfo().commit) + "\n"))
+      << status_text.out;
   const json sessions = ask({"sessions"});
   int ranks = 0;
   for (const json& s : sessions["sessions"]) ranks += s["kind"] == "rank" ? 1 : 0;

@@ -38,8 +38,9 @@
 #include <thread>
 #include <vector>
 
-#include "soak_rank.hpp"
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/common/result.hpp"
+#include "soak_rank.hpp"
 #include "soak_stats.hpp"
 #include "support/child_process.hpp"
 #include "support/sanitizers.hpp"
@@ -78,107 +79,56 @@ struct Options {
   bool keep = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::cerr << "dbuf-soak: " << why << "\n"
-            << "usage: dbuf-soak [--dbufd PATH] [--duration S] [--jobs N] [--max-ranks R] [--seed N]\n"
-            << "                 [--kill-every-ms MS] [--groups G] [--max-elements E] [--kill-daemon]\n"
-            << "                 [--unavailable-ms MS] [--samples FILE.csv] [--no-resource-check] [--keep]\n";
-  std::exit(2);
-}
-
-std::int64_t number(const std::string& flag, const std::string& text, std::int64_t lo) {
-  std::size_t used = 0;
-  std::int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < lo) usage(flag + " needs an integer >= " + std::to_string(lo) + ", not '" + text + "'");
-  return value;
-}
-
-std::uint64_t seedNumber(const std::string& text) {
-  std::size_t used = 0;
-  std::uint64_t value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || text[0] == '-') usage("--seed needs an unsigned integer, not '" + text + "'");
-  return value;
-}
-
 std::string selfExecutable() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
 }
 
-Options parseOptions(int argc, char** argv) {
-  Options options;
+/// What a run of the soak is told.
+void describeSoak(CLI::App& app, Options& options) {
   options.dbufd = (std::filesystem::path(selfExecutable()).parent_path() / "dbufd").string();
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--kill-daemon") {
-      options.kill_daemon = true;
-      continue;
-    }
-    if (flag == "--no-resource-check") {
-      options.check_resources = false;
-      continue;
-    }
-    if (flag == "--keep") {
-      options.keep = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage(flag + " needs a value (or is unknown)");
-    const std::string value = argv[++i];
-    if (flag == "--dbufd") {
-      options.dbufd = value;
-    } else if (flag == "--duration") {
-      options.duration_s = static_cast<int>(number(flag, value, 1));
-    } else if (flag == "--jobs") {
-      options.jobs = static_cast<std::uint32_t>(number(flag, value, 1));
-    } else if (flag == "--max-ranks") {
-      options.max_ranks = static_cast<std::uint32_t>(number(flag, value, 2));
-    } else if (flag == "--seed") {
-      options.seed = seedNumber(value);
-    } else if (flag == "--kill-every-ms") {
-      options.kill_every_ms = static_cast<int>(number(flag, value, 0));
-    } else if (flag == "--groups") {
-      options.groups = static_cast<std::uint32_t>(number(flag, value, 1));
-    } else if (flag == "--max-elements") {
-      options.max_elements = number(flag, value, 1);
-    } else if (flag == "--unavailable-ms") {
-      options.unavailable_ms = static_cast<int>(number(flag, value, 1));
-    } else if (flag == "--samples") {
-      options.samples = value;
-    } else {
-      usage("unknown flag " + flag);
-    }
-  }
-  return options;
+  app.add_option("--dbufd", options.dbufd, "The dbufd to run (default: the one beside dbuf-soak)")
+      ->type_name("PATH")
+      ->capture_default_str();
+  app.add_option("--duration", options.duration_s, "Seconds of chaos")->type_name("S")->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--jobs", options.jobs, "Jobs at once")->type_name("N")->check(CLI::Range(1U, 1U << 16))
+      ->capture_default_str();
+  app.add_option("--max-ranks", options.max_ranks, "Most ranks of a job")->type_name("R")
+      ->check(CLI::Range(2U, 1U << 10))->capture_default_str();
+  app.add_option("--seed", options.seed, "Seed of every random choice")->type_name("N")->capture_default_str();
+  app.add_option("--kill-every-ms", options.kill_every_ms, "Mean time between rank kills (0: no kills)")
+      ->type_name("MS")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  app.add_option("--groups", options.groups, "Groups of each job")->type_name("G")->check(CLI::Range(1U, 1U << 10))
+      ->capture_default_str();
+  app.add_option("--max-elements", options.max_elements, "Elements of a job's largest group")->type_name("E")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->capture_default_str();
+  app.add_flag("--kill-daemon", options.kill_daemon,
+               "Kill dbufd itself under load at the end: every call must fail within --unavailable-ms");
+  app.add_option("--unavailable-ms", options.unavailable_ms, "Most a call may take to fail when dbufd dies")
+      ->type_name("MS")->check(CLI::Range(1, 1 << 30))->capture_default_str();
+  app.add_option("--samples", options.samples, "Write the daemon's RSS, fds and mappings over time here")
+      ->type_name("FILE.csv");
+  app.add_flag_callback(
+      "--no-resource-check", [&options] { options.check_resources = false; },
+      "Do not require dbufd back at its baseline (RSS, fds, mappings) at the end");
+  app.add_flag("--keep", options.keep, "Keep the logs even when nothing went wrong");
 }
 
-RankArgs parseRankArgs(int argc, char** argv) {
-  RankArgs args;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const std::string value = argv[i + 1];
-    if (flag == "--socket") args.socket = value;
-    else if (flag == "--job") args.job = value;
-    else if (flag == "--rank") args.rank = static_cast<std::uint32_t>(number(flag, value, 0));
-    else if (flag == "--world") args.world = static_cast<std::uint32_t>(number(flag, value, 1));
-    else if (flag == "--seed") args.seed = seedNumber(value);
-    else if (flag == "--persistent") args.persistent = value == "1";
-    else if (flag == "--stats") args.stats_path = value;
-    else if (flag == "--groups") args.groups = static_cast<std::uint32_t>(number(flag, value, 1));
-    else if (flag == "--max-elements") args.max_elements = number(flag, value, 1);
-    else if (flag == "--full-size") args.full_size = value == "1";
-    else usage("rank: unknown flag " + flag);
-  }
-  if (args.socket.empty() || args.job.empty() || args.stats_path.empty()) usage("rank: --socket, --job, --stats");
-  return args;
+/// `dbuf-soak rank ...`: one rank process, as the supervisor starts it.
+CLI::App* describeRank(CLI::App& app, RankArgs& args) {
+  CLI::App* rank = app.add_subcommand("rank", "One rank process (the supervisor starts them; not for people)");
+  rank->add_option("--socket", args.socket, "dbufd's socket")->required();
+  rank->add_option("--job", args.job, "The job's id")->required();
+  rank->add_option("--rank", args.rank, "This rank")->required();
+  rank->add_option("--world", args.world, "The job's ranks")->check(CLI::Range(1U, 1U << 10));
+  rank->add_option("--seed", args.seed, "The job's seed: every rank draws the same groups and ops");
+  rank->add_option("--persistent", args.persistent, "1: the supervisor restarts this rank when killed");
+  rank->add_option("--stats", args.stats_path, "The RankStats file the supervisor made")->required();
+  rank->add_option("--groups", args.groups, "Groups of the job")->check(CLI::Range(1U, 1U << 10));
+  rank->add_option("--max-elements", args.max_elements, "Elements of the largest group")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  rank->add_option("--full-size", args.full_size, "1: every group that large");
+  return rank;
 }
 
 // ---------------------------------------------------------------- the daemon
@@ -738,8 +688,17 @@ class Soak {
 
 int main(int argc, char** argv) {
   using namespace dbuf::soak;  // NOLINT(google-build-using-namespace): the entry point
-  if (argc >= 2 && std::string(argv[1]) == "rank") return runRank(parseRankArgs(argc, argv));
-  const Options options = parseOptions(argc, argv);
+  Options options;
+  RankArgs rank_args;
+  CLI::App app{"dbuf-soak: several jobs run random collectives through a real dbufd, every result checked, while "
+               "ranks are killed",
+               "dbuf-soak"};
+  dbuf::cli::useConventions(app);
+  describeSoak(app, options);
+  const CLI::App* rank = describeRank(app, rank_args);
+  app.footer("exit status: 0 when nothing went wrong, 1 otherwise (the reasons are printed), 2 bad usage");
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  if (rank->parsed()) return runRank(rank_args);
   std::optional<dbuf::testing::TempDir> dir(std::in_place, "dbuf-soak");
   const int status = Soak(options, *dir).run();
   if (options.keep || status != 0) {

@@ -6,11 +6,14 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
+#include "dbuf/common/build_info.hpp"
 #include "dbuf/common/dtype.hpp"
 #include "dbuf/plan_io/model_file.hpp"
 #include "dbuf/plan_io/report.hpp"
@@ -19,62 +22,15 @@
 #include "dbuf/planner/unit_plan.hpp"
 #include "composed.hpp"
 
-namespace dbuf::cli {
+namespace dbuf::plan_cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage: dbuf-plan --model FILE.json --devices V [options]
+using cli::useConventions;
 
-Plans the RaggedShard layout of every FSDP unit of a model and reports it next
-to the proven lower bound and the FSDP2 / FSDP1 / ZeRO-3 / Megatron-FSDP
-baselines. Sizes are in elements of the unit's dtype.
-
-required:
-  --model FILE.json     model file (see models/README.md)
-  --devices V           ranks sharing each unit (1 .. 1048576)
-
-options:
-  --granularity RULE    default rule for 2D+ tensors without their own:
-                        element | rows:R | block:RxC | matrix | N (elements)
-                        (default: element)
-  --align-bytes A       offset and shard alignment in bytes (default: 16)
-  --format FMT          table | json | svg (default: table)
-  --output FILE         write the report to FILE instead of stdout
-  --unit NAME           svg: the unit to draw (default: the largest);
-                        table / json: report only this unit
-  --ranks               json: add every tensor's per-rank slices
-  --summary             table: one row per run of identical units
-  --merge MODE          none | auto (default: none). auto merges consecutive
-                        units of one dtype to bring the whole model's
-                        all-gather volume within 5% of N at the smallest peak
-                        unsharded buffer or, where the budget does not allow
-                        that, to the least volume. The report's units are
-                        then the merged ones ("A+B", "A..C"), and it ends
-                        with what merging cost
-  --tp T                tensor parallel degree (default: 1). Plans what one tp
-                        rank holds of every unit under the Megatron plan
-                        (q/k/v, gate/up, lm_head column parallel; o, down
-                        row parallel; embeddings by vocabulary; the rest
-                        replicated); tp ranks whose chunks differ are
-                        reported apart ("layers.0@tp0-6", "layers.0@tp7").
-                        Ends with the granularities TP makes impossible
-  --ep E                expert parallel degree (default: 1; divides V and
-                        every unit's expert count): a unit's routed experts
-                        (".experts." in the name) become a unit of their
-                        own ("layers.3.experts"), one ep rank's experts
-                        whole, sharded over V / E ranks (torchtitan's EP)
-  --unsharded-budget BYTES
-                        with --merge auto: most bytes per rank of a merged
-                        unit's unsharded buffer (V*S elements of its dtype),
-                        e.g. 68719476736, 64GiB or 512MiB; a unit larger
-                        alone is kept as it is
-  --help                print this text
-
-exit status: 0 success, 2 bad input (the error line names the file, unit and
-tensor), 1 internal error.
-)";
+constexpr std::string_view kSeeHelp = " (see --help)";
 
 Error usageError(const std::string& message) {
-  return makeError(ErrorCode::kInvalidArgument, message + " (see --help)");
+  return makeError(ErrorCode::kInvalidArgument, message + std::string(kSeeHelp));
 }
 
 Result<std::int64_t> parseCount(std::string_view flag, const std::string& text, std::int64_t max) {
@@ -82,14 +38,117 @@ Result<std::int64_t> parseCount(std::string_view flag, const std::string& text, 
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || value <= 0 || value > max) {
-    return usageError(std::string(flag) + ": '" + text + "' is not an integer between 1 and " + std::to_string(max));
+    const std::string named = flag.empty() ? std::string() : std::string(flag) + ": ";
+    return usageError(named + "'" + text + "' is not an integer between 1 and " + std::to_string(max));
   }
   return value;
 }
 
 std::string byteCountHelp(std::string_view flag, const std::string& text, const std::string& why) {
-  return std::string(flag) + ": '" + text + "' " + why +
+  const std::string named = flag.empty() ? std::string() : std::string(flag) + ": ";
+  return named + "'" + text + "' " + why +
          " (a positive number of bytes, optionally with B, KiB, MiB, GiB, TiB, kB, KB, MB, GB or TB)";
+}
+
+/// A CLI11 check of an option's value by one of the parsers here (the message without its "(see --help)").
+CLI::Validator checkedBy(std::function<Error(const std::string&)> problem, std::string description) {
+  return CLI::Validator(
+      [problem = std::move(problem)](std::string& text) {
+        std::string message = problem(text).message;
+        if (message.ends_with(kSeeHelp)) message.resize(message.size() - kSeeHelp.size());
+        return message;
+      },
+      std::move(description));
+}
+
+CLI::Validator countUpTo(std::int64_t max) {
+  return checkedBy(
+      [max](const std::string& text) {
+        auto count = parseCount("", text, max);
+        return count ? Error{} : std::move(count).error();
+      },
+      "1.." + std::to_string(max));
+}
+
+const CLI::Validator kNonEmpty(
+    [](std::string& text) { return text.empty() ? std::string("needs a non-empty value") : std::string(); }, "");
+
+/// Every option of dbuf-plan, bound to `options`: its --help is built from these.
+void describe(CLI::App& app, CliOptions& options) {
+  useConventions(app);
+  app.description(
+      "dbuf-plan: plans the RaggedShard layout of every FSDP unit of a model and reports it next to the proven\n"
+      "lower bound and the FSDP2 / FSDP1 / ZeRO-3 / Megatron-FSDP baselines. Sizes are in elements of the unit's\n"
+      "dtype.");
+  app.footer("exit status: 0 success, 2 bad input (the error line names the file, unit and tensor), 1 internal error.");
+  const auto count = [&app](const std::string& flag, std::int64_t& target, std::int64_t max, const std::string& help) {
+    return app
+        .add_option_function<std::string>(
+            flag, [&target, max](const std::string& text) { target = *parseCount("", text, max); }, help)
+        ->check(countUpTo(max))
+        ->type_name("N");
+  };
+  app.add_option("--model", options.model, "The model file (see models/README.md); required")
+      ->type_name("FILE.json")
+      ->check(kNonEmpty);
+  count("--devices", options.devices, kMaxDevices, "Ranks sharing each unit; required")
+      ->type_name("V");
+  app.add_option("--granularity", options.granularity,
+                 "Default rule for 2D+ tensors without their own:\n"
+                 "element | rows:R | block:RxC | matrix | N (elements)")
+      ->type_name("RULE")
+      ->check(kNonEmpty)
+      ->capture_default_str();
+  count("--align-bytes", options.align_bytes, kMaxAlignBytes, "Offset and shard alignment in bytes")
+      ->type_name("A")
+      ->default_str("16");
+  app.add_option("--format", options.format, "table | json | svg")
+      ->type_name("FMT")
+      ->check(CLI::IsMember({"table", "json", "svg"}))
+      ->capture_default_str();
+  app.add_option("--output", options.output, "Write the report to FILE instead of stdout")
+      ->type_name("FILE")
+      ->check(kNonEmpty);
+  app.add_option("--unit", options.unit,
+                 "svg: the unit to draw (default: the largest);\ntable / json: report only this unit")
+      ->type_name("NAME")
+      ->check(kNonEmpty);
+  app.add_flag("--ranks", options.ranks, "json: add every tensor's per-rank slices")->disable_flag_override();
+  app.add_flag("--summary", options.summary, "table: one row per run of identical units")->disable_flag_override();
+  app.add_option("--merge", options.merge,
+                 "none | auto. auto merges consecutive units of one dtype to bring the whole\n"
+                 "model's all-gather volume within 5% of N at the smallest peak unsharded buffer\n"
+                 "or, where the budget does not allow that, to the least volume. The report's\n"
+                 "units are then the merged ones (\"A+B\", \"A..C\"), and it ends with what\n"
+                 "merging cost")
+      ->type_name("MODE")
+      ->check(CLI::IsMember({"none", "auto"}))
+      ->capture_default_str();
+  count("--tp", options.tp, kMaxDevices,
+        "Tensor parallel degree (default: 1). Plans what one tp rank holds of every\n"
+        "unit under the Megatron plan (q/k/v, gate/up, lm_head column parallel; o, down\n"
+        "row parallel; embeddings by vocabulary; the rest replicated); tp ranks whose\n"
+        "chunks differ are reported apart (\"layers.0@tp0-6\", \"layers.0@tp7\"). Ends\n"
+        "with the granularities TP makes impossible")
+      ->type_name("T");
+  count("--ep", options.ep, kMaxDevices,
+        "Expert parallel degree (default: 1; divides V and every unit's expert count):\n"
+        "a unit's routed experts (\".experts.\" in the name) become a unit of their own\n"
+        "(\"layers.3.experts\"), one ep rank's experts whole, sharded over V / E ranks")
+      ->type_name("E");
+  app.add_option_function<std::string>(
+         "--unsharded-budget",
+         [&options](const std::string& text) { options.unsharded_budget = *parseBytes("--unsharded-budget", text); },
+         "With --merge auto: most bytes per rank of a merged unit's unsharded buffer\n"
+         "(V*S elements of its dtype), e.g. 68719476736, 64GiB or 512MiB; a unit larger\n"
+         "alone is kept as it is")
+      ->type_name("BYTES")
+      ->check(checkedBy(
+          [](const std::string& text) {
+            auto bytes = parseBytes("", text);
+            return bytes ? Error{} : std::move(bytes).error();
+          },
+          ""));
 }
 
 /// Writes `text` to `path`; the error names the file and the reason.
@@ -145,7 +204,11 @@ int run(std::span<const std::string> args, std::ostream& out, std::ostream& err)
   if (!parsed) return fail(err, parsed.error());
   const CliOptions& options = *parsed;
   if (options.help) {
-    out << kUsage;
+    out << usage();
+    return kExitOk;
+  }
+  if (options.version) {
+    out << versionText("dbuf-plan") << "\n";
     return kExitOk;
   }
   auto rule = planner::GranularityRule::parse(options.granularity);
@@ -271,91 +334,31 @@ Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text) 
   return usageError(byteCountHelp(flag, text, "has an unknown unit"));
 }
 
-const char* usage() noexcept {
-  return kUsage;
+std::string usage() {
+  CliOptions options;
+  CLI::App app{"", "dbuf-plan"};
+  describe(app, options);
+  return app.help();
 }
 
 Result<CliOptions> parseArgs(std::span<const std::string> args) {
   CliOptions options;
-  bool seen_devices = false;
-  std::vector<std::string> seen;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> inline_value;
-    if (const auto equals = flag.find('='); flag.starts_with("--") && equals != std::string::npos) {
-      inline_value = flag.substr(equals + 1);
-      flag.resize(equals);
-    }
-    const bool is_switch = flag == "--help" || flag == "-h" || flag == "--ranks" || flag == "--summary";
-    const bool is_option = flag == "--model" || flag == "--devices" || flag == "--granularity" ||
-                           flag == "--align-bytes" || flag == "--format" || flag == "--output" || flag == "--unit" ||
-                           flag == "--merge" || flag == "--unsharded-budget" || flag == "--tp" || flag == "--ep";
-    if (!is_switch && !is_option) {
-      if (!flag.starts_with("-")) return usageError("unexpected argument '" + args[i] + "'");
-      return usageError("unknown option '" + flag + "'");
-    }
-    for (const std::string& before : seen) {
-      if (before == flag) return usageError(flag + " given more than once");
-    }
-    seen.push_back(flag);
-    if (is_switch) {
-      if (inline_value) return usageError(flag + " takes no value");
-      if (flag == "--ranks") {
-        options.ranks = true;
-      } else if (flag == "--summary") {
-        options.summary = true;
-      } else {
-        options.help = true;
-      }
-      continue;
-    }
-    std::string value;
-    if (inline_value) {
-      value = *inline_value;
-    } else {
-      // A following option is not a value: `--devices --model x` is a missing value.
-      if (i + 1 >= args.size() || args[i + 1].starts_with("--")) return usageError(flag + " needs a value");
-      value = args[++i];
-    }
-    if (value.empty()) return usageError(flag + " needs a non-empty value");
-    if (flag == "--model") {
-      options.model = value;
-    } else if (flag == "--devices") {
-      auto devices = parseCount(flag, value, kMaxDevices);
-      if (!devices) return std::move(devices).error();
-      options.devices = *devices;
-      seen_devices = true;
-    } else if (flag == "--granularity") {
-      options.granularity = value;
-    } else if (flag == "--align-bytes") {
-      auto align = parseCount(flag, value, kMaxAlignBytes);
-      if (!align) return std::move(align).error();
-      options.align_bytes = *align;
-    } else if (flag == "--format") {
-      if (value != "table" && value != "json" && value != "svg") {
-        return usageError("--format: '" + value + "' is not one of table, json, svg");
-      }
-      options.format = value;
-    } else if (flag == "--output") {
-      options.output = value;
-    } else if (flag == "--merge") {
-      if (value != "none" && value != "auto") return usageError("--merge: '" + value + "' is not one of none, auto");
-      options.merge = value;
-    } else if (flag == "--tp" || flag == "--ep") {
-      auto degree = parseCount(flag, value, kMaxDevices);
-      if (!degree) return std::move(degree).error();
-      (flag == "--tp" ? options.tp : options.ep) = *degree;
-    } else if (flag == "--unsharded-budget") {
-      auto budget = parseBytes(flag, value);
-      if (!budget) return std::move(budget).error();
-      options.unsharded_budget = *budget;
-    } else {
-      options.unit = value;
-    }
+  CLI::App app{"", "dbuf-plan"};
+  describe(app, options);
+  try {
+    cli::refuseMissingValues(app, args);
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them last first
+  } catch (const CLI::CallForHelp&) {
+    options.help = true;
+    return options;
+  } catch (const CLI::CallForVersion&) {
+    options.version = true;
+    return options;
+  } catch (const CLI::ParseError& error) {
+    return usageError(cli::inPlainWords(error));
   }
-  if (options.help) return options;
-  if (options.model.empty()) return usageError("missing --model FILE.json");
-  if (!seen_devices) return usageError("missing --devices V");
+  if (app.count("--model") == 0) return usageError("missing --model FILE.json");
+  if (app.count("--devices") == 0) return usageError("missing --devices V");
   if (options.merge == "auto" && options.unsharded_budget == 0) {
     return usageError("--merge auto needs --unsharded-budget BYTES");
   }
@@ -381,4 +384,4 @@ int runCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
   }
 }
 
-}  // namespace dbuf::cli
+}  // namespace dbuf::plan_cli

@@ -14,7 +14,7 @@
 
 #include "dbuf/common/result.hpp"
 
-namespace dbuf::cli {
+namespace dbuf::plan_cli {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
@@ -38,10 +38,12 @@ struct CliOptions {
   std::int64_t tp = 1;                ///< tensor parallel degree: plan what one tp rank holds
   std::int64_t ep = 1;                ///< expert parallel degree: routed experts a unit of their own per ep rank
   bool help = false;
+  bool version = false;
 };
 
-/// Parses the arguments after the program name. Accepts `--flag value` and
-/// `--flag=value`. Errors are one-line messages.
+/// Parses the arguments after the program name (CLI11, with the conventions
+/// of dbuf's programs: cli/). Accepts `--flag value` and `--flag=value`.
+/// Errors are one-line messages naming the option.
 [[nodiscard]] Result<CliOptions> parseArgs(std::span<const std::string> args);
 
 /// A size for `flag` (--unsharded-budget): a positive byte count, optionally
@@ -49,12 +51,12 @@ struct CliOptions {
 /// (powers of 1000), as dbufd's configuration writes sizes.
 [[nodiscard]] Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text);
 
-/// The usage text printed by --help.
-[[nodiscard]] const char* usage() noexcept;
+/// The text --help prints.
+[[nodiscard]] std::string usage();
 
 /// Runs dbuf-plan with `args` (after the program name): the report goes to
 /// `out` (or the --output file), one error line to `err`. Returns the exit
 /// status. Never throws.
 int runCli(std::span<const std::string> args, std::ostream& out, std::ostream& err);
 
-}  // namespace dbuf::cli
+}  // namespace dbuf::plan_cli

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-namespace dbuf::cli {
+namespace dbuf::plan_cli {
 namespace {
 
 bool sameTensors(const planner::UnitSpec& a, const planner::UnitSpec& b) {
@@ -128,4 +128,4 @@ plan_io::ModelParallelReport modelParallelReport(const std::vector<planner::Unit
   return report;
 }
 
-}  // namespace dbuf::cli
+}  // namespace dbuf::plan_cli

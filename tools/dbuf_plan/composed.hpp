@@ -13,7 +13,7 @@
 #include "dbuf/planner/model_parallel.hpp"
 #include "dbuf/planner/unit_plan.hpp"
 
-namespace dbuf::cli {
+namespace dbuf::plan_cli {
 
 /// A unit as one rank holds it under --tp / --ep, and whether it is a unit of routed experts.
 struct ComposedUnit {
@@ -38,4 +38,4 @@ struct ComposedUnit {
                                                                const planner::ModelParallelism& parallelism,
                                                                const planner::GranularityRule& rule);
 
-}  // namespace dbuf::cli
+}  // namespace dbuf::plan_cli

@@ -7,5 +7,5 @@
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
-  return dbuf::cli::runCli(args, std::cout, std::cerr);
+  return dbuf::plan_cli::runCli(args, std::cout, std::cerr);
 }

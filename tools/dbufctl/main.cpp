@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/ipc/protocol.hpp"
 #include "dbuf/plan_io/report.hpp"
 #include "dbuf/ipc/socket.hpp"
@@ -26,87 +27,84 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kDefaultSocket = "/run/dbufd/dbufd.sock";
 constexpr int kExitFailed = 1;  // the daemon refused or could not be asked
-constexpr int kExitUsage = 2;
-
-constexpr const char* kUsage =
-    "usage: dbufctl [--socket PATH] [--json] [--timeout SECONDS] VERB [ARGS]\n"
-    "  status          the daemon, its memory, tenants, jobs and sessions\n"
-    "  jobs            one line per job: state, ranks, memory, its current collective\n"
-    "  job JOB         a job's ranks, groups, registrations and current collective\n"
-    "  sessions        every connection: ranks, operators, handshakes\n"
-    "  trace JOB [--chrome FILE]\n"
-    "                  the job's last collectives (flight recorder): when each rank submitted\n"
-    "                  each, how long it ran, how it ended (--chrome: a trace Perfetto opens)\n"
-    "  plan JOB GROUP [--svg FILE]\n"
-    "                  the planner's report of a live group: each tensor's place, padding,\n"
-    "                  the lower bound and the FSDP2 / Megatron baselines (--svg: its layout)\n"
-    "  drain [--no-wait]\n"
-    "                  refuse new jobs, wait for the running ones to end, then stop\n"
-    "                  (dbufctl waits until the daemon has stopped, unless --no-wait)\n"
-    "  --socket PATH   the daemon's socket (default $DBUF_SOCKET, else /run/dbufd/dbufd.sock)\n"
-    "  --json          print the daemon's answer as JSON (docs/operations.md)\n"
-    "  --timeout S     seconds to wait for each answer (default 10)\n"
-    "exit status: 0 done, 1 the daemon refused or could not be reached, 2 bad usage\n";
 
 struct Options {
-  std::string socket;
+  std::string socket = kDefaultSocket;
   bool json = false;
   bool wait = true;  // drain
   std::string svg;     // plan: write the layout's picture here
   std::string chrome;  // trace: write a Chrome trace-event file here
   std::chrono::milliseconds timeout{10000};
   std::string verb;
-  std::vector<std::string> args;
+  std::vector<std::string> args;  // the verb's operands, in order
 };
 
-std::optional<Options> parseArgs(const std::vector<std::string>& argv, std::string& error) {
-  Options options;
-  const char* from_env = std::getenv("DBUF_SOCKET");  // NOLINT(concurrency-mt-unsafe): read once
-  options.socket = from_env != nullptr && *from_env != '\0' ? from_env : kDefaultSocket;
-  for (std::size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
-    const bool has_value = i + 1 < argv.size();
-    if (arg == "--json") {
-      options.json = true;
-    } else if (arg == "--no-wait") {
-      options.wait = false;
-    } else if (arg == "--svg" || arg == "--chrome") {
-      if (!has_value) {
-        error = arg + " needs a file";
-        return std::nullopt;
-      }
-      (arg == "--svg" ? options.svg : options.chrome) = argv[++i];
-    } else if (arg == "--socket" || arg == "--timeout") {
-      if (!has_value) {
-        error = arg + " needs a value";
-        return std::nullopt;
-      }
-      const std::string& value = argv[++i];
-      if (arg == "--socket") {
-        options.socket = value;
-        continue;
-      }
-      char* end = nullptr;
-      const double seconds = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end != '\0' || !(seconds > 0) || seconds > 86400) {
-        error = "--timeout takes seconds, more than 0 and at most 86400, not '" + value + "'";
-        return std::nullopt;
-      }
-      options.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
-    } else if (arg.starts_with("--")) {
-      error = "unknown option '" + arg + "'";
-      return std::nullopt;
-    } else if (options.verb.empty()) {
-      options.verb = arg;
-    } else {
-      options.args.push_back(arg);
-    }
+struct Operand {
+  std::string name;
+  std::string help;
+};
+const Operand kJob{"JOB", "The job's id (dbufctl jobs lists them)"};
+const Operand kGroup{"GROUP", "The group's name (dbufctl job JOB lists them)"};
+
+/// A verb: one AdminRequest (docs/operations.md) with its operands in order.
+CLI::App* addVerb(CLI::App& app, Options& options, const std::string& verb, const std::string& help,
+                  const std::vector<Operand>& operands = {}) {
+  CLI::App* sub = app.add_subcommand(verb, help);
+  for (const Operand& operand : operands) {
+    // Positionals are filled in the order they are declared: the operands' order on the wire.
+    sub->add_option_function<std::string>(
+           operand.name, [&options](const std::string& value) { options.args.push_back(value); }, operand.help)
+        ->required();
   }
-  if (options.verb.empty()) {
-    error = "no verb given";
-    return std::nullopt;
+  return sub;
+}
+
+/// --timeout's value: seconds, more than 0 and at most a day.
+std::string checkSeconds(const std::string& text) {
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(seconds > 0) || seconds > 86400) {
+    return "takes seconds, more than 0 and at most 86400, not '" + text + "'";
   }
-  return options;
+  return {};
+}
+
+void describeCommandLine(CLI::App& app, Options& options, std::string& unknown_verb) {
+  app.fallthrough();  // --socket, --json and --timeout after the verb too (the verbs inherit it)
+  app.add_option("--socket", options.socket, "The daemon's socket (else $DBUF_SOCKET, else the default)")
+      ->envname("DBUF_SOCKET")
+      ->type_name("PATH")
+      ->capture_default_str();
+  app.add_flag("--json", options.json, "Print the daemon's answer as JSON (docs/operations.md)");
+  app.add_option_function<double>(
+         "--timeout",
+         [&options](double seconds) { options.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000)); },
+         "Seconds to wait for each answer (default 10)")
+      ->type_name("SECONDS")
+      ->check(CLI::Validator(checkSeconds, ""));
+  addVerb(app, options, "status", "The daemon, its build, memory, tenants, jobs and sessions");
+  addVerb(app, options, "jobs", "One line per job: state, ranks, memory, its current collective");
+  addVerb(app, options, "job", "A job's ranks, groups, registrations and current collective", {kJob});
+  addVerb(app, options, "sessions", "Every connection: ranks, operators, handshakes");
+  addVerb(app, options, "trace",
+          "The job's last collectives (flight recorder): when each rank submitted each, how long it ran, how it "
+          "ended",
+          {kJob})
+      ->add_option("--chrome", options.chrome, "Also write a Chrome trace-event file (Perfetto opens it)")
+      ->type_name("FILE");
+  addVerb(app, options, "plan",
+          "The planner's report of a live group: each tensor's place, padding, the lower bound and the FSDP2 / "
+          "Megatron baselines",
+          {kJob, kGroup})
+      ->add_option("--svg", options.svg, "Also write the layout's picture (SVG)")
+      ->type_name("FILE");
+  addVerb(app, options, "drain",
+          "Refuse new jobs, wait for the running ones to end, then stop (dbufctl waits until the daemon has "
+          "stopped)")
+      ->add_flag_callback("--no-wait", [&options] { options.wait = false; }, "Return once the daemon has started draining");
+  // A word that names no verb lands here (verbs take precedence), so the error can name it.
+  app.add_option("VERB", unknown_verb)->group("");
+  app.footer("exit status: 0 done, 1 the daemon refused or could not be reached, 2 bad usage");
 }
 
 /// One operator connection to the daemon.
@@ -230,10 +228,7 @@ int run(const Options& options) {
                                                         {"trace", dbuf::ctl::renderTrace},
                                                         {"drain", dbuf::ctl::renderDrain}};
   const auto renderer = kRenderers.find(options.verb);
-  if (renderer == kRenderers.end()) {
-    std::cerr << "dbufctl: unknown verb '" << options.verb << "'\n" << kUsage;
-    return kExitUsage;
-  }
+  if (renderer == kRenderers.end()) return fail("no rendering for verb '" + options.verb + "'");  // a verb added half
   auto connection = Connection::open(options);
   if (!connection) return fail(connection.error().message);
   if (auto asked = connection->ask(options.verb, options.args); !asked) return fail(asked.error().message);
@@ -249,19 +244,18 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  std::string error;
-  const auto options = parseArgs(args, error);
-  if (!options) {
-    std::cerr << "dbufctl: " << error << "\n" << kUsage;
-    return kExitUsage;
-  }
+  Options options;
+  std::string unknown_verb;
+  CLI::App app{"dbufctl: asks a running dbufd what it holds, or drains it (docs/operations.md)", "dbufctl"};
+  dbuf::cli::useConventions(app);
+  describeCommandLine(app, options, unknown_verb);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  if (!unknown_verb.empty()) return dbuf::cli::usageError(app, "unknown verb '" + unknown_verb + "'");
+  const auto verbs = app.get_subcommands();
+  if (verbs.empty()) return dbuf::cli::usageError(app, "no verb given");
+  options.verb = verbs.front()->get_name();
   try {
-    return run(*options);
+    return run(options);
   } catch (const json::exception& e) {  // an answer of another layout than documented
     return fail(std::string("cannot read dbufd's answer: ") + e.what());
   } catch (const std::runtime_error& e) {

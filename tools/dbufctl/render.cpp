@@ -134,6 +134,7 @@ std::string renderStatus(const json& answer) {
   out << "dbufd " << (daemon.contains("instance_id") ? instance : "?") << " (pid " << field(daemon, "pid") << ", up "
       << secondsText(number(daemon, "uptime_seconds")) << "), backend " << field(daemon, "backend") << ", protocol "
       << field(daemon, "protocol_version") << "\n"
+      << "build:    " << field(daemon, "version") << ", commit " << field(daemon, "commit") << "\n"
       << "socket:   " << field(daemon, "socket") << "\n";
   if (daemon.contains("memory_used_bytes")) {
     out << "memory:   " << bytesText(number(daemon, "memory_used_bytes")) << " used of "

@@ -120,6 +120,8 @@ json daemonJson(const DaemonView& view) {
           {"uid", view.uid},
           {"socket", view.socket},
           {"backend", view.backend},
+          {"version", view.version},
+          {"commit", view.commit},
           {"protocol_version", ipc::kProtocolVersion},
           {"uptime_seconds", view.uptime_s},
           {"memory_limit_bytes", view.memory_limit_bytes},

@@ -123,6 +123,8 @@ struct DaemonView {
   std::uint32_t uid = 0;  ///< the daemon's
   std::string socket;
   std::string backend;
+  std::string version;  ///< the build's (dbuf::buildInfo())
+  std::string commit;   ///< the git commit it was built from
   double uptime_s = 0;
   double started_unix_s = 0;  ///< when it started, in seconds since the epoch
   double loop_busy_s = 0;     ///< time its loop spent doing work (not waiting) since it started

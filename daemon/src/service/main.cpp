@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dbuf/cli/command_line.hpp"
 #include "dbuf/daemon/config.hpp"
 #include "dbuf/daemon/logging.hpp"
 #include "dbuf/daemon/server.hpp"
@@ -19,44 +20,31 @@ namespace {
 
 using dbuf::daemon::Config;
 
-constexpr const char* kUsage =
-    "usage: dbufd [--config FILE] [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
-    "             [--backend host|cuda|auto] [--virtual-ranks N] [--metrics-listen HOST:PORT] [--check]\n"
-    "  --check  check the configuration (defaults, file, flags), print what it\n"
-    "           sets and exit: 0 when it is valid, 2 with its errors on stderr when not\n";
-
 struct Flags {
   std::optional<std::string> config;
   bool check = false;  ///< --check: validate the configuration and exit
   dbuf::daemon::ConfigOverrides overrides;
 };
 
-std::optional<Flags> parseFlags(const std::vector<std::string>& args, std::string& error) {
-  Flags flags;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "--check") {
-      flags.check = true;
-      continue;
-    }
-    std::optional<std::string>* target = flag == "--config"          ? &flags.config
-                                         : flag == "--socket"        ? &flags.overrides.socket_path
-                                         : flag == "--log-level"     ? &flags.overrides.log_level
-                                         : flag == "--backend"       ? &flags.overrides.backend
-                                         : flag == "--virtual-ranks" ? &flags.overrides.virtual_ranks
-                                         : flag == "--metrics-listen" ? &flags.overrides.metrics_listen
-                                                                      : nullptr;
-    if (target == nullptr) {
-      error = "unknown argument '" + flag + "'";
-      return std::nullopt;
-    }
-    if (i + 1 == args.size()) {
-      error = flag + " needs a value";
-      return std::nullopt;
-    }
-    *target = args[++i];
-  }
-  return flags;
+/// An option kept as given: the configuration's checks judge its value, with the file's.
+void addOverride(CLI::App& app, const std::string& name, const std::string& value_name,
+                 std::optional<std::string>& target, const std::string& help) {
+  app.add_option_function<std::string>(name, [&target](const std::string& value) { target = value; }, help)
+      ->type_name(value_name);
+}
+
+void describeFlags(CLI::App& app, Flags& flags) {
+  addOverride(app, "--config", "FILE", flags.config,
+              "The TOML configuration file (docs/operations.md); the flags below override what it sets");
+  addOverride(app, "--socket", "PATH", flags.overrides.socket_path, "The socket trainers and dbufctl connect to");
+  addOverride(app, "--log-level", "LEVEL", flags.overrides.log_level, "trace, debug, info, warn, error or off");
+  addOverride(app, "--backend", "NAME", flags.overrides.backend, "host, cuda or auto");
+  addOverride(app, "--virtual-ranks", "N", flags.overrides.virtual_ranks, "Ranks per GPU (cuda backend)");
+  addOverride(app, "--metrics-listen", "HOST:PORT", flags.overrides.metrics_listen,
+              "Where to serve Prometheus metrics (/metrics)");
+  app.add_flag("--check", flags.check,
+               "Check the configuration (defaults, file, flags), print what it sets and exit: 0 when it is "
+               "valid, 2 with its errors on stderr when not");
 }
 
 /// Defaults, then the file, then the flags.
@@ -138,24 +126,18 @@ void printCheckedConfig(const Config& config, const std::optional<std::string>& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  std::string error;
-  const auto flags = parseFlags(args, error);
-  if (!flags) {
-    std::cerr << "dbufd: " << error << "\n" << kUsage;
-    return 2;
-  }
-  auto config = layeredConfig(*flags);
+  Flags flags;
+  CLI::App app{"dbufd: the per-node dbuf daemon (configuration: defaults, then --config FILE, then flags)", "dbufd"};
+  dbuf::cli::useConventions(app);
+  describeFlags(app, flags);
+  if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
+  auto config = layeredConfig(flags);
   if (!config) {
     std::cerr << "dbufd: " << config.error().message << "\n";
     return 2;
   }
-  if (flags->check) {
-    printCheckedConfig(*config, flags->config);
+  if (flags.check) {
+    printCheckedConfig(*config, flags.config);
     return 0;
   }
   dbuf::daemon::setupLogging(config->log_level);
@@ -169,7 +151,7 @@ int main(int argc, char** argv) {
   if (const auto period = systemd.heartbeatPeriod()) {
     (*server)->setHeartbeat(*period, [&systemd] { systemd.notify("WATCHDOG=1"); });
   }
-  (*server)->setConfigSource([layers = *flags] { return layeredConfig(layers); });
+  (*server)->setConfigSource([layers = flags] { return layeredConfig(layers); });
   systemd.notify("READY=1\nSTATUS=serving on " + (*server)->socketPath());
   (*server)->run(/*handle_signals=*/true);
   systemd.notify("STOPPING=1");

@@ -55,8 +55,10 @@ std::string resultLabel(std::size_t index) {
 }
 
 void addDaemon(const admin::DaemonView& view, std::vector<MetricFamily>& out) {
-  MetricFamily info = family("dbuf_build_info", "dbufd's build and backend (always 1)", MetricType::Gauge);
-  info.metric.push_back(gauge({{"version", DBUF_VERSION}, {"backend", view.backend}}, 1));
+  MetricFamily info =
+      family("dbuf_build_info", "dbufd's version, the git commit it was built from, and its backend (always 1)",
+             MetricType::Gauge);
+  info.metric.push_back(gauge({{"version", view.version}, {"commit", view.commit}, {"backend", view.backend}}, 1));
   out.push_back(std::move(info));
   MetricFamily started =
       family("dbuf_start_time_seconds", "When dbufd started, since the Unix epoch", MetricType::Gauge);

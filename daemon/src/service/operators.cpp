@@ -5,6 +5,8 @@
 
 #include <utility>
 
+#include "dbuf/common/build_info.hpp"
+
 namespace dbuf::daemon {
 
 void OperatorDesk::answer(const std::shared_ptr<Session>& session, std::uint64_t request_id,
@@ -54,6 +56,8 @@ admin::DaemonView OperatorDesk::snapshot(const LoopFigures& figures) const {
   view.uid = daemon_uid_;
   view.socket = config_.socket_path;
   view.backend = std::string(toString(config_.backend));
+  view.version = std::string(buildInfo().version);
+  view.commit = std::string(buildInfo().commit);
   view.uptime_s = std::chrono::duration<double>(now - figures.started).count();
   view.started_unix_s = std::chrono::duration<double>(figures.started_wall.time_since_epoch()).count();
   view.loop_busy_s = std::chrono::duration<double>(figures.busy).count();
