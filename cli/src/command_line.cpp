@@ -14,8 +14,6 @@ void useConventions(CLI::App& app) {
   app.set_version_flag("--version", versionText(app.get_name()), "Print the version and git commit, then exit");
   app.set_help_flag("-h,--help", "Print this help, then exit");
   app.get_formatter()->column_width(34);
-  // Errors are printed by parse(), which knows the program's name.
-  app.failure_message([](const CLI::App*, const CLI::Error& error) { return std::string(error.what()); });
 }
 
 void refuseMissingValues(const CLI::App& app, std::span<const std::string> args) {

@@ -10,6 +10,7 @@ import os
 import socket as socket_module
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from dbuf.testing import Daemon
+from rank_launcher import RankLauncher
 
 HERE = Path(__file__).parent
 RANKS = HERE / "ranks"
@@ -72,33 +74,68 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+_launchers: list[RankLauncher] = []
+_launchers_lock = threading.Lock()
+
+
+def _launcher(rank: int) -> RankLauncher:
+    """The launcher of rank index `rank`, started at its first use (rank_launcher.py)."""
+    with _launchers_lock:
+        while len(_launchers) <= rank:
+            _launchers.append(RankLauncher(dict(os.environ, OMP_NUM_THREADS="1")))
+        return _launchers[rank]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_launchers():
+    yield
+    for launcher in _launchers:
+        launcher.close()
+
+
 def run_ranks(script: str, world: int, socket: str | list[str], *args: str, job: str = "job", timeout: float = 240.0,
               env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
     """tests/ranks/<script> as `world` rank processes with torchrun's environment; all must succeed.
 
     socket: the node's dbufd, or one per node (a job across nodes: world /
     len(socket) ranks on each, in rank order; `env` then names the store).
+    The ranks are forked from launchers that imported torch already
+    (rank_launcher.py), or with DBUF_TEST_FRESH_RANKS=1 started as new
+    interpreters.
     """
     sockets = [socket] if isinstance(socket, str) else socket
     per_node = world // len(sockets)
     master_port = str(free_port())
+    fresh = os.environ.get("DBUF_TEST_FRESH_RANKS", "") not in ("", "0")
     procs = []
-    for rank in range(world):
-        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
-                        LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job, DBUF_SOCKET=sockets[rank // per_node],
-                        OMP_NUM_THREADS="1", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    done = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    with tempfile.TemporaryDirectory(prefix="dbuf-ranks-") as outputs:
+        for rank in range(world):
+            rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
+                            LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job, DBUF_SOCKET=sockets[rank // per_node],
+                            OMP_NUM_THREADS="1", **(env or {}))
+            if fresh:
+                procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            else:
+                out = Path(outputs) / f"{rank}"
+                procs.append(_launcher(rank).spawn(str(RANKS / script), list(args), rank_env, out.with_suffix(".out"),
+                                                   out.with_suffix(".err")))
+        done = []
+        for proc in procs:
+            try:
+                if fresh:
+                    out, err = proc.communicate(timeout=timeout)
+                else:
+                    proc.wait(timeout)
+                    out, err = proc.output()
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                for p in procs:
+                    p.wait(30)  # reaped: no rank outlives its test
+                raise
+            done.append(subprocess.CompletedProcess([script, *args], proc.returncode, out, err))
     for rank, result in enumerate(done):
         assert result.returncode == 0, f"rank {rank} failed ({result.returncode}):\n{result.stderr}"
     return done
