@@ -105,6 +105,13 @@ class ForkedRank:
 # ------------------------------------------------------------------ the launcher process
 
 
+_LAUNCHER_PYTHONPATH = os.environ.get("PYTHONPATH", "")
+
+
+def _pythonpath(value: str) -> list[str]:
+    return [entry for entry in value.split(os.pathsep) if entry]
+
+
 def _preload() -> None:
     import importlib
 
@@ -131,7 +138,10 @@ def _become_rank(request: dict) -> None:
     os.environ.update(request["env"])
     script = request["script"]
     sys.argv = [script, *request["args"]]
-    sys.path[0] = str(Path(script).parent)
+    # As the interpreter builds it: the script's folder, the rank's $PYTHONPATH, then the rest (the launcher's own
+    # $PYTHONPATH out).
+    rest = [entry for entry in sys.path[1:] if entry not in _pythonpath(_LAUNCHER_PYTHONPATH)]
+    sys.path[:] = [str(Path(script).parent), *_pythonpath(os.environ.get("PYTHONPATH", "")), *rest]
     import runpy
 
     try:
