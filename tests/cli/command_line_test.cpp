@@ -111,8 +111,8 @@ TEST_P(CommandLine, AnOptionGivenTwiceIsNamed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, CommandLine, ::testing::ValuesIn(programNames()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
