@@ -1266,11 +1266,13 @@ bool modelMemory(const dbuf::bench::DaemonProcess& daemon) {
 void describeOptions(CLI::App& app, bool& quick) {
   app.add_option("--worlds", options.worlds, "World sizes to measure")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->type_name("W,...")
       ->check(CLI::Range(1U, static_cast<unsigned>(kMaxRanks)))
       ->capture_default_str();
   app.add_option("--sizes", options.sizes_mib, "Sizes in MiB per rank")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->type_name("MIB,...")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))
       ->capture_default_str();

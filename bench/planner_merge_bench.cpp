@@ -132,16 +132,9 @@ int main(int argc, char** argv) {
          },
          "Unsharded budgets per rank (default 1GiB .. 128GiB, doubling)")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->type_name("BYTES,...")
-      ->check(CLI::Validator(
-          [](std::string& size) {
-            auto bytes = dbuf::plan_cli::parseBytes("", size);
-            if (bytes) return std::string();
-            std::string message = bytes.error().message;  // dbuf-plan's, which ends "(see --help)"
-            if (const auto help = message.rfind(" (see --help)"); help != std::string::npos) message.resize(help);
-            return message;
-          },
-          ""));
+      ->check(CLI::Validator(dbuf::plan_cli::byteCountProblem, ""));
   if (const auto done = dbuf::cli::parse(app, argc, argv)) return *done;
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

@@ -6,9 +6,16 @@
 set(commit "unknown")
 find_package(Git QUIET)
 if(GIT_FOUND)
+  # Only SOURCE_DIR's own checkout: a source tarball unpacked inside another repository is not that one's commit.
+  execute_process(COMMAND "${GIT_EXECUTABLE}" -C "${SOURCE_DIR}" rev-parse --show-toplevel
+                  OUTPUT_VARIABLE toplevel RESULT_VARIABLE failed OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  file(REAL_PATH "${SOURCE_DIR}" source_real)
+  if(NOT failed AND toplevel)
+    file(REAL_PATH "${toplevel}" toplevel)
+  endif()
   execute_process(COMMAND "${GIT_EXECUTABLE}" -C "${SOURCE_DIR}" rev-parse --short=12 HEAD
                   OUTPUT_VARIABLE head RESULT_VARIABLE failed OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(NOT failed AND head)
+  if(NOT failed AND head AND toplevel STREQUAL source_real)
     set(commit "${head}")
     # --no-optional-locks: reads only, never rewrites the index under the user's own git commands.
     execute_process(COMMAND "${GIT_EXECUTABLE}" -C "${SOURCE_DIR}" --no-optional-locks status --porcelain

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU bundle as it travels: gpu-bundle/run (this script), README.txt and
 # payload.tar.xz, the bundle itself packed (its binaries are ~60 MB, over
-# what a device run carries; packed, ~7 MB). Unpacks the payload once, next
-# to this script (or, where that is read-only, under $TMPDIR), then runs the
+# what a device run carries; packed, ~8 MB). Unpacks the payload once, next
+# to this script (or, where that is read-only, into a new folder under $TMPDIR
+# at each run; two runs of one bundle at once are not supported), then runs the
 # unpacked runner (scripts/gpu_bundle_run.sh) with the same arguments:
 #
 #   gpu-bundle/run [RESULTS_DIR]     # every GPU test and benchmark
@@ -54,9 +55,9 @@ PY
 
 unpacked="$HERE/unpacked"
 if ! unpack_into "$unpacked"; then
-  unpacked="${TMPDIR:-/tmp}/dbuf-gpu-bundle-$(id -u)-$payload_id"
-  unpack_into "$unpacked" || {
-    echo "run: cannot unpack $PAYLOAD into $HERE/unpacked nor $unpacked" >&2
+  # A folder of this run's own (mktemp: no other user can have planted one), unpacked each time.
+  unpacked=$(mktemp -d "${TMPDIR:-/tmp}/dbuf-gpu-bundle.XXXXXX") && unpack_into "$unpacked" || {
+    echo "run: cannot unpack $PAYLOAD into $HERE/unpacked nor under ${TMPDIR:-/tmp}" >&2
     exit 1
   }
 fi

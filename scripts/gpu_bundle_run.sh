@@ -47,9 +47,9 @@ budget_left() {
 # part of it rather than the figures.
 LAST_TESTS=(gpu_collectives_test)
 
-# --check: the bundle is whole (every listed executable is here and runs far
-# enough to load its libraries: `--gtest_list_tests`, or `--help` for a
-# helper), then exit; no GPU needed. The size test runs it after packing.
+# --check: the bundle is whole (every listed test executable is here and runs
+# far enough to load its libraries: `--gtest_list_tests`; dbufd: `--help`),
+# then exit; no GPU needed. The size test runs it after packing.
 if [[ ${1:-} == --check ]]; then
   export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   [[ -f "$BIN/gpu_tests.txt" ]] || { echo "run --check: $BIN/gpu_tests.txt is missing" >&2; exit 1; }

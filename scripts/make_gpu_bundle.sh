@@ -141,7 +141,7 @@ if [[ -d "$BUILD_DIR/python-package/dbuf" ]]; then
   mkdir -p "$BUNDLE_DIR/python/tests"
   cp -r "$BUILD_DIR/python-package/dbuf" "$BUNDLE_DIR/python/"
   find "$BUNDLE_DIR/python/dbuf" -name '*.so' -exec strip --strip-debug {} +
-  cp "$SOURCE_DIR"/python/tests/{conftest.py,test_gpu.py} "$BUNDLE_DIR/python/tests/"
+  cp "$SOURCE_DIR"/python/tests/{conftest.py,rank_launcher.py,test_gpu.py} "$BUNDLE_DIR/python/tests/"
   cp -r "$SOURCE_DIR/python/tests/ranks" "$BUNDLE_DIR/python/tests/"
   find "$BUNDLE_DIR/python" -name __pycache__ -prune -exec rm -rf {} +
 fi

@@ -20,8 +20,9 @@ void refuseMissingValues(const CLI::App& app, std::span<const std::string> args)
   for (std::size_t i = 0; i < args.size(); ++i) {
     const CLI::Option* option = app.get_option_no_throw(args[i]);
     if (option == nullptr || option->get_expected_min() == 0) continue;  // not an option, or a flag
-    if (i + 1 < args.size() && app.get_option_no_throw(args[i + 1]) == nullptr) continue;
-    // CLI11 would take the next option's name as the value ("--devices: '--model' is not an integer").
+    if (i + 1 < args.size() && !args[i + 1].starts_with("--")) continue;
+    // CLI11 would take the next option's name as the value ("--devices: '--model' is not an integer", or a file
+    // named --typo for `--output --typo`); `--output=--x` still gives such a value on purpose.
     throw CLI::ArgumentMismatch(args[i] + " needs a value");
   }
 }

@@ -28,6 +28,7 @@ test_parallel.py). Needs $DBUF_DAEMON.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +38,9 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 from conftest import run_ranks  # noqa: E402
+
+# The ranks as a user's launcher starts them: new interpreters, not forked from the tests' launchers.
+os.environ.setdefault("DBUF_TEST_FRESH_RANKS", "1")
 
 from dbuf.testing import Daemon  # noqa: E402
 

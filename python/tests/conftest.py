@@ -20,7 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from dbuf.testing import Daemon
-from rank_launcher import RankLauncher
+from rank_launcher import START_VARIABLES, RankLauncher, start_key
 
 HERE = Path(__file__).parent
 RANKS = HERE / "ranks"
@@ -74,22 +74,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-_launchers: list[RankLauncher] = []
+_launchers: dict[tuple, RankLauncher] = {}
 _launchers_lock = threading.Lock()
 
 
-def _launcher(rank: int) -> RankLauncher:
-    """The launcher of rank index `rank`, started at its first use (rank_launcher.py)."""
+def _launcher(rank: int, env: dict[str, str]) -> RankLauncher:
+    """The launcher of rank index `rank` for `env`'s start variables, started at its first use (rank_launcher.py)."""
+    key = (rank, start_key(env))
     with _launchers_lock:
-        while len(_launchers) <= rank:
-            _launchers.append(RankLauncher(dict(os.environ, OMP_NUM_THREADS="1")))
-        return _launchers[rank]
+        launcher = _launchers.get(key)
+        if launcher is None or not launcher.alive():  # (one that died is replaced)
+            launcher_env = {name: value for name, value in os.environ.items() if name not in START_VARIABLES}
+            launcher_env.update({name: env[name] for name in START_VARIABLES if name in env}, OMP_NUM_THREADS="1")
+            launcher = _launchers[key] = RankLauncher(launcher_env)
+        return launcher
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _close_launchers():
     yield
-    for launcher in _launchers:
+    for launcher in _launchers.values():
         launcher.close()
 
 
@@ -107,19 +111,21 @@ def run_ranks(script: str, world: int, socket: str | list[str], *args: str, job:
     per_node = world // len(sockets)
     master_port = str(free_port())
     fresh = os.environ.get("DBUF_TEST_FRESH_RANKS", "") not in ("", "0")
+    rank_envs = [dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job,
+                      DBUF_SOCKET=sockets[rank // per_node], OMP_NUM_THREADS="1", **(env or {}))
+                 for rank in range(world)]
+    # Every launcher first: those not started yet import side by side rather than one after another.
+    launchers = None if fresh else [_launcher(rank, rank_env) for rank, rank_env in enumerate(rank_envs)]
     procs = []
     with tempfile.TemporaryDirectory(prefix="dbuf-ranks-") as outputs:
-        for rank in range(world):
-            rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
-                            LOCAL_WORLD_SIZE=str(per_node), DBUF_JOB=job, DBUF_SOCKET=sockets[rank // per_node],
-                            OMP_NUM_THREADS="1", **(env or {}))
-            if fresh:
+        for rank, rank_env in enumerate(rank_envs):
+            if launchers is None:
                 procs.append(subprocess.Popen([sys.executable, str(RANKS / script), *args], env=rank_env,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             else:
                 out = Path(outputs) / f"{rank}"
-                procs.append(_launcher(rank).spawn(str(RANKS / script), list(args), rank_env, out.with_suffix(".out"),
+                procs.append(launchers[rank].spawn(str(RANKS / script), list(args), rank_env, out.with_suffix(".out"),
                                                    out.with_suffix(".err")))
         done = []
         for proc in procs:

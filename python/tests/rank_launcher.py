@@ -3,21 +3,26 @@
 Most of the suite's time was imports: each rank process of a test is a new
 interpreter, and importing torch and transformers costs about 5 CPU-seconds,
 so a 4-rank launch spent 10 s of a 2-core machine before its first line ran.
-Here a launcher (one per rank index, so that ranks keep distinct hash seeds as
-separate interpreters have) imports them once, then forks a rank for each
-launch. The rank is a process of its own as before: its environment, argv,
-sys.path[0], stdout and stderr are set as ``python SCRIPT ARGS`` would set
-them, ``$DBUF_FSDP`` installs dbuf's switch as the package's ``dbuf-fsdp.pth``
-does at an interpreter's start, and it exits through the interpreter's normal
-shutdown (atexit handlers included). Nothing of dbuf is imported before the
-fork: FSDP2's reference runs see torch untouched.
+Here a launcher imports them once, then forks a rank for each launch. The
+rank is a process of its own as before: its environment, working directory,
+argv, sys.path, stdout and stderr are set as ``python SCRIPT ARGS`` would set
+them, and it exits through the interpreter's normal shutdown (atexit handlers
+included). What an interpreter reads only when it starts is the launcher's:
+there is one launcher per rank index (ranks keep distinct hash seeds, as
+separate interpreters have) and per value of those variables
+(``START_VARIABLES``), started with the rank's values. So with
+``$DBUF_FSDP=1`` the launcher installs dbuf's switch before anything is
+imported, as the package's ``dbuf-fsdp.pth`` does at an interpreter's start
+(transformers binds ``fully_shard`` when it is imported); without it nothing
+of dbuf is imported before the fork, and FSDP2's reference runs see torch
+untouched.
 
 ``DBUF_TEST_FRESH_RANKS=1`` makes run_ranks start a new interpreter per rank
 instead (conftest.py), as before.
 
 Run as a script, this file is the launcher: it reads one JSON request per
 line on stdin and answers one JSON line on stdout:
-  {"spawn": {"script", "args", "env", "stdout", "stderr"}} -> {"pid": PID}
+  {"spawn": {"script", "args", "env", "cwd", "stdout", "stderr"}} -> {"pid": PID}
   {"poll": PID} -> {"returncode": RC or null (still running)}
 """
 
@@ -42,6 +47,16 @@ PRELOAD = (
 )
 PRELOAD_MODELS = ("LlamaForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "LlamaConfig")
 
+# Read when an interpreter starts or when dbuf is imported (which the switch does at start): a launcher is
+# started with the rank's values of these, and serves only ranks with the same.
+START_VARIABLES = ("DBUF_FSDP", "DBUF_TORCH_FAST_PATH", "DBUF_TORCH_UNTESTED", "PYTHONHASHSEED", "PYTHONWARNINGS",
+                   "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDEVMODE", "PYTHONMALLOC")
+
+
+def start_key(env: dict[str, str]) -> tuple[str | None, ...]:
+    """What a launcher must share with a rank's environment to serve it."""
+    return tuple(env.get(name) for name in START_VARIABLES)
+
 
 class RankLauncher:
     """One launcher process: forks ranks on request (thread-safe)."""
@@ -50,6 +65,9 @@ class RankLauncher:
         self._lock = threading.Lock()
         self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env=env, text=True)
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
 
     def _ask(self, request: dict) -> dict:
         with self._lock:
@@ -63,8 +81,8 @@ class RankLauncher:
         return json.loads(line)
 
     def spawn(self, script: str, args: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> "ForkedRank":
-        answer = self._ask({"spawn": {"script": script, "args": args, "env": env, "stdout": str(stdout),
-                                      "stderr": str(stderr)}})
+        answer = self._ask({"spawn": {"script": script, "args": args, "env": env, "cwd": os.getcwd(),
+                                      "stdout": str(stdout), "stderr": str(stderr)}})
         return ForkedRank(self, answer["pid"], stdout, stderr)
 
     def poll(self, pid: int) -> int | None:
@@ -93,6 +111,8 @@ class ForkedRank:
         return self.returncode
 
     def kill(self) -> None:
+        if self.returncode is not None:
+            return  # reaped: the pid may be another process's by now
         try:
             os.kill(self.pid, 9)
         except ProcessLookupError:
@@ -115,10 +135,17 @@ def _pythonpath(value: str) -> list[str]:
 def _preload() -> None:
     import importlib
 
-    for name in PRELOAD:
-        importlib.import_module(name)
-    import transformers
+    # What the package's dbuf-fsdp.pth does at an interpreter's start, before anything else is imported.
+    if os.environ.get("DBUF_FSDP", "") not in ("", "0"):
+        from dbuf.torch.switch import install_from_environment
 
+        install_from_environment()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue  # (transformers is optional): the rank imports what it needs itself
+    transformers = sys.modules.get("transformers")
     for name in PRELOAD_MODELS:
         getattr(transformers, name, None)  # transformers imports a model's module when its name is read
 
@@ -127,15 +154,26 @@ def _become_rank(request: dict) -> None:
     """In the forked child: the process `python SCRIPT ARGS` with `env` would be; runs the script, then exits."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    os.close(devnull)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
+    # As an interpreter opens them: stderr line-buffered (its last lines survive a kill), stdout buffered
+    # unless $PYTHONUNBUFFERED (a start variable: the launcher has the rank's value).
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin, /dev/null
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    if unbuffered:
+        sys.stdout.reconfigure(write_through=True)
     os.environ.clear()
     os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
     script = request["script"]
     sys.argv = [script, *request["args"]]
     # As the interpreter builds it: the script's folder, the rank's $PYTHONPATH, then the rest (the launcher's own
@@ -145,11 +183,6 @@ def _become_rank(request: dict) -> None:
     import runpy
 
     try:
-        # What the package's dbuf-fsdp.pth does at an interpreter's start.
-        if os.environ.get("DBUF_FSDP", "") not in ("", "0"):
-            from dbuf.torch.switch import install_from_environment
-
-            install_from_environment()
         runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise

@@ -125,6 +125,13 @@ TEST(CommandLineErrors, ValuesOutOfRangeAndBadVerbsAreNamed) {
   const ChildResult no_verb = runChild(all.at("dbufctl"), {});
   EXPECT_EQ(no_verb.exit_code, 2);
   EXPECT_EQ(no_verb.err, "dbufctl: no verb given (see --help)\n");
+  const ChildResult two_verbs = runChild(all.at("dbufctl"), {"drain", "status"});
+  EXPECT_EQ(two_verbs.exit_code, 2);
+  EXPECT_EQ(two_verbs.err, "dbufctl: one verb at a time, got 'drain' and 'status' (see --help)\n");
+  // A word starting with "--" is not taken as a value (it would have made a file named --typo).
+  const ChildResult output = runChild(all.at("dbuf-plan"), {"--model", "m.json", "--devices", "8", "--output", "--typo"});
+  EXPECT_EQ(output.exit_code, 2);
+  EXPECT_EQ(output.err, "dbuf-plan: --output needs a value (see --help)\n");
   const ChildResult timeout = runChild(all.at("dbufctl"), {"--timeout", "0", "status"});
   EXPECT_EQ(timeout.exit_code, 2);
   EXPECT_EQ(timeout.err, "dbufctl: --timeout: takes seconds, more than 0 and at most 86400, not '0' (see --help)\n");

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -50,22 +49,19 @@ std::string byteCountHelp(std::string_view flag, const std::string& text, const 
          " (a positive number of bytes, optionally with B, KiB, MiB, GiB, TiB, kB, KB, MB, GB or TB)";
 }
 
-/// A CLI11 check of an option's value by one of the parsers here (the message without its "(see --help)").
-CLI::Validator checkedBy(std::function<Error(const std::string&)> problem, std::string description) {
-  return CLI::Validator(
-      [problem = std::move(problem)](std::string& text) {
-        std::string message = problem(text).message;
-        if (message.ends_with(kSeeHelp)) message.resize(message.size() - kSeeHelp.size());
-        return message;
-      },
-      std::move(description));
+/// An error of the parsers here as a CLI11 check reports it (CLI11 names the option; "(see --help)" comes
+/// with the usage error).
+std::string checkMessage(const Error& error) {
+  std::string message = error.message;
+  if (message.ends_with(kSeeHelp)) message.resize(message.size() - kSeeHelp.size());
+  return message;
 }
 
 CLI::Validator countUpTo(std::int64_t max) {
-  return checkedBy(
-      [max](const std::string& text) {
+  return CLI::Validator(
+      [max](std::string& text) {
         auto count = parseCount("", text, max);
-        return count ? Error{} : std::move(count).error();
+        return count ? std::string() : checkMessage(count.error());
       },
       "1.." + std::to_string(max));
 }
@@ -143,12 +139,7 @@ void describe(CLI::App& app, CliOptions& options) {
          "(V*S elements of its dtype), e.g. 68719476736, 64GiB or 512MiB; a unit larger\n"
          "alone is kept as it is")
       ->type_name("BYTES")
-      ->check(checkedBy(
-          [](const std::string& text) {
-            auto bytes = parseBytes("", text);
-            return bytes ? Error{} : std::move(bytes).error();
-          },
-          ""));
+      ->check(CLI::Validator(byteCountProblem, ""));
 }
 
 /// Writes `text` to `path`; the error names the file and the reason.
@@ -332,6 +323,11 @@ Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text) 
     return number * unit.factor;
   }
   return usageError(byteCountHelp(flag, text, "has an unknown unit"));
+}
+
+std::string byteCountProblem(const std::string& text) {
+  auto bytes = parseBytes("", text);
+  return bytes ? std::string() : checkMessage(bytes.error());
 }
 
 std::string usage() {

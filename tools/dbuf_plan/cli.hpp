@@ -51,6 +51,10 @@ struct CliOptions {
 /// (powers of 1000), as dbufd's configuration writes sizes.
 [[nodiscard]] Result<std::int64_t> parseBytes(std::string_view flag, const std::string& text);
 
+/// "" when `text` is a size as parseBytes takes it, else what is wrong with it
+/// (a CLI11 check: dbuf-plan's --unsharded-budget, bench_planner_merge's --budgets).
+[[nodiscard]] std::string byteCountProblem(const std::string& text);
+
 /// The text --help prints.
 [[nodiscard]] std::string usage();
 

@@ -253,6 +253,10 @@ int main(int argc, char** argv) {
   if (!unknown_verb.empty()) return dbuf::cli::usageError(app, "unknown verb '" + unknown_verb + "'");
   const auto verbs = app.get_subcommands();
   if (verbs.empty()) return dbuf::cli::usageError(app, "no verb given");
+  if (verbs.size() > 1) {
+    return dbuf::cli::usageError(app, "one verb at a time, got '" + verbs[0]->get_name() + "' and '" +
+                                          verbs[1]->get_name() + "'");
+  }
   options.verb = verbs.front()->get_name();
   try {
     return run(options);

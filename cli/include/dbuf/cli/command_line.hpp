@@ -31,9 +31,10 @@ void useConventions(CLI::App& app);
 /// return from main now (help or version printed: 0; a bad command line: 2).
 [[nodiscard]] std::optional<int> parse(CLI::App& app, int argc, const char* const* argv);
 
-/// Throws CLI::ArgumentMismatch ("--devices needs a value") where an option
-/// that takes a value is last or followed by another of app's options; parse()
-/// calls it, before CLI11, which would take that option's name as the value.
+/// Throws CLI::ArgumentMismatch ("--devices needs a value") where one of app's
+/// options that takes a value is last or followed by a word starting with
+/// "--"; parse() calls it, before CLI11, which would take that word as the
+/// value (`--option=--x` gives such a value on purpose).
 void refuseMissingValues(const CLI::App& app, std::span<const std::string> args);
 
 /// CLI11's error in the words dbuf's programs use ("--devices needs a
