@@ -52,7 +52,7 @@ void checkReply(const ipc::RegisterGroup& spec, const dbuf::planner::UnitPlan& p
   const SlotLayout slot = slotLayout(ready);
   const U128 elements = U128(devices) * U128(static_cast<std::uint64_t>(ready.shard_elems));
   check(U128(slot.params.bytes) == elements * U128(dbuf::sizeBytes(unsharded)), "slot params bytes are exact");
-  check(U128(slot.grads.bytes) == elements * U128(dbuf::sizeBytes(dbuf::gradientDType(unsharded))),
+  check(U128(slot.grads.bytes) == elements * U128(dbuf::sizeBytes(dbuf::gradientDType(sharded, unsharded))),
         "slot grads bytes are exact");
   check(slot.grads.offset >= slot.params.bytes && U128(slot.file_bytes) >= U128(slot.grads.offset) + slot.grads.bytes &&
             U128(slot.file_bytes) >= U128(slot.scales.offset) + slot.scales.bytes,

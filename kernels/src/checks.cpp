@@ -70,17 +70,14 @@ Error badType(const char* op, const std::string& what) {
 
 }  // namespace
 
-bool isFloatType(DType t) noexcept {
-  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
-}
-
 Result<void> checkCopy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments) {
   if (src.dtype != dst.dtype) return badType("copy", "source and destination dtypes differ (use cast)");
   return validate({"copy", true, src.data, src.elements, dst.data, dst.elements}, segments);
 }
 
 Result<void> checkCast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments) {
-  if (!isFloatType(src.dtype) || !isFloatType(dst.dtype)) {
+  // One dtype on both sides is a copy, whatever the dtype: a gather-only group's all-gather casts that way.
+  if (src.dtype != dst.dtype && (!isComputeDType(src.dtype) || !isComputeDType(dst.dtype))) {
     return badType("cast", std::string("unsupported ") + std::string(toString(src.dtype)) + " -> " +
                                std::string(toString(dst.dtype)) + " (fp32, bf16, fp16 only)");
   }
@@ -89,7 +86,7 @@ Result<void> checkCast(ConstBuffer src, MutBuffer dst, std::span<const Segment> 
 }
 
 Result<void> checkScale(MutBuffer data, std::span<const Segment> segments) {
-  if (!isFloatType(data.dtype)) return badType("scale", "dtype must be fp32, bf16 or fp16");
+  if (!isComputeDType(data.dtype)) return badType("scale", "dtype must be fp32, bf16 or fp16");
   return validate({"scale", false, nullptr, 0, data.data, data.elements}, segments);
 }
 
@@ -98,7 +95,7 @@ Result<void> checkZero(MutBuffer data, std::span<const Segment> segments) {
 }
 
 Result<void> checkAccumulate(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments) {
-  if (!isFloatType(src.dtype) || dst.dtype != DType::kF32) {
+  if (!isComputeDType(src.dtype) || dst.dtype != DType::kF32) {
     return badType("accumulate", "source must be fp32, bf16 or fp16 and destination fp32");
   }
   return validate({"accumulate", true, src.data, src.elements, dst.data, dst.elements}, segments);
@@ -115,7 +112,7 @@ Result<void> checkReduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const
     if (srcs[r].dtype != src_type) return badType("reduce", "source " + std::to_string(r) + " has another dtype");
     if (srcs[r].elements < 0) return badType("reduce", "source " + std::to_string(r) + ": negative buffer length");
   }
-  if (!isFloatType(src_type) || !isFloatType(dst.dtype)) {
+  if (!isComputeDType(src_type) || !isComputeDType(dst.dtype)) {
     return badType("reduce", "sources and destination must be fp32, bf16 or fp16");
   }
   if (reduction.accumulate && dst.dtype != DType::kF32) {
@@ -149,7 +146,7 @@ Result<void> checkReduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const
 }
 
 Result<void> checkQuantize(ConstBuffer src, MutBuffer dst, MutBuffer scales, std::span<const Segment> segments) {
-  if (!isFloatType(src.dtype) || dst.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32) {
+  if (!isComputeDType(src.dtype) || dst.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32) {
     return badType("quantizeE4m3", "source must be fp32, bf16 or fp16, destination fp8_e4m3, scales fp32");
   }
   return validate(
@@ -158,7 +155,7 @@ Result<void> checkQuantize(ConstBuffer src, MutBuffer dst, MutBuffer scales, std
 }
 
 Result<void> checkDequantize(ConstBuffer src, ConstBuffer scales, MutBuffer dst, std::span<const Segment> segments) {
-  if (src.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32 || !isFloatType(dst.dtype)) {
+  if (src.dtype != DType::kF8E4M3 || scales.dtype != DType::kF32 || !isComputeDType(dst.dtype)) {
     return badType("dequantizeE4m3", "source must be fp8_e4m3, scales fp32, destination fp32, bf16 or fp16");
   }
   return validate(

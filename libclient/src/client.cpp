@@ -280,7 +280,7 @@ Result<TensorView> Group::unshardedView(std::size_t index) const {
   return state_->slotPart(index, state_->slot_params, state_->unsharded_dtype);
 }
 Result<TensorView> Group::unshardedGradView(std::size_t index) const {
-  return state_->slotPart(index, state_->slot_grads, gradientDType(state_->unsharded_dtype));
+  return state_->slotPart(index, state_->slot_grads, gradientDType(state_->sharded_dtype, state_->unsharded_dtype));
 }
 
 std::span<float> Group::unshardedScales() const noexcept {

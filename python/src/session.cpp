@@ -23,7 +23,10 @@ using namespace nb::literals;
 
 DType dtypeOf(const std::string& name) {
   const auto dtype = parseDType(name);
-  if (!dtype) throw nb::value_error(("unknown dtype '" + name + "' (fp32, bf16, fp16, fp8_e4m3)").c_str());
+  if (!dtype) {
+    throw nb::value_error(
+        ("unknown dtype '" + name + "' (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, fp64, int8, uint8, int32, int64)").c_str());
+  }
   return *dtype;
 }
 

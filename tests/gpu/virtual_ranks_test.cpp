@@ -35,7 +35,7 @@ GroupGeometry geometry(std::uint32_t world, std::int64_t shard, DType sharded, D
   g.shard_elems = shard;
   g.sharded = sharded;
   g.unsharded = unsharded;
-  g.grad = gradientDType(unsharded);
+  g.grad = gradientDType(sharded, unsharded);
   if (g.quantized()) {
     const std::int64_t blocks = (shard + kBlock - 1) / kBlock;
     g.total_blocks = blocks * world;

@@ -511,6 +511,73 @@ TEST(Lifecycle, OtherDtypesGiveViewsOfTheirOwnElementSize) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Lifecycle, GatherOnlyGroupsCopyAnyDtypeAndRefuseReductions) {
+  // Frozen parameters of dtypes dbufd does not compute in (fp64, fp8, integers) are held and gathered as they
+  // are; their groups have gradient regions of their own dtype and no reductions.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 2;
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("bits", rank, kWorld));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    for (const DType dtype : {DType::kF64, DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kU8}) {
+      const auto width = static_cast<std::size_t>(sizeBytes(dtype));
+      GroupSpec spec = smallGroup("frozen-" + std::string(toString(dtype)), 3, 10);
+      spec.sharded_dtype = dtype;
+      spec.unsharded_dtype = dtype;
+      auto group = client->registerGroup(spec);
+      ASSERT_TRUE(group.ok()) << toString(dtype) << ": " << messageOf(group);
+      const GroupPlan& plan = group->plan();
+      // Every byte of a rank's elements is a pattern of the owner, the tensor and the element: any byte moved,
+      // dropped or converted shows.
+      const auto pattern = [&](std::uint32_t owner, std::size_t t, std::int64_t e, std::size_t byte) {
+        return static_cast<std::byte>((owner * 71 + t * 13 + static_cast<std::size_t>(e) * 5 + byte) & 0xFF);
+      };
+      for (std::size_t t = 0; t < 3; ++t) {
+        const TensorView view = group->shardView(t);
+        EXPECT_EQ(view.dtype, dtype);
+        for (std::int64_t i = 0; i < view.numel(); ++i) {
+          for (std::size_t b = 0; b < width; ++b) {
+            view.base[static_cast<std::size_t>(i) * width + b] = pattern(rank, t, view.begin + i, b);
+          }
+        }
+      }
+      ASSERT_TRUE(group->unshard().ok()) << toString(dtype);
+      for (std::size_t t = 0; t < 3; ++t) {
+        auto gathered = group->unshardedView(t);
+        ASSERT_TRUE(gathered.ok());
+        EXPECT_EQ(gathered->dtype, dtype);
+        std::int64_t wrong = 0;
+        for (std::int64_t e = 0; e < gathered->numel(); ++e) {
+          for (std::size_t b = 0; b < width; ++b) {
+            const std::byte expected = pattern(ownerOf(plan, t, e), t, e, b);
+            wrong += gathered->base[static_cast<std::size_t>(e) * width + b] != expected ? 1 : 0;
+          }
+        }
+        EXPECT_EQ(wrong, 0) << toString(dtype) << " rank " << rank << " tensor " << t;
+        auto grad = group->unshardedGradView(t);
+        ASSERT_TRUE(grad.ok());
+        EXPECT_EQ(grad->dtype, dtype) << "no bf16 gradients beside a gather-only fp8 group";
+      }
+      auto reduced = group->reduceScatter();
+      EXPECT_FAILS_WITH(reduced, ErrorCode::kInvalidArgument);
+      EXPECT_NE(messageOf(reduced).find("does not reduce"), std::string::npos) << messageOf(reduced);
+      EXPECT_FAILS_WITH(group->allReduce(), ErrorCode::kInvalidArgument);
+      ASSERT_TRUE(group->reshard().ok()) << "the refused reductions left the group usable";
+      ASSERT_TRUE(group->unshard().ok());
+      ASSERT_TRUE(group->reshard().ok());
+    }
+    GroupSpec widened = smallGroup("fp64-to-fp32", 3, 10);
+    widened.sharded_dtype = DType::kF64;
+    widened.unsharded_dtype = DType::kF32;
+    auto refused = client->registerGroup(widened);
+    EXPECT_FAILS_WITH(refused, ErrorCode::kInvalidArgument);
+    EXPECT_NE(messageOf(refused).find("fp64 -> fp32"), std::string::npos) << messageOf(refused);
+    ASSERT_TRUE(client->detach().ok());
+  });
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Lifecycle, AJobIdTheProtocolRefusesLeavesTheClientUsable) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());

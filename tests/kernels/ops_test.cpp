@@ -190,6 +190,32 @@ TEST(KernelsOps, CastEveryPair) {
   }
 }
 
+TEST(KernelsOps, CastOfOneDtypeIsACopyOfAnyDtypeAndOtherPairsStayRefused) {
+  // A gather-only group (fp64, fp8, integers) all-gathers through cast with one dtype on both sides.
+  std::mt19937_64 rng(7);
+  for (const DType t : {DType::kF64, DType::kF8E4M3, DType::kF8E5M2, DType::kI8, DType::kU8, DType::kI32,
+                        DType::kI64}) {
+    const Table tab = randomTable(rng, 110, 0);
+    Buf src(t, tab.src_len);
+    for (auto& b : src.bytes) b = static_cast<unsigned char>(rng());
+    Buf init(t, tab.dst_len);
+    for (auto& b : init.bytes) b = static_cast<unsigned char>(rng());
+    Buf want = init;
+    ASSERT_TRUE(copy(src.in(), want.out(), tab.segs, opts(1)).ok());
+    for (const int th : kThreadCounts) {
+      Buf got = init;
+      ASSERT_TRUE(cast(src.in(), got.out(), tab.segs, opts(th)).ok()) << toString(t);
+      expectSameBytes(got, want, "cast of one dtype");
+    }
+  }
+  const Table tab = randomTable(rng, 20, 0);
+  Buf wide(DType::kF64, tab.src_len);
+  Buf narrow(DType::kF32, tab.dst_len);
+  const auto refused = cast(wide.in(), narrow.out(), tab.segs, opts(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("fp64 -> fp32"), std::string::npos) << refused.error().message;
+}
+
 TEST(KernelsOps, ScaleAndZero) {
   std::mt19937_64 rng(3);
   for (const DType t : kFloatTypes) {

@@ -16,11 +16,6 @@ std::string shapeText(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
-/// The dtypes the reductions and casts compute in.
-bool isFloatingCompute(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-}
-
 /// The plan's tensors back from their wire form.
 std::vector<planner::PlannedTensor> plannedTensors(const ipc::GroupReady& group) {
   std::vector<planner::PlannedTensor> tensors;
@@ -101,14 +96,17 @@ std::uint64_t leastShardFileBytes(const ipc::RegisterGroup& spec, std::uint32_t 
 
 Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_t devices) {
   const auto sharded = parseDType(spec.sharded_dtype);
-  if (!sharded || !isFloatingCompute(*sharded)) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "sharded dtype '" + spec.sharded_dtype + "' is not one of fp32, bf16, fp16");
-  }
+  if (!sharded) return makeError(ErrorCode::kInvalidArgument, "unknown sharded dtype '" + spec.sharded_dtype + "'");
   const auto unsharded = parseDType(spec.unsharded_dtype);
-  if (!unsharded || !(isFloatingCompute(*unsharded) || *unsharded == DType::kF8E4M3)) {
+  if (!unsharded) {
+    return makeError(ErrorCode::kInvalidArgument, "unknown unsharded dtype '" + spec.unsharded_dtype + "'");
+  }
+  const bool computed = isComputeDType(*sharded) && (isComputeDType(*unsharded) || *unsharded == DType::kF8E4M3);
+  if (!computed && !isGatherOnly(*sharded, *unsharded)) {
     return makeError(ErrorCode::kInvalidArgument,
-                     "unsharded dtype '" + spec.unsharded_dtype + "' is not one of fp32, bf16, fp16, fp8_e4m3");
+                     "dtypes " + spec.sharded_dtype + " -> " + spec.unsharded_dtype +
+                         ": a group shards fp32, bf16 or fp16 and gathers them as one of those or fp8_e4m3, "
+                         "or holds another dtype (fp64, fp8, integers) and gathers it as it is, with no reductions");
   }
   auto rule = planner::GranularityRule::parse(spec.granularity);
   if (!rule) return std::move(rule).error();
@@ -158,14 +156,15 @@ ipc::GroupReady describeGroup(const ipc::RegisterGroup& spec, const planner::Uni
 }
 
 SlotLayout slotLayout(const ipc::GroupReady& group) {
+  const DType sharded = *parseDType(group.sharded_dtype);
   const DType unsharded = *parseDType(group.unsharded_dtype);
   const auto elements = static_cast<std::uint64_t>(group.devices) * static_cast<std::uint64_t>(group.shard_elems);
   SlotLayout layout;
   layout.params = {0, elements * static_cast<std::uint64_t>(sizeBytes(unsharded))};
   layout.grads = {alignUp(layout.params.bytes, kRegionAlign),
-                  elements * static_cast<std::uint64_t>(sizeBytes(gradientDType(unsharded)))};
+                  elements * static_cast<std::uint64_t>(sizeBytes(gradientDType(sharded, unsharded)))};
   std::uint64_t end = layout.grads.offset + layout.grads.bytes;
-  if (unsharded == DType::kF8E4M3) {
+  if (isQuantizedGather(sharded, unsharded)) {
     const auto blocks = static_cast<std::uint64_t>(planner::numberBlocks(plannedTensors(group)).total);
     layout.scales = {alignUp(end, kRegionAlign), blocks * sizeof(float)};
     end = layout.scales.offset + layout.scales.bytes;
@@ -189,7 +188,7 @@ GroupGeometry groupGeometry(const ipc::GroupReady& group) {
   geometry.shard_elems = group.shard_elems;
   geometry.sharded = *parseDType(group.sharded_dtype);
   geometry.unsharded = *parseDType(group.unsharded_dtype);
-  geometry.grad = gradientDType(geometry.unsharded);
+  geometry.grad = gradientDType(geometry.sharded, geometry.unsharded);
   geometry.digest = planDigest(group);
   if (!geometry.quantized()) return geometry;
   const std::vector<planner::PlannedTensor> tensors = plannedTensors(group);

@@ -63,7 +63,9 @@ struct GroupGeometry {
   };
   std::vector<RankBlocks> ranks;  ///< fp8 groups only
   std::uint64_t digest = 0;       ///< planDigest(): equal on every node that planned the group alike
-  [[nodiscard]] bool quantized() const noexcept { return unsharded == DType::kF8E4M3; }
+  [[nodiscard]] bool quantized() const noexcept { return isQuantizedGather(sharded, unsharded); }
+  /// Whether the group reduces: its sharded dtype is one dbuf computes in (see isGatherOnly).
+  [[nodiscard]] bool reduces() const noexcept { return isComputeDType(sharded); }
 };
 [[nodiscard]] GroupGeometry groupGeometry(const ipc::GroupReady& group);
 

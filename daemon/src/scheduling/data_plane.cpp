@@ -438,6 +438,12 @@ Result<void> DataPlane::validateFronts(JobSchedule& job) {
   if (op == ipc::OpCode::kBarrier) return {};
   const GroupGeometry* group = job.groupGeometry(first.group_id);
   if (group == nullptr) return refuse(": job " + job.id + " has no such group");
+  if ((op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) && !group->reduces()) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) +
+                         ": the group holds " + std::string(toString(group->sharded)) +
+                         ", which dbufd gathers as it is and does not reduce (reductions need fp32, bf16 or fp16)");
+  }
   if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
     return refuse(": root is not a rank of the job");
   }

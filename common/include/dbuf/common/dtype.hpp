@@ -59,11 +59,30 @@ inline constexpr std::array<DTypeInfo, 10> kDTypes{{
   return std::nullopt;
 }
 
+/// The dtypes dbuf computes in: reductions, casts and scaling (fp32, bf16, fp16).
+[[nodiscard]] constexpr bool isComputeDType(DType dtype) noexcept {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+/// How a group's all-gather makes its unsharded parameters from the shards:
+///  - a sharded compute dtype gathered as fp8_e4m3 is block-quantized (with
+///    scales beside the parameters; gradients are bf16);
+///  - a sharded compute dtype gathered as a compute dtype is cast;
+///  - one dtype on both sides that dbuf does not compute in (fp64, fp8,
+///    integers: frozen parameters) is copied as it is, and the group has no
+///    reductions.
+[[nodiscard]] constexpr bool isQuantizedGather(DType sharded, DType unsharded) noexcept {
+  return isComputeDType(sharded) && unsharded == DType::kF8E4M3;
+}
+[[nodiscard]] constexpr bool isGatherOnly(DType sharded, DType unsharded) noexcept {
+  return sharded == unsharded && !isComputeDType(sharded);
+}
+
 /// The dtype of a group's unsharded gradients: its unsharded dtype, except
-/// for fp8 groups, whose parameters are gathered as fp8 but whose gradients
-/// are bf16. Shared by the daemon's slot layout and libdbuf's views.
-[[nodiscard]] constexpr DType gradientDType(DType unsharded) noexcept {
-  return unsharded == DType::kF8E4M3 ? DType::kBF16 : unsharded;
+/// for quantized fp8 groups, whose parameters are gathered as fp8 but whose
+/// gradients are bf16. Shared by the daemon's slot layout and libdbuf's views.
+[[nodiscard]] constexpr DType gradientDType(DType sharded, DType unsharded) noexcept {
+  return isQuantizedGather(sharded, unsharded) ? DType::kBF16 : unsharded;
 }
 
 }  // namespace dbuf

@@ -68,7 +68,7 @@ struct Options {
 [[nodiscard]] Result<void> copy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments,
                                 const Options& options = {});
 
-/// dst = convert(src) for src, dst in {fp32, bf16, fp16} (same dtype = copy).
+/// dst = convert(src) for src, dst in {fp32, bf16, fp16}; one dtype on both sides (any dtype) = copy.
 [[nodiscard]] Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments,
                                 const Options& options = {});
 

@@ -11,10 +11,8 @@
 
 namespace dbuf::kernels::detail {
 
-[[nodiscard]] bool isFloatType(DType t) noexcept;
-
 [[nodiscard]] Result<void> checkCopy(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments);
-/// Also accepts src.dtype == dst.dtype (a cast that is a copy).
+/// Also accepts src.dtype == dst.dtype, any dtype (a cast that is a copy).
 [[nodiscard]] Result<void> checkCast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments);
 [[nodiscard]] Result<void> checkScale(MutBuffer data, std::span<const Segment> segments);
 [[nodiscard]] Result<void> checkZero(MutBuffer data, std::span<const Segment> segments);
