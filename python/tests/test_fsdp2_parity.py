@@ -23,9 +23,10 @@ def test_on_two_ranks(daemon):
     """Unused parameters keep None gradients (or get zeros, set_reduce_scatter_unused_params(True));
     post-accumulate-grad hooks step an optimizer in backward; reshard_after_forward=False on 8 units at the
     default prefetch depth; tied embedding and output in one grouped unit with uneven shards; a parameter shared
-    across units raises FSDP2's error at the first forward."""
+    across units raises FSDP2's error at the first forward; frozen fp8, int8 and fp64 parameters beside trainable
+    fp32 ones in each unit."""
     run_ranks("side_by_side.py", 2, daemon.socket, "unused", "unused-reduced", "hooks", "keep", "tied", "shared",
-              job="fsdp2-2", env={"PYTHONPATH": str(RANKS)})
+              "frozen-dtypes", job="fsdp2-2", env={"PYTHONPATH": str(RANKS)})
 
 
 def test_roots_meta_device_and_meshes(daemon):

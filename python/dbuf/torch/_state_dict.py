@@ -67,9 +67,9 @@ def _whole_through_the_job(units: list[Unit], what: str) -> None:
                 )
 
 
-def _rank_slices(unit: Unit) -> list[list[tuple[int, int]]]:
-    """For every rank, its [begin, end) of each of the unit's tensors (the planner's slices)."""
-    plan = unit.group.plan
+def _rank_slices(group) -> list[list[tuple[int, int]]]:
+    """For every rank, its [begin, end) of each of a unit's group's tensors (the planner's slices)."""
+    plan = group.plan
     per_tensor = [rank_ranges(plan, index) for index in range(len(plan.tensors))]
     return [[ranges[rank] for ranges in per_tensor] for rank in range(plan.devices)]
 
@@ -147,20 +147,32 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
     state = {}
     with _Staging(session) as staging:
         for unit in all_units:
-            if unit.group is not None:
-                state.update(_gather_unit(model, unit, staging, receives))
+            for group in unit.groups:
+                state.update(_gather_group(model, unit, group, staging, receives))
     if receives:
         state.update({k: v.detach().clone() for k, v in _replicated(model).items()})
     return state
 
 
-def _gather_unit(model: nn.Module, unit: Unit, staging: _Staging, receives: bool) -> dict[str, torch.Tensor]:
-    """Every rank's local elements of the unit's tensors -> the whole tensors (where `receives`)."""
-    slices = _rank_slices(unit)
+# Dtypes whose every value the fp32 staging slot carries exactly.
+_STAGED_EXACTLY = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
+                   torch.uint8)
+
+
+def _gather_group(model: nn.Module, unit: Unit, group, staging: _Staging, receives: bool) -> dict[str, torch.Tensor]:
+    """Every rank's local elements of one group's tensors -> the whole tensors (where `receives`)."""
+    named = sorted(((e, n) for e, n in _entry_names(model, unit) if e.group is group), key=lambda en: en[0].index)
+    for entry, name in named:
+        if entry.sharded.dtype not in _STAGED_EXACTLY:
+            raise NotImplementedError(
+                f"dbuf.torch's full state dict moves tensors through fp32; {name} is {entry.sharded.dtype}: use "
+                f"torch.distributed.checkpoint.state_dict's functions or DCP"
+            )
+    slices = _rank_slices(group)
     world = len(slices)
     payload_sizes = [sum(end - begin for begin, end in rank) for rank in slices]
     mine = unit.session.rank
-    local = [entry.local.detach() for entry in unit.entries]
+    local = [entry.local.detach().float() for entry, _ in named]
     payload = torch.cat(local) if local else torch.empty(0, device=staging.shard.device)
     if payload.numel() != payload_sizes[mine]:
         raise dbuf.InternalError(f"unit {unit.label}: this rank holds {payload.numel()} elements, its plan says "
@@ -182,13 +194,13 @@ def _gather_unit(model: nn.Module, unit: Unit, staging: _Staging, receives: bool
         return {}
     out: dict[str, torch.Tensor] = {}
     cursors = [0] * world
-    for index, (entry, name) in enumerate(_entry_names(model, unit)):
+    for entry, name in named:
         parts = []
         for rank in range(world):
-            begin, end = slices[rank][index]
+            begin, end = slices[rank][entry.index]
             parts.append(received[rank][cursors[rank] : cursors[rank] + end - begin])
             cursors[rank] += end - begin
-        out[name] = torch.cat(parts).reshape(entry.sharded.shape)
+        out[name] = torch.cat(parts).reshape(entry.sharded.shape).to(entry.sharded.dtype)
     return out
 
 
@@ -203,7 +215,7 @@ def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_r
     2^24). A dict rank 0 finds wrong raises on every rank, naming the problem
     on rank 0.
     """
-    all_units = [u for u in units_of(model) if u.group is not None]
+    all_units = [u for u in units_of(model) if u.groups]
     if broadcast_from_rank0 and all_units:
         _broadcast_state(model, all_units, state_dict)
         return
@@ -223,7 +235,11 @@ _EXACT_INTEGERS = 1 << 24  # fp32 holds every integer up to here exactly
 
 def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str | None:
     """What is wrong with rank 0's dict for a broadcast load, if anything."""
-    expected = {name: tuple(entry.sharded.shape) for unit in units for entry, name in _entry_names(model, unit)}
+    named = [(entry, name) for unit in units for entry, name in _entry_names(model, unit)]
+    for entry, name in named:
+        if entry.sharded.dtype not in _STAGED_EXACTLY and entry.sharded.is_floating_point():
+            return f"{name}: {entry.sharded.dtype} values cannot be broadcast exactly through fp32"
+    expected = {name: tuple(entry.sharded.shape) for entry, name in named}
     expected.update({name: tuple(t.shape) for name, t in _replicated(model).items()})
     for name, shape in expected.items():
         if name not in state_dict:

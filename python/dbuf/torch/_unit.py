@@ -41,14 +41,48 @@ from ._ragged import ragged_shard_of
 from ._session import RootOrder, Session
 
 
-_DBUF_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# The dtypes dbufd reduces (and casts to a param_dtype); parameters of the others are held and gathered as they are.
+_REDUCED_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_GATHERED_DTYPES = {
+    torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e5m2: "fp8_e5m2",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
 
 
 def dbuf_dtype(dtype: torch.dtype) -> str:
-    try:
-        return _DBUF_DTYPES[dtype]
-    except KeyError:
-        raise TypeError(f"dbuf shards fp32, bf16 and fp16 parameters, not {dtype}") from None
+    """dbufd's name of a dtype a unit's parameters may have."""
+    name = _REDUCED_DTYPES.get(dtype) or _GATHERED_DTYPES.get(dtype)
+    if name is None:
+        raise TypeError(f"dbuf shards parameters of {', '.join(map(str, [*_REDUCED_DTYPES, *_GATHERED_DTYPES]))}, "
+                        f"not {dtype}")
+    return name
+
+
+def _split_by_dtype(label: str, params: list) -> tuple[torch.dtype, list[torch.dtype]]:
+    """The dtype of the unit's reduced group (its trainable parameters'), and the other dtypes, gathered only.
+
+    As in FSDP2, the parameters that require a gradient share one dtype;
+    frozen ones may have any (an fp8 or int8 base model under trainable
+    adapters, fp64 constants). dbufd reduces fp32, bf16 and fp16.
+    """
+    dtypes = list(dict.fromkeys(param.dtype for _, param, _ in params))
+    trainable = list(dict.fromkeys(param.dtype for _, param, _ in params if param.requires_grad))
+    if len(trainable) > 1:
+        names = ", ".join(f"{fqn} ({param.dtype})" for fqn, param, _ in params if param.requires_grad)
+        raise TypeError(f"unit {label}: the parameters that require a gradient must share one dtype, got {names}")
+    reduced = trainable[0] if trainable else dtypes[0]
+    for dtype in dtypes:
+        dbuf_dtype(dtype)  # a dtype dbufd holds
+    if trainable and reduced not in _REDUCED_DTYPES:
+        names = ", ".join(fqn for fqn, param, _ in params if param.requires_grad)
+        raise TypeError(f"unit {label}: dbufd reduces fp32, bf16 and fp16 gradients; {names} ({reduced}) require one "
+                        f"(parameters of {reduced} may be sharded frozen, with requires_grad=False)")
+    return reduced, [dtype for dtype in dtypes if dtype != reduced]
 
 
 @dataclass
@@ -87,7 +121,8 @@ class ParamEntry:
     """One parameter of a unit (a tensor of its group)."""
 
     fqn: str
-    index: int
+    group: dbuf.Group  # the unit's group that holds it: its reduced one, or a gather-only one of another dtype
+    index: int  # its position in that group
     requires_grad: bool
     registrations: list[tuple[nn.Module, str]]  # every (module, attribute) that holds it
     sharded: RaggedDTensor  # the parameter between forwards (an nn.Parameter)
@@ -139,7 +174,10 @@ class Unit:
         self.requires_gradient_sync = True
         self.reduction = reduction or Reduction()
         self.entries: list[ParamEntry] = []
+        # The group of the parameters of the unit's reduced dtype (every trainable one), and one gather-only group
+        # per other dtype of frozen parameters (see _split_by_dtype).
         self.group: dbuf.Group | None = None
+        self.gathered_only: list[dbuf.Group] = []
         self.forward_prefetch: list[Unit] | None = None  # explicit, else the recorded order
         self.backward_prefetch: list[Unit] | None = None
         # The root unit of the model this unit's first forward ran in (itself for a root; None before): FSDP2's lazy
@@ -147,7 +185,7 @@ class Unit:
         self.root: Unit | None = None
         self.order: RootOrder | None = None
         self._reset_pass()
-        self.gather_op: dbuf.Op | None = None
+        self.gather_ops: list[dbuf.Op] = []
         self.gather_event: torch.cuda.Event | None = None  # GPU: where the gather's stream is after it
         self.reduce_op: dbuf.Op | None = None
         self.added_back: list[tuple[ParamEntry, torch.Tensor]] = []  # see reduce_gradients
@@ -161,49 +199,66 @@ class Unit:
             self.param_dtype = param_dtype
             self.cast_forward_inputs = False
             return
-        dtypes = {param.dtype for _, param, _ in params}
-        if len(dtypes) != 1:
-            names = ", ".join(f"{fqn} ({param.dtype})" for fqn, param, _ in params)
-            raise TypeError(f"unit {label}: its parameters must share one dtype, got {names}")
-        sharded_dtype = dtypes.pop()
+        sharded_dtype, other_dtypes = _split_by_dtype(label, params)
         self.sharded_dtype = sharded_dtype
         self.param_dtype = param_dtype if param_dtype is not None else sharded_dtype
         self.cast_forward_inputs = cast_forward_inputs and param_dtype is not None
-        self._register(params, granularity, tensor_granularity, sharded_dtype)
+        self.group = self._register(
+            [p for p in params if p[1].dtype == sharded_dtype], granularity, tensor_granularity,
+            sharded_dtype, self.param_dtype, "",
+        )
+        for dtype in other_dtypes:
+            self.gathered_only.append(self._register(
+                [p for p in params if p[1].dtype == dtype], granularity, tensor_granularity, dtype, dtype,
+                f"-{dbuf_dtype(dtype)}",
+            ))
+        position = {fqn: i for i, (fqn, _, _) in enumerate(params)}
+        self.entries.sort(key=lambda entry: position[entry.fqn])  # fully_shard's order over the groups
+        self.use_sharded()
 
     # ------------------------------------------------------------ set-up
 
-    def _register(self, params, granularity, tensor_granularity, sharded_dtype) -> None:
+    @property
+    def groups(self) -> list[dbuf.Group]:
+        return [] if self.group is None else [self.group, *self.gathered_only]
+
+    @property
+    def reduces(self) -> bool:
+        """Whether the unit's group reduces gradients (its dtype is one dbufd reduces)."""
+        return self.group is not None and self.sharded_dtype in _REDUCED_DTYPES
+
+    def _register(self, params, granularity, tensor_granularity, sharded_dtype, unsharded_dtype, suffix) -> dbuf.Group:
+        """One group of the unit, of one dtype: registered with dbufd, its parameters' entries made."""
         model_specs = [_model_parallel_spec(fqn, param) for fqn, param, _ in params]
         # The planner places what this rank holds of each tensor: its tensor / expert parallel chunk.
         specs = [
             dbuf.TensorSpec(fqn, tuple(_chunk_of(param).shape), granularity=tensor_granularity.get(fqn))
             for fqn, param, _ in params
         ]
-        self.group = self.session.client.register_group(
-            self.session.next_group_name(self.label),
+        group = self.session.client.register_group(
+            self.session.next_group_name(self.label + suffix),
             specs,
             granularity=granularity,
             sharded_dtype=dbuf_dtype(sharded_dtype),
-            unsharded_dtype=dbuf_dtype(self.param_dtype),
+            unsharded_dtype=dbuf_dtype(unsharded_dtype),
         )
         keep_daemon_values = self.session.client.reattached
         for index, (fqn, param, registrations) in enumerate(params):
-            view = self.group.shard_view(index)
+            view = group.shard_view(index)
             local = view.torch()
             if not keep_daemon_values and param.device.type != "meta":
                 with torch.no_grad():
                     local.copy_(_chunk_of(param).detach().reshape(-1)[view.begin : view.end])
             model_spec = model_specs[index]
-            block = self.group.plan.tensors[index].granularity
+            block = group.plan.tensors[index].granularity
             if model_spec is None:
                 mesh = self.mesh if self.mesh is not None else self.session.mesh
-                placements = ragged_shard_of(rank_ranges(self.group.plan, index), block)
+                placements = ragged_shard_of(rank_ranges(group.plan, index), block)
             else:
                 # FSDP2's layout: dp first, then the model's own dims; StridedRaggedShard where those cut dim 0.
                 mesh = self.session.spmd_mesh(model_spec.mesh)
                 split = model_spec.num_shards_map[0] if model_spec.ndim else 1
-                placements = (ragged_shard_of(rank_ranges(self.group.plan, index), block, split),
+                placements = (ragged_shard_of(rank_ranges(group.plan, index), block, split),
                               *model_spec.placements)
             # A parameter on meta stays on meta, as FSDP2's, until to_empty or load_state_dict(assign=True)
             # materializes it (adopt_applied then points it at dbufd's memory, which holds it already).
@@ -212,9 +267,10 @@ class Unit:
                 RaggedDTensor.from_local(shown, mesh, placements, param.shape), requires_grad=param.requires_grad
             )
             sharded.fqn = fqn
-            shard_grad = self.group.shard_grad_view(index).torch()
+            shard_grad = group.shard_grad_view(index).torch()
             entry = ParamEntry(
                 fqn=fqn,
+                group=group,
                 index=index,
                 requires_grad=param.requires_grad,
                 registrations=registrations,
@@ -225,7 +281,7 @@ class Unit:
                 model_spec=model_spec,
             )
             self.entries.append(entry)
-        self.use_sharded()
+        return group
 
     def _reset_pass(self) -> None:
         """Per forward/backward pass flags."""
@@ -248,7 +304,7 @@ class Unit:
     def _bind_unsharded(self) -> None:
         """The unsharded parameters and gradients over the slot (made once: its address is stable)."""
         for entry in self.entries:
-            view = self.group.unsharded_view(entry.index)
+            view = entry.group.unsharded_view(entry.index)
             if entry.unsharded is not None and entry.unsharded_ptr == view.data_ptr:
                 continue
             if entry.unsharded is not None and self.forward_ran:
@@ -257,11 +313,13 @@ class Unit:
                     f"unit {self.label}: the unsharded slot moved between forward and backward"
                 )
             # Made requiring a gradient so that the hook can be registered; use_unsharded sets what the
-            # sharded parameter says.
-            entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec), requires_grad=True)
-            entry.unsharded.register_post_accumulate_grad_hook(_marks_reached(entry))
+            # sharded parameter says. A gathered-only parameter (a frozen one of another dtype) never has one.
+            reduced = entry.group is self.group
+            entry.unsharded = nn.Parameter(_unsharded_value(view.torch(), entry.model_spec), requires_grad=reduced)
+            if reduced:
+                entry.unsharded.register_post_accumulate_grad_hook(_marks_reached(entry))
             entry.unsharded_ptr = view.data_ptr
-            entry.unsharded_grad = self.group.unsharded_grad_view(entry.index).torch()
+            entry.unsharded_grad = entry.group.unsharded_grad_view(entry.index).torch()
 
     # ------------------------------------------------------------ parameters on the modules
 
@@ -273,6 +331,11 @@ class Unit:
         """
         for entry in self.entries:
             requires_grad = entry.sharded.requires_grad
+            if requires_grad and entry.group is not self.group:
+                raise TypeError(
+                    f"unit {self.label}: {entry.fqn} ({entry.sharded.dtype}) requires a gradient now; it was frozen "
+                    f"when fully_shard made the unit, which reduces its {self.sharded_dtype} parameters only"
+                )
             if entry.unsharded.requires_grad != requires_grad:  # (entry.requires_grad follows it)
                 entry.requires_grad = requires_grad
                 entry.unsharded.requires_grad_(requires_grad)
@@ -349,14 +412,26 @@ class Unit:
 
     @property
     def unsharded_elems(self) -> int:
-        """V*S: elements of the unit's unsharded buffer."""
+        """V*S: elements of the unsharded buffer of the unit's reduced group."""
         plan = self.group.plan
         return plan.devices * plan.shard_elems
 
     @property
+    def gathered_bytes(self) -> int:
+        """Bytes of the unit's unsharded parameters, over its groups."""
+        return self.unsharded_elems * self.param_dtype.itemsize + sum(
+            group.plan.devices * group.plan.shard_elems * entry_dtype.itemsize
+            for group, entry_dtype in self._gathered_only_dtypes()
+        )
+
+    @property
     def slot_bytes(self) -> int:
-        """Unsharded parameters and gradients (both in param_dtype) of the unit's slot."""
-        return 2 * self.unsharded_elems * self.param_dtype.itemsize
+        """Unsharded parameters and gradients of the unit's slots (gradients in the parameters' dtype)."""
+        return 2 * self.gathered_bytes
+
+    def _gathered_only_dtypes(self) -> list[tuple[dbuf.Group, torch.dtype]]:
+        dtypes = {id(entry.group): entry.sharded.dtype for entry in self.entries}
+        return [(group, dtypes[id(group)]) for group in self.gathered_only]
 
     @property
     def holds_slot(self) -> bool:
@@ -368,7 +443,7 @@ class Unit:
             return True
         if not self.session.make_room(self, required=required):
             return False
-        self.group.acquire_slot(grow=required)
+        self._acquire_slots(required)
         self.session.hold_slot(self)
         stats = self.session.stats
         self._bind_unsharded()
@@ -376,13 +451,31 @@ class Unit:
         # queued meanwhile does not wait for it; the stream that uses the
         # unit waits for its event instead (_wait_gather).
         stream = self.session.prefetch_stream() if not required else self.session.stream()
-        self.gather_op = self.group.all_gather(async_op=True, stream=stream)
+        self.gather_ops = [group.all_gather(async_op=True, stream=stream) for group in self.groups]
         if stream is not None:
             self.gather_event = torch.cuda.Event()
             self.gather_event.record(stream)
-        stats.all_gathers += 1
-        stats.all_gather_bytes += self.unsharded_elems * self.param_dtype.itemsize
+        stats.all_gathers += len(self.gather_ops)
+        stats.all_gather_bytes += self.gathered_bytes
         return True
+
+    def _acquire_slots(self, required: bool) -> None:
+        """A slot for each of the unit's groups, or none (those taken are given back if one fails).
+
+        The session's pool counts units (make_room decided there is room): a
+        unit with gather-only groups holds more than one of dbufd's slots, so
+        dbufd's pool may grow past prefetch_depth + 1 slots, within the
+        tenant's quota, as it does for a required gather.
+        """
+        acquired = []
+        try:
+            for group in self.groups:
+                group.acquire_slot(grow=required or len(self.groups) > 1)
+                acquired.append(group)
+        except BaseException:
+            for group in acquired:
+                group.reshard()
+            raise
 
     def unshard(self) -> None:
         """The parameters gathered in the slot (waiting for a prefetch, or gathering now)."""
@@ -390,17 +483,18 @@ class Unit:
         self._wait_gather()
 
     def _wait_gather(self) -> None:
-        op, self.gather_op = self.gather_op, None
-        if op is None:
+        ops, self.gather_ops = self.gather_ops, []
+        if not ops:
             return
         if self.session.device is None:
-            op.wait()  # host ordering: the gathered parameters are there once it returns
+            for op in ops:
+                op.wait()  # host ordering: the gathered parameters are there once it returns
             return
         # Stream-ordered: the using stream waits on the GPU; the host only
         # collects the result (a failure) later, without blocking now.
         event, self.gather_event = self.gather_event, None
         self.session.stream().wait_event(event)
-        self.session.unwaited.append(op)
+        self.session.unwaited.extend(ops)
 
     def reshard(self) -> None:
         """The sharded parameters on the modules; the slot given back, once this unit's ops in flight are done."""
@@ -409,10 +503,11 @@ class Unit:
             return
         self._wait_gather()
         self.wait_reduce()
-        if self.session.device is None:
-            self.group.reshard()
-        else:
-            self.group.reshard_on_stream(self.session.stream())
+        for group in self.groups:
+            if self.session.device is None:
+                group.reshard()
+            else:
+                group.reshard_on_stream(self.session.stream())
         self.session.slot_holders.remove(self)
         self.releasable = False
 
@@ -420,10 +515,12 @@ class Unit:
 
     def prepare_gradients(self) -> None:
         """Before the unit's backward: its gradients will land in the slot's gradient region."""
-        if self.grads_prepared or self.group is None:
+        if self.grads_prepared or not self.reduces:
             return
         self.grads_prepared = True
         for entry in self.entries:
+            if entry.group is not self.group:
+                continue  # gathered only: never reduced
             entry.unsharded_grad.zero_()  # a frozen parameter's part too: the reduce-scatter reads the region
             if not entry.requires_grad:
                 continue
@@ -547,7 +644,7 @@ class Unit:
         narrow = self.param_dtype != torch.float32 and self.sharded_dtype == torch.float32
         with torch.no_grad():
             for entry in self.entries:
-                kept = set_aside.get(entry.index)
+                kept = set_aside.get(entry.index) if entry.group is self.group else None
                 if kept is None:
                     continue
                 total = kept.add_(entry.unsharded_grad)
@@ -670,10 +767,10 @@ class Unit:
     # ------------------------------------------------------------ end
 
     def close(self) -> None:
-        if self.group is not None:
-            if self.holds_slot:
-                self.session.slot_holders.remove(self)
-            self.group.close()
+        if self.holds_slot:
+            self.session.slot_holders.remove(self)
+        for group in self.groups:
+            group.close()
 
 
 def _marks_reached(entry: ParamEntry):

@@ -65,6 +65,22 @@ class TiedLM(nn.Module):
         return self.output(h)
 
 
+class FrozenBaseBlock(nn.Module):
+    """A trainable fp32 adapter over frozen weights of other dtypes (an fp8 base, an int8 table, fp64 scales):
+    one unit holds parameters of four dtypes."""
+
+    def __init__(self, dim: int = 7) -> None:
+        super().__init__()
+        self.base = nn.Parameter((torch.randn(dim, dim) * 0.5).to(torch.float8_e4m3fn), requires_grad=False)
+        self.codes = nn.Parameter(torch.randint(-100, 100, (dim,), dtype=torch.int8), requires_grad=False)
+        self.scales = nn.Parameter(torch.rand(dim, dtype=torch.float64) + 0.5, requires_grad=False)
+        self.adapter = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frozen = x @ self.base.float().t() * self.scales.float() + self.codes.float() / 100
+        return torch.tanh(frozen + self.adapter(x))
+
+
 def stack(units: int, dim: int = 7) -> nn.Sequential:
     return nn.Sequential(*(nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(units)))
 
@@ -85,8 +101,10 @@ def same(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def same_parameters(what: str, dbuf_model: nn.Module, fsdp_model: nn.Module) -> None:
+    """The trainable ones (frozen parameters' whole values show in the losses: gloo gathers no fp8)."""
     for (name, mine), (_, theirs) in zip(dbuf_model.named_parameters(), fsdp_model.named_parameters()):
-        same(f"{what}: {name}", mine.full_tensor(), theirs.full_tensor())
+        if theirs.requires_grad:
+            same(f"{what}: {name}", mine.full_tensor(), theirs.full_tensor())
 
 
 def same_gradients(what: str, dbuf_model: nn.Module, fsdp_model: nn.Module) -> None:
@@ -240,6 +258,31 @@ def tied_embedding_and_output_in_one_unit() -> None:
         return nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
 
     train_side_by_side(dbuf_model, fsdp_model, loss_of, 4, "tied")
+
+
+def frozen_parameters_of_other_dtypes() -> None:
+    """fp8, int8 and fp64 frozen parameters beside trainable fp32 ones in each unit: gathered as they are, the
+    adapters trained as FSDP2 trains them. A parameter of a dtype dbufd does not reduce refuses a gradient."""
+    dbuf_model, fsdp_model = twins(lambda: nn.Sequential(*(FrozenBaseBlock() for _ in range(3))), blocks_then_root)
+    trainable = [(n, p) for n, p in dbuf_model.named_parameters() if p.requires_grad]
+    assert [n for n, _ in trainable] == [f"{b}.adapter.{w}" for b in range(3) for w in ("weight", "bias")], trainable
+    for (name, mine), (_, theirs) in zip(dbuf_model.named_parameters(), fsdp_model.named_parameters()):
+        assert mine.dtype == theirs.dtype and mine.to_local().dtype == theirs.dtype, name
+
+    def loss_of(model, step):
+        return model(batch(step, (4, 7))).square().mean()
+
+    train_side_by_side(dbuf_model, fsdp_model, loss_of, 3, "frozen dtypes")
+
+    with _seeded:
+        torch.manual_seed(0)
+        trained_fp64 = nn.Linear(4, 4).double()
+    error = raised(lambda: dt.fully_shard(trained_fp64))
+    assert isinstance(error, TypeError) and "reduces fp32, bf16 and fp16" in str(error), repr(error)
+
+    dbuf_model[0].scales.requires_grad_(True)
+    error = raised(lambda: dbuf_model(batch(0, (4, 7))))
+    assert isinstance(error, TypeError) and "scales (torch.float64)" in str(error) and "frozen" in str(error), repr(error)
 
 
 def parameter_shared_across_units() -> None:
@@ -400,6 +443,7 @@ SCENARIOS = {
     "int": reshard_to_a_smaller_group,
     "tied": tied_embedding_and_output_in_one_unit,
     "shared": parameter_shared_across_units,
+    "frozen-dtypes": frozen_parameters_of_other_dtypes,
     "roots": roots_per_model,
     "meta": meta_device_init,
     "from-group": mesh_from_group,
