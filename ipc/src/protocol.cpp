@@ -39,7 +39,7 @@ T loadLe(std::span<const std::byte, kHeaderBytes> in, std::size_t offset) {
 constexpr bool validMessageType(MessageType type) noexcept {
   const auto raw = static_cast<std::uint16_t>(type);
   return raw >= static_cast<std::uint16_t>(MessageType::kHello) &&
-         raw <= static_cast<std::uint16_t>(MessageType::kAdminReply);
+         raw <= static_cast<std::uint16_t>(MessageType::kGroupUnregistered);
 }
 
 constexpr bool validWireError(WireError code) noexcept {
@@ -77,6 +77,8 @@ DBUF_IPC_MESSAGE(Detached, kDetached);
 DBUF_IPC_MESSAGE(Shutdown, kShutdown);
 DBUF_IPC_MESSAGE(AdminRequest, kAdminRequest);
 DBUF_IPC_MESSAGE(AdminReply, kAdminReply);
+DBUF_IPC_MESSAGE(UnregisterGroup, kUnregisterGroup);
+DBUF_IPC_MESSAGE(GroupUnregistered, kGroupUnregistered);
 #undef DBUF_IPC_MESSAGE
 
 template <std::size_t... I>
@@ -84,7 +86,7 @@ constexpr bool alternativesInTypeOrder(std::index_sequence<I...> /*indices*/) {
   return ((static_cast<std::size_t>(Traits<std::variant_alternative_t<I, Message>>::kType) == I + 1) && ...);
 }
 static_assert(alternativesInTypeOrder(std::make_index_sequence<std::variant_size_v<Message>>{}));
-static_assert(std::variant_size_v<Message> == static_cast<std::size_t>(MessageType::kAdminReply));
+static_assert(std::variant_size_v<Message> == static_cast<std::size_t>(MessageType::kGroupUnregistered));
 
 // ------------------------------------------------------------- field lists
 // One function per message lists its fields in wire order. `Io` is a
@@ -223,6 +225,16 @@ void fields(Io& io, M& m) {
 }
 
 template <typename Io, MessageOf<SlotReleased> M>
+void fields(Io& io, M& m) {
+  io.integer("group_id", m.group_id);
+}
+
+template <typename Io, MessageOf<UnregisterGroup> M>
+void fields(Io& io, M& m) {
+  io.integer("group_id", m.group_id);
+}
+
+template <typename Io, MessageOf<GroupUnregistered> M>
 void fields(Io& io, M& m) {
   io.integer("group_id", m.group_id);
 }
@@ -462,6 +474,10 @@ Result<Message> decodePayload(MessageType type, std::span<const std::byte> paylo
       return decodeAs<AdminRequest>(payload);
     case MessageType::kAdminReply:
       return decodeAs<AdminReply>(payload);
+    case MessageType::kUnregisterGroup:
+      return decodeAs<UnregisterGroup>(payload);
+    case MessageType::kGroupUnregistered:
+      return decodeAs<GroupUnregistered>(payload);
   }
   return makeError(ErrorCode::kInvalidArgument,
                    "unknown message type " + std::to_string(static_cast<std::uint16_t>(type)));

@@ -816,6 +816,12 @@ dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t t
   return done ? DBUF_OK : fail(client, done.error());
 }
 
+dbuf_status dbuf_group_unregister(dbuf_client* client, dbuf_group* group, int64_t timeout_ms) {
+  if (group == nullptr || timeout_ms <= 0) return invalid(client, "bad argument to dbuf_group_unregister");
+  auto done = group->group.unregister(ms(timeout_ms));
+  return done ? DBUF_OK : fail(client, done.error());
+}
+
 dbuf_status dbuf_group_reshard_on_stream(dbuf_client* client, dbuf_group* group, void* stream) {
   if (group == nullptr) return invalid(client, "bad argument to dbuf_group_reshard_on_stream");
   auto done = group->group.reshardOnStream(stream);

@@ -124,8 +124,15 @@ struct Group::State final : Connection::DeferredRelease {
   ipc::Region slot_scales;
   planner::BlockNumbering blocks;  // fp8 scale indices
 
+  bool unregistered = false;  // Group::unregister() done: nothing of it is mapped or may be asked for
+
   /// The slot is this group's to use: mapped, and no release pending.
   [[nodiscard]] bool holdsSlot() const noexcept { return slot.valid() && !release_point; }
+
+  [[nodiscard]] Result<void> checkRegistered() const {
+    if (!unregistered) return {};
+    return makeError(ErrorCode::kInvalidArgument, "group '" + name + "' was unregistered");
+  }
 
   /// Asks dbufd for a slot and maps it.
   Result<void> acquire(std::optional<std::chrono::milliseconds> timeout, bool grow) {
@@ -298,18 +305,22 @@ std::int64_t Group::scaleIndex(std::size_t tensor) const {
 }
 
 Result<OpHandle> Group::submitAllGather(const SubmitOptions& options) {
+  if (auto registered = state_->checkRegistered(); !registered) return std::move(registered).error();
   if (!state_->holdsSlot()) {
     return makeError(ErrorCode::kInvalidArgument, "group '" + state_->name + "' holds no slot: acquireSlot() first");
   }
   return state_->submit(ipc::OpCode::kAllGather, options);
 }
 Result<OpHandle> Group::submitReduceScatter(const ReduceOptions& reduce, const SubmitOptions& options) {
+  if (auto registered = state_->checkRegistered(); !registered) return std::move(registered).error();
   return state_->submit(ipc::OpCode::kReduceScatter, options, reduce);
 }
 Result<OpHandle> Group::submitAllReduce(const ReduceOptions& reduce, const SubmitOptions& options) {
+  if (auto registered = state_->checkRegistered(); !registered) return std::move(registered).error();
   return state_->submit(ipc::OpCode::kAllReduce, options, reduce);
 }
 Result<OpHandle> Group::submitBroadcast(std::uint32_t root, const SubmitOptions& options) {
+  if (auto registered = state_->checkRegistered(); !registered) return std::move(registered).error();
   return state_->submit(ipc::OpCode::kBroadcast, options, {}, root);
 }
 
@@ -332,6 +343,7 @@ Result<void> Group::unshard(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 Result<void> Group::acquireSlot(std::optional<std::chrono::milliseconds> timeout, WhenPoolFull when_full) {
+  if (auto registered = state_->checkRegistered(); !registered) return registered;
   if (state_->release_point) {
     state_->cancelRelease();  // still mapped, still this group's: taken back as it is
     return {};
@@ -360,6 +372,26 @@ Result<void> Group::reshard(std::optional<std::chrono::milliseconds> timeout) {
   if (state_->release_point) state_->cancelRelease();  // given back now instead
   if (!state_->slot.valid()) return {};
   return state_->release(timeout, DbufferMapping::GpuWork::kMayBePending);
+}
+
+Result<void> Group::unregister(std::optional<std::chrono::milliseconds> timeout) {
+  if (auto registered = state_->checkRegistered(); !registered) return registered;
+  if (auto resharded = reshard(timeout); !resharded) return resharded;
+  Connection& connection = *state_->connection;
+  // Ops that need no slot (a reduce-scatter into the shards) may still be in flight.
+  if (auto drained = connection.drain(state_->plan.group_id, timeout); !drained) return drained;
+  auto reply = connection.call(ipc::UnregisterGroup{state_->plan.group_id}, timeout);
+  if (!reply) return std::move(reply).error();
+  if (!std::holds_alternative<ipc::GroupUnregistered>(reply->message)) {
+    return makeError(ErrorCode::kInternal, "dbufd answered UnregisterGroup with something else");
+  }
+  state_->unregistered = true;
+  state_->unmap();
+  return {};
+}
+
+bool Group::registered() const noexcept {
+  return !state_->unregistered;
 }
 
 Result<void> Group::reshardOnStream(void* stream) {

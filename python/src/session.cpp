@@ -486,6 +486,10 @@ void exposeGroup(nb::module_& m) {
           },
           "root"_a, nb::kw_only(), "async_op"_a = false, "timeout"_a = nb::none(), "stream"_a = nb::none(),
           "wait_if_full"_a = true, "root's unsharded params -> every rank's unsharded params.")
+      .def("unregister", &slotRequest<&Group::unregister>, "timeout"_a = nb::none(),
+           "This rank is done with the group: its slot given back, its ops waited for, dbufd told; the group's "
+           "memory is freed once every rank of the job on the node has unregistered it (not a collective). "
+           "Views read zeros afterwards; later calls raise.")
       .def("close", &PyGroup::close,
            "Unmaps the group's memory and gives its slot back (the daemon keeps the shards); later calls raise.")
       .def(

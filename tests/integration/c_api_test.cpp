@@ -228,7 +228,13 @@ TEST(CApi, FullCycleOnTwoRanks) {
     // Bad arguments are refused with a status and a message, never a crash.
     EXPECT_EQ(dbuf_group_view(client, group, 99, DBUF_REGION_SHARD, &full), DBUF_INVALID_ARGUMENT);
     EXPECT_STRNE(dbuf_last_error(client), "");
+    EXPECT_EQ(dbuf_group_unregister(client, nullptr, kTimeoutMs), DBUF_INVALID_ARGUMENT);
 
+    // Done with it: unregistered, every later call on it refused; freed as before.
+    ASSERT_EQ(dbuf_group_unregister(client, group, kTimeoutMs), DBUF_OK) << dbuf_last_error(client);
+    EXPECT_EQ(dbuf_group_unshard(client, group, kTimeoutMs), DBUF_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dbuf_last_error(client)).find("unregistered"), std::string::npos) << dbuf_last_error(client);
+    EXPECT_EQ(dbuf_group_unregister(client, group, kTimeoutMs), DBUF_INVALID_ARGUMENT);
     dbuf_group_free(group);
     EXPECT_EQ(dbuf_detach(client, kTimeoutMs), DBUF_OK) << dbuf_last_error(client);
     dbuf_client_free(client);

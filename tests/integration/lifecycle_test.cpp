@@ -578,6 +578,50 @@ TEST(Lifecycle, GatherOnlyGroupsCopyAnyDtypeAndRefuseReductions) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Lifecycle, AGroupEveryRankUnregisteredGivesItsMemoryBackAndItsNameMayBeRegisteredAgain) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 2;
+  std::vector<std::optional<Client>> clients(kWorld);
+  std::vector<std::optional<Group>> groups(kWorld);
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("regroup", rank, kWorld));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    auto group = client->registerGroup(smallGroup("g", 3, 10));
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    ASSERT_TRUE(group->unshard().ok());
+    clients[rank].emplace(std::move(*client));
+    groups[rank].emplace(std::move(*group));
+  });
+  ASSERT_TRUE(groups[0] && groups[1]);
+  const daemon::ServerStats with_group = daemon.stats();
+  // Rank 0 is done with it (its slot given back on the way); rank 1 is not: the memory stays.
+  ASSERT_TRUE(groups[0]->unregister().ok());
+  EXPECT_FALSE(groups[0]->registered());
+  EXPECT_EQ(groups[0]->shardView(0).base, nullptr);
+  EXPECT_FAILS_WITH(groups[0]->unshard(), ErrorCode::kInvalidArgument);
+  EXPECT_FAILS_WITH(groups[0]->submitReduceScatter(), ErrorCode::kInvalidArgument);
+  EXPECT_FAILS_WITH(groups[0]->unregister(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(daemon.stats().memfds, with_group.memfds);
+  EXPECT_TRUE(groups[1]->unsharded());
+  ASSERT_TRUE(groups[1]->unregister().ok());
+  // Both shard files (and rank 1's slot, which went back to its pool, keeps its pages) are what is freed.
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().memfds == with_group.memfds - kWorld; }))
+      << daemon.stats().memfds << " memfds, " << with_group.memfds << " with the group";
+  EXPECT_LT(daemon.stats().bytes_in_use, with_group.bytes_in_use);
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto again = clients[rank]->registerGroup(smallGroup("g", 4, 12));  // another spec under the same name
+    ASSERT_TRUE(again.ok()) << messageOf(again);
+    EXPECT_EQ(again->plan().tensors.size(), 4U);
+    ASSERT_TRUE(again->unshard().ok());
+    ASSERT_TRUE(again->reshard().ok());
+    ASSERT_TRUE(clients[rank]->detach().ok());
+  });
+  groups.clear();
+  clients.clear();
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Lifecycle, AJobIdTheProtocolRefusesLeavesTheClientUsable) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());

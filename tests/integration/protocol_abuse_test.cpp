@@ -188,6 +188,44 @@ TEST_F(ProtocolAbuse, UnknownGroupIdsAreRefused) {
   expectServingAndClean(daemon_);
 }
 
+TEST_F(ProtocolAbuse, UnregisteringIsRefusedWhileASlotIsHeldAndAfterwardsTheGroupIsGone) {
+  const UniqueFd fd = daemon_.rawConnect();
+  writeAll(fd.get(), frameOf(helloFor("unregister")));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  ipc::RegisterGroup spec;
+  spec.name = "g";
+  spec.tensors.push_back(ipc::TensorDecl{"w", {64}, "", -1});
+  writeAll(fd.get(), frameOf(spec, 2));
+  auto ready = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+  ASSERT_TRUE(ready.ok()) << ready.error().message;
+  const std::uint32_t id = std::get<ipc::GroupReady>(ready->message).group_id;
+  writeAll(fd.get(), frameOf(ipc::AcquireSlot{id, false}, 3));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  const std::uint64_t with_group = daemon_.stats().bytes_in_use;  // its shard and the pool's slot
+  writeAll(fd.get(), frameOf(ipc::UnregisterGroup{id}, 4));
+  expectErrorReply(fd.get(), ipc::WireError::kConflict);  // its slot is held
+  writeAll(fd.get(), frameOf(ipc::ReleaseSlot{id}, 5));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  writeAll(fd.get(), frameOf(ipc::UnregisterGroup{id}, 6));
+  auto unregistered = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+  ASSERT_TRUE(unregistered.ok()) << unregistered.error().message;
+  EXPECT_TRUE(std::holds_alternative<ipc::GroupUnregistered>(unregistered->message));
+  EXPECT_LT(daemon_.stats().bytes_in_use, with_group) << "the only rank unregistered it: its shards are freed";
+  writeAll(fd.get(), frameOf(ipc::AcquireSlot{id, true}, 7));
+  expectErrorReply(fd.get(), ipc::WireError::kNotFound);
+  writeAll(fd.get(), frameOf(ipc::UnregisterGroup{id}, 8));
+  expectErrorReply(fd.get(), ipc::WireError::kNotFound);
+  writeAll(fd.get(), frameOf(spec, 10));  // the name is free again
+  auto again = ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  ASSERT_TRUE(std::holds_alternative<ipc::GroupReady>(again->message));
+  EXPECT_NE(std::get<ipc::GroupReady>(again->message).group_id, id);
+  writeAll(fd.get(), frameOf(ipc::Detach{}, 11));
+  ASSERT_TRUE(ipc::receiveMessage(fd.get(), ipc::Clock::now() + 5s).ok());
+  EXPECT_TRUE(closedByDaemon(fd.get()));
+  expectServingAndClean(daemon_);
+}
+
 TEST_F(ProtocolAbuse, GarbageBytes) {
   std::mt19937_64 rng(12345);
   for (int round = 0; round < 8; ++round) {

@@ -88,7 +88,10 @@ std::array<std::byte, kHeaderBytes> validHeaderBytes() {
 const std::vector<MessageType>& allTypes() {
   static const std::vector<MessageType> types = [] {
     std::vector<MessageType> out;
-    for (std::uint16_t raw = 1; raw <= 14; ++raw) out.push_back(static_cast<MessageType>(raw));
+    for (auto raw = static_cast<std::uint16_t>(MessageType::kHello);
+         raw <= static_cast<std::uint16_t>(MessageType::kGroupUnregistered); ++raw) {
+      out.push_back(static_cast<MessageType>(raw));
+    }
     return out;
   }();
   return types;
@@ -125,6 +128,8 @@ TEST(ProtocolRoundTrip, TypeOfFollowsTheVariantOrder) {
   EXPECT_EQ(typeOf(Shutdown{}), MessageType::kShutdown);
   EXPECT_EQ(typeOf(AdminRequest{}), MessageType::kAdminRequest);
   EXPECT_EQ(typeOf(AdminReply{}), MessageType::kAdminReply);
+  EXPECT_EQ(typeOf(UnregisterGroup{}), MessageType::kUnregisterGroup);
+  EXPECT_EQ(typeOf(GroupUnregistered{}), MessageType::kGroupUnregistered);
 }
 
 TEST(ProtocolRoundTrip, WholeFrameThroughHeaderAndPayload) {
@@ -344,7 +349,7 @@ TEST(ProtocolHeader, OtherProtocolVersionIsRejectedAsSuch) {
 }
 
 TEST(ProtocolHeader, UnknownTypeIsRejected) {
-  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{15}, std::uint16_t{0x0100}, std::uint16_t{0xFFFF}}) {
+  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{17}, std::uint16_t{0x0100}, std::uint16_t{0xFFFF}}) {
     auto bytes = validHeaderBytes();
     bytes[6] = static_cast<std::byte>(type & 0xFFU);
     bytes[7] = static_cast<std::byte>(type >> 8U);
@@ -554,7 +559,7 @@ TEST(ProtocolPayload, OutOfRangeEnumIsRejected) {
     auto decoded = decodePayload(MessageType::kError, Bytes().u16(code).str("").u32(0).get());
     ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   }
-  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{15}}) {
+  for (const std::uint16_t type : {std::uint16_t{0}, std::uint16_t{17}}) {
     EXPECT_EQ(decodeError(static_cast<MessageType>(type), {}), "unknown message type " + std::to_string(type));
   }
 }

@@ -119,6 +119,8 @@ inline std::vector<Message> sampleMessages() {
   messages.emplace_back(AdminRequest{"job", {"llama-70b.run3"}});
   messages.emplace_back(AdminReply{R"({"scope":"everything","jobs":[]})"});
   messages.emplace_back(AdminReply{std::string(4 * kMaxStringBytes, ' ')});  // longer than any other string
+  messages.emplace_back(UnregisterGroup{0xFFFFFFFFU});
+  messages.emplace_back(GroupUnregistered{2});
   return messages;
 }
 

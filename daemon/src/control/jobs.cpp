@@ -51,16 +51,24 @@ Result<void> checkNodeLayout(const ipc::Hello& hello) {
 
 }  // namespace
 
+GroupState* Job::groupById(std::uint32_t group_id) const {
+  return group_id >= 1 && group_id <= groups_by_id.size() ? groups_by_id[group_id - 1] : nullptr;
+}
+
 const GroupGeometry* Job::groupGeometry(std::uint32_t group_id) const {
-  return group_id >= 1 && group_id <= groups_by_id.size() ? &groups_by_id[group_id - 1]->geometry : nullptr;
+  const GroupState* group = groupById(group_id);
+  return group != nullptr ? &group->geometry : nullptr;
 }
 
 const std::string* Job::groupName(std::uint32_t group_id) const {
-  return group_id >= 1 && group_id <= groups_by_id.size() ? &groups_by_id[group_id - 1]->spec.name : nullptr;
+  const GroupState* group = groupById(group_id);
+  return group != nullptr ? &group->spec.name : nullptr;
 }
 
 Result<void> Job::bindGroup(std::uint32_t group_id) {
-  const GroupState& group = *groups_by_id.at(group_id - 1);
+  const GroupState* found = groupById(group_id);
+  if (found == nullptr) return makeError(ErrorCode::kNotFound, "no group " + std::to_string(group_id));
+  const GroupState& group = *found;
   std::vector<std::uint32_t> without_slot;
   for (std::uint32_t r = 0; r < localCount(); ++r) {
     const std::vector<Slot>& slots = members[r].slots;
@@ -153,6 +161,8 @@ void JobTable::onMessage(const std::shared_ptr<Session>& session, const ipc::Fra
     handleAcquire(session, request, *acquire);
   } else if (const auto* release = std::get_if<ipc::ReleaseSlot>(&message)) {
     handleRelease(session, request, release->group_id);
+  } else if (const auto* unregister = std::get_if<ipc::UnregisterGroup>(&message)) {
+    handleUnregister(session, request, unregister->group_id);
   } else if (std::holds_alternative<ipc::Detach>(message)) {
     session->markDetaching();
     session->send(ipc::Detached{}, request);
@@ -432,6 +442,7 @@ void JobTable::handleRegister(const std::shared_ptr<Session>& session, std::uint
                          "group '" + spec.name + "' is registered with a different spec: " + *difference, request);
       return;
     }
+    existing->second.unregistered.erase(rank);  // a rank that unregistered it and registers it again keeps it
     replyGroup(existing->second, rank, session, request);
     return;
   }
@@ -595,6 +606,13 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
                        request);
     return;
   }
+  if (group->second.unregistered.contains(attachment->local)) {
+    session->sendError(ipc::WireError::kNotFound,
+                       "rank " + std::to_string(job.globalRank(attachment->local)) + " unregistered group '" +
+                           group->first + "'",
+                       request);
+    return;
+  }
   const SlotLayout& layout = group->second.slot_layout;
   RankMembership& rank = job.members[attachment->local];
   auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
@@ -683,6 +701,48 @@ void JobTable::handleRelease(const std::shared_ptr<Session>& session, std::uint6
     slot->memory.reset();
   }
   session->send(ipc::SlotReleased{group_id}, request);
+}
+
+void JobTable::handleUnregister(const std::shared_ptr<Session>& session, std::uint64_t request,
+                                std::uint32_t group_id) {
+  const Attachment* attachment = attachmentOf(*session);
+  Job& job = jobs_.at(attachment->job);
+  const std::uint32_t local = attachment->local;
+  GroupState* group = job.groupById(group_id);
+  if (group == nullptr || group->unregistered.contains(local)) {
+    session->sendError(ipc::WireError::kNotFound, "no group " + std::to_string(group_id) + " in job " + job.id,
+                       request);
+    return;
+  }
+  const std::vector<Slot>& slots = job.members[local].slots;
+  if (std::any_of(slots.begin(), slots.end(), [&](const Slot& s) { return s.group == group_id; })) {
+    session->sendError(ipc::WireError::kConflict,
+                       "rank " + std::to_string(job.globalRank(local)) + " holds a slot of group '" + group->spec.name +
+                           "'; reshard it first",
+                       request);
+    return;
+  }
+  if (job.ranks[local].ops.any([&](const PendingOp& op) { return op.submission.group_id == group_id; })) {
+    session->sendError(ipc::WireError::kConflict,
+                       "rank " + std::to_string(job.globalRank(local)) + " has collectives of group '" +
+                           group->spec.name + "' in flight; wait for them first",
+                       request);
+    return;
+  }
+  group->unregistered.insert(local);
+  if (group->unregistered.size() == job.localCount()) freeGroup(job, *group);
+  session->send(ipc::GroupUnregistered{group_id}, request);
+}
+
+void JobTable::freeGroup(Job& job, GroupState& group) {
+  // As buildGroup charged it. No slot of it is held and no collective of it is queued: each rank checked its own
+  // when it unregistered, and an unregistered rank may acquire none.
+  const std::uint64_t bytes = group.reply.shard_file_bytes * job.localCount();
+  budget_.release(job.tenant, bytes);
+  job.charged -= bytes;
+  spdlog::info("job {}: group '{}' unregistered by every rank: {} bytes freed", job.id, group.spec.name, bytes);
+  job.groups_by_id[group.id - 1] = nullptr;
+  job.groups.erase(group.spec.name);  // (its shards' memory goes with it)
 }
 
 void JobTable::onClosed(const std::shared_ptr<Session>& session) {

@@ -41,6 +41,8 @@ struct GroupState {
   GroupGeometry geometry;
   SlotLayout slot_layout;
   planner::UnitPlan plan;  ///< as the planner made it (dbufctl plan)
+  /// Local indices of the ranks done with it (UnregisterGroup): the group is freed when every rank is.
+  std::set<std::uint32_t> unregistered;
 };
 
 /// A registration waiting for every rank of the job.
@@ -104,6 +106,8 @@ struct Job final : JobSchedule {
   std::uint32_t prefetch_depth = 0;
   [[nodiscard]] std::size_t poolSlots() const { return prefetch_depth + 1; }
 
+  /// The group of an id, or null (never registered, or unregistered by every rank).
+  [[nodiscard]] GroupState* groupById(std::uint32_t group_id) const;
   [[nodiscard]] const GroupGeometry* groupGeometry(std::uint32_t group_id) const override;
   [[nodiscard]] const std::string* groupName(std::uint32_t group_id) const override;
   [[nodiscard]] Result<void> bindGroup(std::uint32_t group_id) override;
@@ -166,6 +170,9 @@ class JobTable {
 
   void handleHello(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::Hello& hello);
   void handleRegister(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::RegisterGroup& spec);
+  void handleUnregister(const std::shared_ptr<Session>& session, std::uint64_t request, std::uint32_t group_id);
+  /// A group every rank unregistered: its memory back to the tenant, its name free again.
+  void freeGroup(Job& job, GroupState& group);
   void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::AcquireSlot& acquire);
   /// Makes `slot` at least `bytes` long (charging the tenant); errors are
   /// kInfeasible when over quota.

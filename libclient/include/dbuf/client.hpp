@@ -274,6 +274,15 @@ class Group {
   /// holds its slot again (reshard() gives it back).
   [[nodiscard]] Result<void> reshardOnStream(void* stream);
   [[nodiscard]] bool unsharded() const noexcept;
+  /// This rank is done with the group (its parameters moved to another group,
+  /// its model dropped): gives its slot back (as reshard()), waits for its ops
+  /// in flight, and tells dbufd, which frees the group's memory once every
+  /// rank of the job on the node has unregistered it (the name may then be
+  /// registered again). Afterwards the group's views are empty and its ops,
+  /// slots and a second unregister fail with kInvalidArgument. Not a
+  /// collective, but every rank must call it for the memory to go back.
+  [[nodiscard]] Result<void> unregister(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  [[nodiscard]] bool registered() const noexcept;
 
   // Collectives on this group (every rank of the job submits the same op).
   // The submit forms return at once; the plain forms submit and wait.

@@ -378,6 +378,13 @@ dbuf_status dbuf_group_unshard(dbuf_client* client, dbuf_group* group, int64_t t
  * unsharded views keep their address, which reads zeros with host memory
  * until the next acquire_slot / unshard maps the slot there again. */
 dbuf_status dbuf_group_reshard(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
+/* This rank is done with the group: gives its slot back (as reshard), waits
+ * for its ops in flight and tells dbufd, which frees the group's memory once
+ * every rank of the job on the node has unregistered it (its name may then be
+ * registered again). Not a collective. The group's views are empty
+ * afterwards and every call on it but dbuf_group_free fails with
+ * DBUF_INVALID_ARGUMENT; free it as before. (Since DBUF_0.2.) */
+dbuf_status dbuf_group_unregister(dbuf_client* client, dbuf_group* group, int64_t timeout_ms);
 /* Gives the slot back once `stream` (a cudaStream_t of the session's GPU) has
  * run what is queued on it now; returns at once (GPU memory only; see
  * dbuf::Group::reshardOnStream). */

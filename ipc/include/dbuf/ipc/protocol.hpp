@@ -67,6 +67,8 @@ enum class MessageType : std::uint16_t {
   kShutdown = 12,      ///< daemon -> client, unsolicited: the daemon is stopping
   kAdminRequest = 13,  ///< operator -> daemon, instead of a Hello: a question (dbufctl)
   kAdminReply = 14,    ///< daemon -> operator: the answer, a JSON document
+  kUnregisterGroup = 15,   ///< client -> daemon: this rank is done with a group
+  kGroupUnregistered = 16, ///< daemon -> client
 };
 
 /// Wire error codes: one per dbuf::ErrorCode the daemon sends, plus
@@ -264,6 +266,20 @@ struct SlotReleased {
   friend bool operator==(const SlotReleased&, const SlotReleased&) = default;
 };
 
+/// A rank is done with a group (its parameters moved to another one, or its
+/// model dropped): once every rank of the job on this node has said so, the
+/// daemon frees the group's memory and its name may be registered again. The
+/// rank must hold no slot of the group.
+struct UnregisterGroup {
+  std::uint32_t group_id = 0;
+  friend bool operator==(const UnregisterGroup&, const UnregisterGroup&) = default;
+};
+
+struct GroupUnregistered {
+  std::uint32_t group_id = 0;
+  friend bool operator==(const GroupUnregistered&, const GroupUnregistered&) = default;
+};
+
 struct Detach {
   friend bool operator==(const Detach&, const Detach&) = default;
 };
@@ -296,7 +312,8 @@ struct AdminReply {
 };
 
 using Message = std::variant<Hello, Welcome, ErrorReply, RegisterGroup, GroupReady, AcquireSlot, SlotGranted,
-                             ReleaseSlot, SlotReleased, Detach, Detached, Shutdown, AdminRequest, AdminReply>;
+                             ReleaseSlot, SlotReleased, Detach, Detached, Shutdown, AdminRequest, AdminReply,
+                             UnregisterGroup, GroupUnregistered>;
 
 [[nodiscard]] MessageType typeOf(const Message& message) noexcept;
 
