@@ -24,9 +24,9 @@ def test_on_two_ranks(daemon):
     post-accumulate-grad hooks step an optimizer in backward; reshard_after_forward=False on 8 units at the
     default prefetch depth; tied embedding and output in one grouped unit with uneven shards; a parameter shared
     across units raises FSDP2's error at the first forward; frozen fp8, int8 and fp64 parameters beside trainable
-    fp32 ones in each unit."""
+    fp32 ones in each unit; model.to(torch.bfloat16) after fully_shard."""
     run_ranks("side_by_side.py", 2, daemon.socket, "unused", "unused-reduced", "hooks", "keep", "tied", "shared",
-              "frozen-dtypes", job="fsdp2-2", env={"PYTHONPATH": str(RANKS)})
+              "frozen-dtypes", "cast", job="fsdp2-2", env={"PYTHONPATH": str(RANKS)})
 
 
 def test_roots_meta_device_and_meshes(daemon):

@@ -186,6 +186,18 @@ class StridedRaggedShard(RaggedShard):
         return (StridedRaggedShard, (self.block_elems, self.local_units, self.split_factor))
 
 
+def rank_ranges(plan, index: int) -> list[tuple[int, int]]:
+    """For every rank, the elements [begin, end) of tensor `index` it holds (the plan's shards)."""
+    placed = plan.tensors[index]
+    shard = plan.shard_elems
+    ranges = []
+    for rank in range(plan.devices):
+        begin = max(placed.offset, rank * shard) - placed.offset
+        end = min(placed.offset + placed.numel, (rank + 1) * shard) - placed.offset
+        ranges.append((begin, end) if end > begin else (min(begin, placed.numel),) * 2)
+    return ranges
+
+
 def ragged_shard_of(rank_ranges: list[tuple[int, int]], block_elems: int, split_factor: int = 1) -> RaggedShard:
     """The placement of a tensor whose ranks hold these contiguous, rank-ordered element ranges.
 

@@ -339,10 +339,6 @@ class Session:
         for op in ops:
             op.wait()
 
-    def next_group_name(self, label: str) -> str:
-        # Every rank makes its units in the same order: the index names them alike.
-        return f"{len(self.units):04d}:{label}"[:200]
-
     # ------------------------------------------------------------ parameters
 
     def claim(self, param: torch.nn.Parameter, unit: SessionUnit) -> None:

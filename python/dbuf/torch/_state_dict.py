@@ -1,9 +1,8 @@
 """State dicts of a model sharded with dbuf.torch: full (whole fp32 tensors) or sharded (this rank's part).
 
-Full state dicts move the exact fp32 master values through dbufd itself: a
-small fp32 -> fp32 staging group (Session.staging) all-gathers every rank's
-local elements to rank 0, or broadcasts rank 0's whole tensors to every rank,
-in rounds of ``Session.STAGING_ELEMS`` elements per rank. Both are
+Full state dicts move the exact master values through dbufd itself, by the
+session's staging group (_staging.py): every rank's local elements all-gathered
+to rank 0, or rank 0's whole tensors broadcast to every rank. Both are
 collectives: every rank calls them, in the same order.
 """
 
@@ -14,13 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-import dbuf
-
 from ._fully_shard import units as units_of
 from ._dtensor import RaggedDTensor
 from ._ragged import ShardInfo
-from ._session import Session
-from ._unit import ParamEntry, Unit, rank_ranges
+from ._staging import STAGED_EXACTLY, Staging, gather_whole
+from ._unit import ParamEntry, Unit
 
 
 @dataclass
@@ -67,45 +64,6 @@ def _whole_through_the_job(units: list[Unit], what: str) -> None:
                 )
 
 
-def _rank_slices(group) -> list[list[tuple[int, int]]]:
-    """For every rank, its [begin, end) of each of a unit's group's tensors (the planner's slices)."""
-    plan = group.plan
-    per_tensor = [rank_ranges(plan, index) for index in range(len(plan.tensors))]
-    return [[ranges[rank] for ranges in per_tensor] for rank in range(plan.devices)]
-
-
-class _Staging:
-    """The session's staging group, with its slot held while in use.
-
-    Its ops are ordered on the session's stream (GPU memory), like the copies
-    in and out of it.
-    """
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.group = session.staging()
-        self.elems = Session.STAGING_ELEMS
-
-    def __enter__(self) -> _Staging:
-        self.session.make_room(None, required=True)
-        self.group.acquire_slot(grow=True)
-        self.shard = self.group.shard_view(0).torch()
-        self.unsharded = self.group.unsharded_view(0).torch()
-        return self
-
-    def all_gather(self) -> None:
-        self.group.all_gather(stream=self.session.stream())
-
-    def broadcast_from_rank0(self) -> None:
-        self.group.broadcast(0, stream=self.session.stream())
-
-    def __exit__(self, *exc: object) -> None:
-        if self.session.device is None:
-            self.group.reshard()
-        else:
-            self.group.reshard_on_stream(self.session.stream())
-
-
 def _replicated(model: nn.Module) -> dict[str, torch.Tensor]:
     """What every rank holds whole: persistent buffers, and parameters no unit shards (ignored ones)."""
     out: dict[str, torch.Tensor] = {}
@@ -145,7 +103,7 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
     session = all_units[0].session
     receives = not rank0_only or session.rank == 0
     state = {}
-    with _Staging(session) as staging:
+    with Staging(session) as staging:
         for unit in all_units:
             for group in unit.groups:
                 state.update(_gather_group(model, unit, group, staging, receives))
@@ -154,54 +112,17 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
     return state
 
 
-# Dtypes whose every value the fp32 staging slot carries exactly.
-_STAGED_EXACTLY = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
-                   torch.uint8)
-
-
-def _gather_group(model: nn.Module, unit: Unit, group, staging: _Staging, receives: bool) -> dict[str, torch.Tensor]:
-    """Every rank's local elements of one group's tensors -> the whole tensors (where `receives`)."""
+def _gather_group(model: nn.Module, unit: Unit, group, staging: Staging, receives: bool) -> dict[str, torch.Tensor]:
+    """Every rank's local elements of one group's tensors -> the whole tensors, named (where `receives`)."""
     named = sorted(((e, n) for e, n in _entry_names(model, unit) if e.group is group), key=lambda en: en[0].index)
     for entry, name in named:
-        if entry.sharded.dtype not in _STAGED_EXACTLY:
+        if entry.sharded.dtype not in STAGED_EXACTLY:
             raise NotImplementedError(
                 f"dbuf.torch's full state dict moves tensors through fp32; {name} is {entry.sharded.dtype}: use "
                 f"torch.distributed.checkpoint.state_dict's functions or DCP"
             )
-    slices = _rank_slices(group)
-    world = len(slices)
-    payload_sizes = [sum(end - begin for begin, end in rank) for rank in slices]
-    mine = unit.session.rank
-    local = [entry.local.detach().float() for entry, _ in named]
-    payload = torch.cat(local) if local else torch.empty(0, device=staging.shard.device)
-    if payload.numel() != payload_sizes[mine]:
-        raise dbuf.InternalError(f"unit {unit.label}: this rank holds {payload.numel()} elements, its plan says "
-                                 f"{payload_sizes[mine]}")
-    received = [torch.empty(size, device=staging.shard.device) for size in payload_sizes] if receives else []
-    rounds = -(-max(payload_sizes) // staging.elems) if max(payload_sizes) else 0
-    for step in range(rounds):
-        lo = step * staging.elems
-        piece = payload[lo : lo + staging.elems]
-        staging.shard[: piece.numel()].copy_(piece)
-        staging.shard[piece.numel() :].zero_()
-        staging.all_gather()
-        if receives:
-            for rank in range(world):
-                take = min(staging.elems, max(payload_sizes[rank] - lo, 0))
-                start = rank * staging.elems
-                received[rank][lo : lo + take].copy_(staging.unsharded[start : start + take])
-    if not receives:
-        return {}
-    out: dict[str, torch.Tensor] = {}
-    cursors = [0] * world
-    for entry, name in named:
-        parts = []
-        for rank in range(world):
-            begin, end = slices[rank][entry.index]
-            parts.append(received[rank][cursors[rank] : cursors[rank] + end - begin])
-            cursors[rank] += end - begin
-        out[name] = torch.cat(parts).reshape(entry.sharded.shape).to(entry.sharded.dtype)
-    return out
+    whole = gather_whole(group, [entry for entry, _ in named], staging, receives)
+    return {name: tensor for (_, name), tensor in zip(named, whole)} if receives else {}
 
 
 def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_rank0: bool = False) -> None:
@@ -237,7 +158,7 @@ def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str 
     """What is wrong with rank 0's dict for a broadcast load, if anything."""
     named = [(entry, name) for unit in units for entry, name in _entry_names(model, unit)]
     for entry, name in named:
-        if entry.sharded.dtype not in _STAGED_EXACTLY and entry.sharded.is_floating_point():
+        if entry.sharded.dtype not in STAGED_EXACTLY and entry.sharded.is_floating_point():
             return f"{name}: {entry.sharded.dtype} values cannot be broadcast exactly through fp32"
     expected = {name: tuple(entry.sharded.shape) for entry, name in named}
     expected.update({name: tuple(t.shape) for name, t in _replicated(model).items()})
@@ -256,7 +177,7 @@ def _broadcast_state(model: nn.Module, units: list[Unit], state_dict: dict) -> N
     _whole_through_the_job(units, "broadcast of a full state dict")
     session = units[0].session
     replicated = _replicated(model)
-    with _Staging(session) as staging:
+    with Staging(session) as staging:
         # Rank 0 says first whether its dict is good: the other ranks must not
         # wait for tensors it will never send.
         problem = _problem_with(model, units, state_dict) if session.rank == 0 else None
@@ -285,7 +206,7 @@ class _Piece:
     numel: int
 
 
-def _broadcast_pieces(staging: _Staging, pieces: list[_Piece], state_dict: dict) -> None:
+def _broadcast_pieces(staging: Staging, pieces: list[_Piece], state_dict: dict) -> None:
     """Rank 0's whole tensors, one stream in rounds of the staging slot's size -> each rank's pieces of them."""
     total = sum(piece.numel for piece in pieces)
     if total == 0:

@@ -37,8 +37,9 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 import dbuf
 
 from ._dtensor import RaggedDTensor, local_elements, make_dtensor
-from ._ragged import ragged_shard_of
+from ._ragged import ragged_shard_of, rank_ranges
 from ._session import RootOrder, Session
+from ._staging import STAGED_EXACTLY, Staging, gather_whole
 
 
 # The dtypes dbufd reduces (and casts to a param_dtype); parameters of the others are held and gathered as they are.
@@ -195,28 +196,42 @@ class Unit:
         self.releasable = False  # its gradients are reduced or set aside: the slot may go back
         self.refusal: str | None = None  # FSDP2's error at the first forward (a parameter another unit took)
         self.reduce_unused_params = False  # set_reduce_scatter_unused_params: unreached parameters get .grad too
+        # Every rank makes its units in the same order: the unit's index names its groups alike on every rank
+        # (and again when a persistent job's ranks attach again); a cast after fully_shard makes a new generation.
+        self.index = len(session.units)
+        self.generation = 0
+        self.mp_param_dtype = param_dtype  # the mixed precision policy's (None: the parameters' own)
+        self.granularity = granularity
+        self.tensor_granularity = tensor_granularity
         if not params:
             self.param_dtype = param_dtype
             self.cast_forward_inputs = False
             return
-        sharded_dtype, other_dtypes = _split_by_dtype(label, params)
-        self.sharded_dtype = sharded_dtype
-        self.param_dtype = param_dtype if param_dtype is not None else sharded_dtype
         self.cast_forward_inputs = cast_forward_inputs and param_dtype is not None
-        self.group = self._register(
-            [p for p in params if p[1].dtype == sharded_dtype], granularity, tensor_granularity,
-            sharded_dtype, self.param_dtype, "",
-        )
-        for dtype in other_dtypes:
-            self.gathered_only.append(self._register(
-                [p for p in params if p[1].dtype == dtype], granularity, tensor_granularity, dtype, dtype,
-                f"-{dbuf_dtype(dtype)}",
-            ))
-        position = {fqn: i for i, (fqn, _, _) in enumerate(params)}
-        self.entries.sort(key=lambda entry: position[entry.fqn])  # fully_shard's order over the groups
+        self._register_groups(params)
         self.use_sharded()
 
     # ------------------------------------------------------------ set-up
+
+    def _register_groups(self, params, *, keep_daemon_values: bool | None = None) -> None:
+        """The unit's groups for `params` (its reduced one, and one gather-only group per other dtype).
+
+        The shards take the parameters' values, except on a session that
+        attached again to a persistent job (``keep_daemon_values`` None: the
+        session says), whose shards dbufd kept.
+        """
+        keep = self.session.client.reattached if keep_daemon_values is None else keep_daemon_values
+        sharded_dtype, other_dtypes = _split_by_dtype(self.label, params)
+        self.sharded_dtype = sharded_dtype
+        self.param_dtype = self.mp_param_dtype if self.mp_param_dtype is not None else sharded_dtype
+        self.group = self._register([p for p in params if p[1].dtype == sharded_dtype], sharded_dtype,
+                                    self.param_dtype, "", keep)
+        for dtype in other_dtypes:
+            self.gathered_only.append(self._register(
+                [p for p in params if p[1].dtype == dtype], dtype, dtype, f"-{dbuf_dtype(dtype)}", keep
+            ))
+        position = {fqn: i for i, (fqn, _, _) in enumerate(params)}
+        self.entries.sort(key=lambda entry: position[entry.fqn])  # fully_shard's order over the groups
 
     @property
     def groups(self) -> list[dbuf.Group]:
@@ -227,22 +242,25 @@ class Unit:
         """Whether the unit's group reduces gradients (its dtype is one dbufd reduces)."""
         return self.group is not None and self.sharded_dtype in _REDUCED_DTYPES
 
-    def _register(self, params, granularity, tensor_granularity, sharded_dtype, unsharded_dtype, suffix) -> dbuf.Group:
+    def _group_name(self, suffix: str) -> str:
+        generation = f"~{self.generation}" if self.generation else ""
+        return f"{self.index:04d}:{self.label}"[: 200 - len(suffix) - len(generation)] + suffix + generation
+
+    def _register(self, params, sharded_dtype, unsharded_dtype, suffix, keep_daemon_values: bool) -> dbuf.Group:
         """One group of the unit, of one dtype: registered with dbufd, its parameters' entries made."""
         model_specs = [_model_parallel_spec(fqn, param) for fqn, param, _ in params]
         # The planner places what this rank holds of each tensor: its tensor / expert parallel chunk.
         specs = [
-            dbuf.TensorSpec(fqn, tuple(_chunk_of(param).shape), granularity=tensor_granularity.get(fqn))
+            dbuf.TensorSpec(fqn, tuple(_chunk_of(param).shape), granularity=self.tensor_granularity.get(fqn))
             for fqn, param, _ in params
         ]
         group = self.session.client.register_group(
-            self.session.next_group_name(self.label + suffix),
+            self._group_name(suffix),
             specs,
-            granularity=granularity,
+            granularity=self.granularity,
             sharded_dtype=dbuf_dtype(sharded_dtype),
             unsharded_dtype=dbuf_dtype(unsharded_dtype),
         )
-        keep_daemon_values = self.session.client.reattached
         for index, (fqn, param, registrations) in enumerate(params):
             view = group.shard_view(index)
             local = view.torch()
@@ -358,10 +376,16 @@ class Unit:
         ``load_state_dict(assign=True)`` (new parameters registered): the values
         are copied into the unit's sharded region and the unit's parameters
         registered again, so the optimizer's references and the collectives
-        keep one memory. A dtype or a device other than dbufd's is refused,
-        after the parameters are restored. ``grads_before``: the sharded
-        parameters' gradients before ``_apply``, kept.
+        keep one memory. Another dtype (``.to(torch.bfloat16)``) moves the
+        parameters to groups of their new dtypes (_move_to_dtypes); another
+        device is refused, after the parameters are restored.
+        ``grads_before``: the sharded parameters' gradients before ``_apply``,
+        kept.
         """
+        cast = self._cast_dtypes()
+        if cast:
+            self._move_to_dtypes(cast, grads_before)
+            return
         refused: list[str] = []
         with torch.no_grad():
             for position, entry in enumerate(self.entries):
@@ -376,23 +400,100 @@ class Unit:
                     entry.local.copy_(local)
                 if held is entry.sharded or entry.sharded.is_meta:
                     # Swapped in place, or materialized by a new parameter: the unit's own over the sharded region
-                    fresh = nn.Parameter(
-                        RaggedDTensor.from_local(entry.local, entry.sharded.device_mesh, entry.sharded.placements,
-                                                 entry.sharded.shape),
-                        requires_grad=entry.requires_grad,
-                    )
-                    torch.utils.swap_tensors(entry.sharded, fresh)
-                    entry.sharded.fqn = entry.fqn
+                    self._point_at_shard(entry)
                 if grads_before is not None:
                     before = grads_before[position]
                     entry.sharded.grad = entry.sharded_grad if before is entry.sharded_grad else before
         self.use_sharded()
         if refused:
             raise TypeError(
-                f"unit {self.label}: dbufd keeps its parameters in {self.sharded_dtype} on "
-                f"{self.session.torch_device}; refused {', '.join(refused)} (parameters left as they were; "
-                f"for another compute dtype use fully_shard's mp_policy)"
+                f"unit {self.label}: dbufd keeps its parameters on {self.session.torch_device}; refused "
+                f"{', '.join(refused)} (parameters left as they were)"
             )
+
+    @staticmethod
+    def _point_at_shard(entry: ParamEntry) -> None:
+        """The sharded parameter object over its elements in dbufd's memory again (whatever _apply put in it)."""
+        fresh = nn.Parameter(
+            RaggedDTensor.from_local(entry.local, entry.sharded.device_mesh, entry.sharded.placements,
+                                     entry.sharded.shape),
+            requires_grad=entry.requires_grad,
+        )
+        torch.utils.swap_tensors(entry.sharded, fresh)
+        entry.sharded.fqn = entry.fqn
+
+    def _restore_after_cast(self) -> None:
+        """A cast refused: the parameters as they were before it, in dbufd's memory, on the modules."""
+        for entry in self.entries:
+            if self._held(entry) is entry.sharded and entry.sharded.dtype != entry.local.dtype:
+                self._point_at_shard(entry)
+        self.use_sharded()
+
+    def _held(self, entry: ParamEntry) -> torch.Tensor:
+        module, name = entry.registrations[0]
+        return module._parameters[name]
+
+    def _cast_dtypes(self) -> dict[str, torch.dtype]:
+        """The new dtype of each parameter ``_apply`` cast on the unit's device (by fqn); empty if none."""
+        cast = {}
+        for entry in self.entries:
+            held = self._held(entry)
+            if held is entry.unsharded or held.is_meta:
+                continue
+            if held.dtype != entry.local.dtype and held.device == entry.local.device:
+                cast[entry.fqn] = held.dtype
+        return cast
+
+    def _move_to_dtypes(self, cast: dict[str, torch.dtype], grads_before: list | None) -> None:
+        """``.to(dtype)`` after fully_shard, as FSDP2 allows: the parameters move to groups of their new dtypes.
+
+        Collective (every rank casts its model): the values are gathered whole
+        through dbufd, exactly, cast as ``.to`` casts them, and registered in
+        new groups; the old groups are unregistered, and dbufd frees their
+        memory. The modules keep their parameter objects (the user's
+        references), each now a RaggedShard DTensor of the new dtype.
+        """
+        old_entries = self.entries
+        dtypes = [cast.get(entry.fqn, entry.local.dtype) for entry in old_entries]
+        problem = None
+        if self.holds_slot or self.forward_ran or self.set_aside:
+            problem = "between a forward and its backward, or with gradients accumulated without sync"
+        elif grads_before is not None and any(grad is not None for grad in grads_before):
+            problem = "with gradients held (zero_grad(set_to_none=True) first)"
+        elif any(entry.model_spec is not None for entry in old_entries):
+            problem = "under tensor / expert parallelism"
+        elif any(entry.local.dtype not in STAGED_EXACTLY for entry in old_entries):
+            problem = "from " + ", ".join(sorted({str(e.local.dtype) for e in old_entries}))
+        if problem is not None:
+            self._restore_after_cast()
+            raise NotImplementedError(f"unit {self.label}: dbuf.torch changes its parameters' dtype after fully_shard "
+                                      f"between steps, not {problem} (parameters left as they were)")
+        try:
+            _split_by_dtype(self.label, [(e.fqn, _DtypeOf(d, e.requires_grad), None)
+                                         for e, d in zip(old_entries, dtypes)])
+        except TypeError:
+            self._restore_after_cast()
+            raise
+        with torch.no_grad(), Staging(self.session) as staging:
+            whole: dict[str, torch.Tensor] = {}
+            for group in self.groups:
+                members = sorted((e for e in old_entries if e.group is group), key=lambda e: e.index)
+                whole.update(zip((e.fqn for e in members), gather_whole(group, members, staging, receives=True)))
+        for group in self.groups:
+            group.unregister()
+        self.entries, self.group, self.gathered_only = [], None, []
+        self.generation += 1
+        self._register_groups(
+            [(e.fqn, nn.Parameter(whole[e.fqn].to(d), requires_grad=e.requires_grad), e.registrations)
+             for e, d in zip(old_entries, dtypes)],
+            keep_daemon_values=False,
+        )
+        for old, entry in zip(old_entries, self.entries):  # both in fully_shard's order
+            if self._held(old) is old.sharded:
+                torch.utils.swap_tensors(old.sharded, entry.sharded)
+                entry.sharded = old.sharded
+                entry.sharded.fqn = entry.fqn
+        self.use_sharded()
 
     @staticmethod
     def _elements_of(value: torch.Tensor, entry: ParamEntry) -> torch.Tensor:
@@ -773,6 +874,14 @@ class Unit:
             group.close()
 
 
+@dataclass
+class _DtypeOf:
+    """What _split_by_dtype reads of a parameter: its dtype and whether it requires a gradient."""
+
+    dtype: torch.dtype
+    requires_grad: bool
+
+
 def _marks_reached(entry: ParamEntry):
     """The unsharded parameter's post-accumulate-grad hook: backward reached it."""
 
@@ -827,15 +936,3 @@ def _unsharded_value(chunk: torch.Tensor, model_spec: DTensorSpec | None) -> tor
         return chunk
     return DTensor.from_local(chunk, model_spec.mesh, model_spec.placements, run_check=False,
                               shape=model_spec.shape, stride=model_spec.stride)
-
-
-def rank_ranges(plan, index: int) -> list[tuple[int, int]]:
-    """For every rank, the elements [begin, end) of tensor `index` it holds (the plan's shards)."""
-    placed = plan.tensors[index]
-    shard = plan.shard_elems
-    ranges = []
-    for rank in range(plan.devices):
-        begin = max(placed.offset, rank * shard) - placed.offset
-        end = min(placed.offset + placed.numel, (rank + 1) * shard) - placed.offset
-        ranges.append((begin, end) if end > begin else (min(begin, placed.numel),) * 2)
-    return ranges

@@ -285,6 +285,38 @@ def frozen_parameters_of_other_dtypes() -> None:
     assert isinstance(error, TypeError) and "scales (torch.float64)" in str(error) and "frozen" in str(error), repr(error)
 
 
+def cast_after_init() -> None:
+    """model.to(torch.bfloat16) after fully_shard (FSDP2's test casts to fp64, which dbufd does not reduce): the
+    parameters move to bf16 groups (the modules keep their parameter objects) and train as FSDP2's. A cast to a
+    dtype dbufd cannot reduce is refused with the parameters left as they were."""
+
+    def shard(model, fully_shard):
+        blocks_then_root(model, fully_shard)
+        objects = [id(p) for p in model.parameters()]
+        model.to(torch.bfloat16)
+        assert [id(p) for p in model.parameters()] == objects
+
+    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+    for name, param in dbuf_model.named_parameters():
+        assert param.dtype == param.to_local().dtype == param._spec.tensor_meta.dtype == torch.bfloat16, name
+
+    def loss_of(model, step):
+        return model(batch(step, (4, 7)).bfloat16()).float().square().mean()
+
+    train_side_by_side(dbuf_model, fsdp_model, loss_of, 3, "cast to bf16")
+
+    with _seeded:
+        torch.manual_seed(0)
+        fresh = stack(2)
+    blocks_then_root(fresh, dt.fully_shard)
+    before = [p.full_tensor().detach() for p in fresh.parameters()]
+    error = raised(lambda: fresh.to(torch.float64))
+    assert isinstance(error, TypeError) and "reduces fp32, bf16 and fp16" in str(error), repr(error)
+    for param, was in zip(fresh.parameters(), before):
+        assert param.dtype == torch.float32 and torch.equal(param.full_tensor(), was)
+    fresh(batch(9, (4, 7))).sum().backward()
+
+
 def parameter_shared_across_units() -> None:
     """Two units holding one parameter: each fully_shard call is taken; the first forward raises FSDP2's error."""
     errors = []
@@ -444,6 +476,7 @@ SCENARIOS = {
     "tied": tied_embedding_and_output_in_one_unit,
     "shared": parameter_shared_across_units,
     "frozen-dtypes": frozen_parameters_of_other_dtypes,
+    "cast": cast_after_init,
     "roots": roots_per_model,
     "meta": meta_device_init,
     "from-group": mesh_from_group,
