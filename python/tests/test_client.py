@@ -195,6 +195,27 @@ def test_closed_groups_and_clients_raise(daemon):
         group.unshard()
 
 
+def test_an_unregistered_group_raises_and_its_name_is_free_again(daemon):
+    def rank(r: int):
+        client = attached(daemon, r, 2)
+        group = client.register_group("g", SPECS[:1])
+        shard = group.shard_view(0).torch()
+        shard.fill_(1.0)
+        group.unshard()
+        group.unregister()  # its slot given back on the way
+        assert not shard.any(), "the view reads zeros"
+        with pytest.raises(dbuf.InvalidArgumentError, match="unregistered"):
+            group.unshard()
+        with pytest.raises(dbuf.InvalidArgumentError, match="unregistered"):
+            group.unregister()
+        again = client.register_group("g", SPECS)  # another spec under the name: a new group
+        again.unshard()
+        again.reshard()
+        return len(again.plan.tensors)
+
+    assert run_threads(2, rank) == [len(SPECS)] * 2
+
+
 def test_a_rank_holding_none_of_a_tensor_gets_an_empty_view_into_its_shard(daemon):
     # 64 elements, then 2: on 2 ranks the small tensor lies on one rank only. The other rank's view of it is
     # empty and points into that rank's shard, as FSDP2's empty local shards are views of its padded storage.
