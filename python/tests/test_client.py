@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -196,6 +198,8 @@ def test_closed_groups_and_clients_raise(daemon):
 
 
 def test_an_unregistered_group_raises_and_its_name_is_free_again(daemon):
+    every_rank_unregistered = threading.Barrier(2)
+
     def rank(r: int):
         client = attached(daemon, r, 2)
         group = client.register_group("g", SPECS[:1])
@@ -208,6 +212,7 @@ def test_an_unregistered_group_raises_and_its_name_is_free_again(daemon):
             group.unshard()
         with pytest.raises(dbuf.InvalidArgumentError, match="unregistered"):
             group.unregister()
+        every_rank_unregistered.wait(30)  # (before that, the name is still the group's)
         again = client.register_group("g", SPECS)  # another spec under the name: a new group
         again.unshard()
         again.reshard()
