@@ -471,9 +471,9 @@ class Unit:
         try:
             _split_by_dtype(self.label, [(e.fqn, _DtypeOf(d, e.requires_grad), None)
                                          for e, d in zip(old_entries, dtypes)])
-        except TypeError:
+        except TypeError as refused:
             self._restore_after_cast()
-            raise
+            raise TypeError(f"{refused} (parameters left as they were)") from None
         with torch.no_grad(), Staging(self.session) as staging:
             whole: dict[str, torch.Tensor] = {}
             for group in self.groups:

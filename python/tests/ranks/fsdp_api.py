@@ -157,12 +157,12 @@ boom(x).sum().backward()
 assert boom.lin.weight.grad is not None
 passed.append("reset_iter_state")
 
-# _apply: .to() of the same device and dtype keeps the parameters in dbufd's memory; another dtype is
-# refused and leaves them as they were.
+# _apply: .to() of the same device and dtype keeps the parameters in dbufd's memory; a dtype dbufd does not
+# reduce is refused and leaves them as they were (another one moves them: test_fsdp2_parity.py).
 before = net[0].weight.to_local().data_ptr()
 net.to("cpu")
 assert net[0].weight.to_local().data_ptr() == before
-raises(TypeError, lambda: net.to(torch.float64), "refused")
+raises(TypeError, lambda: net.to(torch.float64), "reduces fp32, bf16 and fp16", "left as they were")
 assert net[0].weight.dtype == torch.float32 and net[0].weight.to_local().data_ptr() == before
 passed.append("_apply")
 
