@@ -61,6 +61,11 @@ void checkReply(const ipc::RegisterGroup& spec, const dbuf::planner::UnitPlan& p
 
   const GroupGeometry geometry = groupGeometry(ready);
   check(geometry.world == devices && geometry.shard_elems == ready.shard_elems, "the geometry is the reply's");
+  if (dbuf::isGatherOnly(sharded, unsharded)) {
+    check(!geometry.quantized() && !geometry.reduces() && geometry.ranks.empty() && slot.scales.bytes == 0 &&
+              geometry.grad == unsharded,
+          "a gather-only group is copied as it is: no quantization, no scales, no reductions");
+  }
   for (const GroupGeometry::RankBlocks& rank : geometry.ranks) {
     check(rank.first_scale >= 0 && rank.scales >= 0 && rank.first_scale + rank.scales <= geometry.total_blocks,
           "a rank's scales are inside the slot's");
@@ -114,6 +119,10 @@ void writeSeeds(const std::string& dir) {
   fp8.unsharded_dtype = "fp8_e4m3";
   fp8.granularity = "block:128x128";
   write("layer-fp8-8", 7, fp8);
+  ipc::RegisterGroup frozen = layer;  // held as it is: gathered by copies, never quantized or reduced
+  frozen.sharded_dtype = "fp8_e4m3";
+  frozen.unsharded_dtype = "fp8_e4m3";
+  write("layer-frozen-fp8-4", 3, frozen);
   ipc::RegisterGroup small;
   small.name = "embed";
   small.sharded_dtype = "bf16";
