@@ -410,8 +410,8 @@ bool DataPlane::start(JobSchedule& job) {
 Result<void> DataPlane::validateFronts(JobSchedule& job) {
   const ipc::Submission& first = job.ranks.front().ops.front().submission;
   // Messages are built only on failure: the hot path allocates nothing.
-  const auto refuse = [&](const std::string& why) {
-    return makeError(ErrorCode::kConflict,
+  const auto refuse = [&](const std::string& why, ErrorCode code = ErrorCode::kConflict) {
+    return makeError(code,
                      "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) + why);
   };
   const bool agree = std::all_of(job.ranks.begin(), job.ranks.end(),
@@ -439,10 +439,9 @@ Result<void> DataPlane::validateFronts(JobSchedule& job) {
   const GroupGeometry* group = job.groupGeometry(first.group_id);
   if (group == nullptr) return refuse(": job " + job.id + " has no such group");
   if ((op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) && !group->reduces()) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "collective #" + std::to_string(job.collectives.next_sequence) + " " + describe(job, first) +
-                         ": the group holds " + std::string(toString(group->sharded)) +
-                         ", which dbufd gathers as it is and does not reduce (reductions need fp32, bf16 or fp16)");
+    return refuse(": the group holds " + std::string(toString(group->sharded)) +
+                      ", which dbufd gathers as it is and does not reduce (reductions need fp32, bf16 or fp16)",
+                  ErrorCode::kInvalidArgument);
   }
   if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
     return refuse(": root is not a rank of the job");

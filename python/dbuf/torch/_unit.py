@@ -179,6 +179,8 @@ class Unit:
         # per other dtype of frozen parameters (see _split_by_dtype).
         self.group: dbuf.Group | None = None
         self.gathered_only: list[dbuf.Group] = []
+        self.groups: list[dbuf.Group] = []  # the reduced group first, then the gather-only ones
+        self.gathered_bytes = 0  # bytes of the unit's unsharded parameters, over its groups
         self.forward_prefetch: list[Unit] | None = None  # explicit, else the recorded order
         self.backward_prefetch: list[Unit] | None = None
         # The root unit of the model this unit's first forward ran in (itself for a root; None before): FSDP2's lazy
@@ -226,16 +228,17 @@ class Unit:
         self.param_dtype = self.mp_param_dtype if self.mp_param_dtype is not None else sharded_dtype
         self.group = self._register([p for p in params if p[1].dtype == sharded_dtype], sharded_dtype,
                                     self.param_dtype, "", keep)
-        for dtype in other_dtypes:
-            self.gathered_only.append(self._register(
-                [p for p in params if p[1].dtype == dtype], dtype, dtype, f"-{dbuf_dtype(dtype)}", keep
-            ))
+        self.gathered_only = [
+            self._register([p for p in params if p[1].dtype == dtype], dtype, dtype, f"-{dbuf_dtype(dtype)}", keep)
+            for dtype in other_dtypes
+        ]
+        self.groups = [self.group, *self.gathered_only]
+        self.gathered_bytes = sum(
+            group.plan.devices * group.plan.shard_elems * dtype.itemsize
+            for group, dtype in zip(self.groups, [self.param_dtype, *other_dtypes])
+        )
         position = {fqn: i for i, (fqn, _, _) in enumerate(params)}
         self.entries.sort(key=lambda entry: position[entry.fqn])  # fully_shard's order over the groups
-
-    @property
-    def groups(self) -> list[dbuf.Group]:
-        return [] if self.group is None else [self.group, *self.gathered_only]
 
     @property
     def reduces(self) -> bool:
@@ -481,7 +484,7 @@ class Unit:
                 whole.update(zip((e.fqn for e in members), gather_whole(group, members, staging, receives=True)))
         for group in self.groups:
             group.unregister()
-        self.entries, self.group, self.gathered_only = [], None, []
+        self.entries, self.group, self.gathered_only, self.groups = [], None, [], []
         self.generation += 1
         self._register_groups(
             [(e.fqn, nn.Parameter(whole[e.fqn].to(d), requires_grad=e.requires_grad), e.registrations)
@@ -518,21 +521,9 @@ class Unit:
         return plan.devices * plan.shard_elems
 
     @property
-    def gathered_bytes(self) -> int:
-        """Bytes of the unit's unsharded parameters, over its groups."""
-        return self.unsharded_elems * self.param_dtype.itemsize + sum(
-            group.plan.devices * group.plan.shard_elems * entry_dtype.itemsize
-            for group, entry_dtype in self._gathered_only_dtypes()
-        )
-
-    @property
     def slot_bytes(self) -> int:
         """Unsharded parameters and gradients of the unit's slots (gradients in the parameters' dtype)."""
         return 2 * self.gathered_bytes
-
-    def _gathered_only_dtypes(self) -> list[tuple[dbuf.Group, torch.dtype]]:
-        dtypes = {id(entry.group): entry.sharded.dtype for entry in self.entries}
-        return [(group, dtypes[id(group)]) for group in self.gathered_only]
 
     @property
     def holds_slot(self) -> bool:
