@@ -86,7 +86,7 @@ Result<void> checkCast(ConstBuffer src, MutBuffer dst, std::span<const Segment> 
 }
 
 Result<void> checkScale(MutBuffer data, std::span<const Segment> segments) {
-  if (!isComputeDType(data.dtype)) return badType("scale", "dtype must be fp32, bf16 or fp16");
+  if (!isReducedDType(data.dtype)) return badType("scale", "dtype must be fp32, bf16, fp16 or fp64");
   return validate({"scale", false, nullptr, 0, data.data, data.elements}, segments);
 }
 
@@ -95,8 +95,8 @@ Result<void> checkZero(MutBuffer data, std::span<const Segment> segments) {
 }
 
 Result<void> checkAccumulate(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments) {
-  if (!isComputeDType(src.dtype) || dst.dtype != DType::kF32) {
-    return badType("accumulate", "source must be fp32, bf16 or fp16 and destination fp32");
+  if (!isReducedDType(src.dtype) || dst.dtype != accumulationDType(src.dtype)) {
+    return badType("accumulate", "source must be fp32, bf16 or fp16 and destination fp32, or both fp64");
   }
   return validate({"accumulate", true, src.data, src.elements, dst.data, dst.elements}, segments);
 }
@@ -112,11 +112,12 @@ Result<void> checkReduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const
     if (srcs[r].dtype != src_type) return badType("reduce", "source " + std::to_string(r) + " has another dtype");
     if (srcs[r].elements < 0) return badType("reduce", "source " + std::to_string(r) + ": negative buffer length");
   }
-  if (!isComputeDType(src_type) || !isComputeDType(dst.dtype)) {
-    return badType("reduce", "sources and destination must be fp32, bf16 or fp16");
+  const bool fp64 = src_type == DType::kF64 || dst.dtype == DType::kF64;
+  if (fp64 ? src_type != dst.dtype : !isComputeDType(src_type) || !isComputeDType(dst.dtype)) {
+    return badType("reduce", "sources and destination must be fp32, bf16 or fp16, or all fp64");
   }
-  if (reduction.accumulate && dst.dtype != DType::kF32) {
-    return badType("reduce", "accumulate needs an fp32 destination");
+  if (reduction.accumulate && dst.dtype != accumulationDType(src_type)) {
+    return badType("reduce", "accumulate needs an fp32 destination (fp64 for fp64 sources)");
   }
   // The destination, then the sources against the shortest one (which
   // covers them all); nulls last, as only non-empty tables need buffers.

@@ -318,7 +318,7 @@ Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segme
 
 Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segments, const Launch& launch) {
   if (auto r = detail::checkScale(data, segments); !r) return r;
-  return detail::withFloatType(data.dtype, [&](auto tag) {
+  return detail::withReducedType(data.dtype, [&](auto tag) {
     return runElementwise(detail::ScaleOp<decltype(tag)>{factor}, data.data, data.data, segments, launch);
   });
 }
@@ -334,7 +334,7 @@ Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Launc
 Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                         const Launch& launch) {
   if (auto r = detail::checkAccumulate(src, dst, segments); !r) return r;
-  return detail::withFloatType(src.dtype, [&](auto tag) {
+  return detail::withReducedType(src.dtype, [&](auto tag) {
     return runElementwise(detail::AccumulateOp<decltype(tag)>{alpha}, src.data, dst.data, segments, launch);
   });
 }
@@ -348,12 +348,10 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
   const TableKey key{segments, launch.tile_elements, false, pointers};
   const detail::ReduceSources sources{nullptr, static_cast<int>(srcs.size()), reduction.pre, reduction.factor,
                                       detail::sourcesCongruent(srcs)};
-  return detail::withFloatType(srcs[0].dtype, [&](auto s_tag) {
-    return detail::withReduceOutput(dst.dtype, reduction, [&](auto d_tag, auto out) {
-      return withTable(key, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
-        reduceKernel<decltype(s_tag), decltype(d_tag), decltype(out)::value>
-            <<<grid, kThreads, 0, stream>>>(view, sources, dst.data);
-      });
+  return detail::withReduceTypes(srcs[0].dtype, dst.dtype, reduction, [&](auto s_tag, auto d_tag, auto out) {
+    return withTable(key, launch, [&](TableView view, unsigned grid, cudaStream_t stream) {
+      reduceKernel<decltype(s_tag), decltype(d_tag), decltype(out)::value>
+          <<<grid, kThreads, 0, stream>>>(view, sources, dst.data);
     });
   });
 }

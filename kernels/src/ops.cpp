@@ -21,7 +21,9 @@
 namespace dbuf::kernels {
 namespace {
 
+using detail::ReduceOut;
 using detail::withFloatType;
+using detail::withReducedType;
 
 template <typename T>
 const T* at(const void* base, std::int64_t offset) {
@@ -101,13 +103,13 @@ DBUF_KERNEL_CLONES void castLoop(const typename S::T* __restrict src, typename D
 }
 
 template <typename E>
-DBUF_KERNEL_CLONES void scaleLoop(typename E::T* __restrict data, float factor, std::int64_t n) {
+DBUF_KERNEL_CLONES void scaleLoop(typename E::T* __restrict data, typename E::Acc factor, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) data[i] = E::store(mulRn(E::load(data[i]), factor));
 }
 
 template <typename S>
-DBUF_KERNEL_CLONES void accumulateLoop(const typename S::T* __restrict src, float* __restrict dst, float alpha,
-                                       std::int64_t n) {
+DBUF_KERNEL_CLONES void accumulateLoop(const typename S::T* __restrict src, typename S::Acc* __restrict dst,
+                                       typename S::Acc alpha, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = addProduct(dst[i], mulRn(S::load(src[i]), alpha));
 }
 
@@ -140,17 +142,10 @@ DBUF_KERNEL_CLONES void dequantizeLoop(const std::uint8_t* __restrict src, typen
 
 /// Elements summed at a time. Each source is read in runs of this many
 /// elements, all W of them within a few KiB of each other, and the fp32
-/// partial sums (1 KiB) stay in L1. Short runs keep many sources' cache line
+/// partial sums (1 KiB; fp64: 2 KiB) stay in L1. Short runs keep many sources' cache line
 /// misses in flight at once: on the 2-core AVX2 VM, 8 bf16 sources -> fp32
 /// ran at 10-11 GB/s on one core with 128-256, 8 GB/s with 1024, 7 with 2048.
 constexpr std::int64_t kReduceBlock = 256;
-
-/// How a reduced block is written out.
-enum class ReduceOut {
-  kStore,       // dst = round(acc)
-  kScaleStore,  // dst = round(acc * factor)
-  kAccumulate,  // dst(fp32) = dst + (acc * factor)
-};
 
 /// dst[0, n) from srcs[r].data + src_offset, r = 0..w-1 (see reduce()). Each
 /// element gets the operations of the unfused composition (zero, W
@@ -159,27 +154,28 @@ enum class ReduceOut {
 /// thread count.
 template <typename S, typename D, ReduceOut kOut>
 DBUF_KERNEL_CLONES void reduceChunk(const ConstBuffer* srcs, std::size_t w, std::int64_t src_offset, typename D::T* dst,
-                                    float pre, float factor, std::int64_t n) {
+                                    typename S::Acc pre, typename S::Acc factor, std::int64_t n) {
   using ST = typename S::T;
-  alignas(64) float acc[kReduceBlock];
+  using Acc = typename S::Acc;
+  alignas(64) Acc acc[kReduceBlock];
   for (std::int64_t b = 0; b < n; b += kReduceBlock) {
     const std::int64_t m = std::min(kReduceBlock, n - b);
     // Up to two sources per pass over acc: per element the same operations
     // in the same order as one source at a time, with half the passes.
     // (Built with -fno-loop-unroll-and-jam, see kernels/CMakeLists.txt: GCC
     // jammed the passes into one loop that ran 4x slower.)
-    // 0.0f + x is not x for x = -0 (the composition adds to a zeroed
+    // 0 + x is not x for x = -0 (the composition adds to a zeroed
     // scratch): kept, not folded.
     const ST* s0 = at<ST>(srcs[0].data, src_offset + b);
     std::size_t r = 1;
     if (w >= 2) {
       const ST* s1 = at<ST>(srcs[1].data, src_offset + b);
       for (std::int64_t i = 0; i < m; ++i) {
-        acc[i] = addProduct(addRn(0.0F, mulRn(S::load(s0[i]), pre)), mulRn(S::load(s1[i]), pre));
+        acc[i] = addProduct(addRn(Acc{0}, mulRn(S::load(s0[i]), pre)), mulRn(S::load(s1[i]), pre));
       }
       r = 2;
     } else {
-      for (std::int64_t i = 0; i < m; ++i) acc[i] = addRn(0.0F, mulRn(S::load(s0[i]), pre));
+      for (std::int64_t i = 0; i < m; ++i) acc[i] = addRn(Acc{0}, mulRn(S::load(s0[i]), pre));
     }
     for (; r + 1 < w; r += 2) {
       const ST* sa = at<ST>(srcs[r].data, src_offset + b);
@@ -239,7 +235,7 @@ Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segme
 
 Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segments, const Options& options) {
   if (auto r = detail::checkScale(data, segments); !r) return r;
-  withFloatType(data.dtype, [&](auto tag) {
+  withReducedType(data.dtype, [&](auto tag) {
     using E = decltype(tag);
     forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
       scaleLoop<E>(at<typename E::T>(data.data, s.dst_offset + b), factor, e - b);
@@ -260,11 +256,11 @@ Result<void> zero(MutBuffer data, std::span<const Segment> segments, const Optio
 Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                         const Options& options) {
   if (auto r = detail::checkAccumulate(src, dst, segments); !r) return r;
-  withFloatType(src.dtype, [&](auto tag) {
+  withReducedType(src.dtype, [&](auto tag) {
     using S = decltype(tag);
     forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
-      accumulateLoop<S>(at<typename S::T>(src.data, s.src_offset + b), at<float>(dst.data, s.dst_offset + b), alpha,
-                        e - b);
+      accumulateLoop<S>(at<typename S::T>(src.data, s.src_offset + b),
+                        at<typename S::Acc>(dst.data, s.dst_offset + b), alpha, e - b);
     });
   });
   return {};
@@ -273,30 +269,14 @@ Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<c
 Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const ReduceOptions& reduction,
                     std::span<const Segment> segments, const Options& options) {
   if (auto r = detail::checkReduce(srcs, dst, reduction, segments); !r) return r;
-  const DType src_type = srcs[0].dtype;
   const ConstBuffer* in = srcs.data();
   const std::size_t w = srcs.size();
-  const float pre = reduction.pre;
-  const float factor = reduction.factor;
-  withFloatType(src_type, [&](auto s_tag) {
+  detail::withReduceTypes(srcs[0].dtype, dst.dtype, reduction, [&](auto s_tag, auto d_tag, auto out) {
     using S = decltype(s_tag);
-    if (reduction.accumulate) {
-      forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
-        reduceChunk<S, Fp32Element, ReduceOut::kAccumulate>(in, w, s.src_offset + b, at<float>(dst.data, s.dst_offset + b),
-                                                     pre, factor, e - b);
-      });
-      return;
-    }
-    withFloatType(dst.dtype, [&](auto d_tag) {
-      using D = decltype(d_tag);
-      forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
-        auto* out = at<typename D::T>(dst.data, s.dst_offset + b);
-        if (factor != 1.0F) {
-          reduceChunk<S, D, ReduceOut::kScaleStore>(in, w, s.src_offset + b, out, pre, factor, e - b);
-        } else {
-          reduceChunk<S, D, ReduceOut::kStore>(in, w, s.src_offset + b, out, pre, factor, e - b);
-        }
-      });
+    using D = decltype(d_tag);
+    forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
+      reduceChunk<S, D, decltype(out)::value>(in, w, s.src_offset + b, at<typename D::T>(dst.data, s.dst_offset + b),
+                                              reduction.pre, reduction.factor, e - b);
     });
   });
   return {};

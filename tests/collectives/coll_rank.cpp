@@ -17,8 +17,9 @@
 //          pre/post scales and accumulate, all-reduce sum/avg, broadcast from
 //          a non-zero root (then the other roots, 0 too), barrier), sync and
 //          async, on one group per dtype pair (fp32 -> fp32/bf16/fp16/fp8_e4m3,
-//          bf16 -> bf16/fp8_e4m3/fp32, fp16 -> fp16/bf16), tensors of --shape
-//          (element, rows, block, mixed, tiny, medium)
+//          bf16 -> bf16/fp8_e4m3/fp32, fp16 -> fp16/bf16, fp64 -> fp64, reduced
+//          in fp64), tensors of --shape (element, rows, block, mixed, tiny,
+//          medium)
 //   fp8    all-gather into fp8 e4m3 of block-aligned shards == one
 //          kernels::quantizeE4m3 over the full tensors, bitwise (data, scales)
 //   train  kTrainWorld ranks, kTrainSteps SGD steps on fp32 master shards
@@ -365,13 +366,15 @@ void writeShards(TestGroup& g, std::uint64_t round, ValueFn fn = paramFn) {
     const Keys key(g, Stream::kShard, round, 0, t);
     const TensorView view = shardView(g, t, false);
     HostBytes host(view);
+    const auto value = [&](std::int64_t e) {
+      const std::uint64_t hash = key(e);
+      return dbuf::coll::elementValue(view.dtype, fn(hash, e, tensors[t]), hash);
+    };
     for (std::int64_t i = 0; i < view.numel(); ++i) {
-      const std::int64_t e = view.begin + i;
-      dbuf::coll::storeElement(view.dtype, host.data(), i, fn(key(e), e, tensors[t]));
+      dbuf::coll::storeDouble(view.dtype, host.data(), i, value(view.begin + i));
     }
     host.store();
-    for (std::int64_t e = 0; e < tensors[t].numel; ++e)
-      g.sim.setShard(tensors[t].offset + e, fn(key(e), e, tensors[t]));
+    for (std::int64_t e = 0; e < tensors[t].numel; ++e) g.sim.setShard(tensors[t].offset + e, value(e));
   }
 }
 
@@ -382,13 +385,15 @@ void writeShardGrads(TestGroup& g, std::uint64_t round) {
     const Keys key(g, Stream::kShardGrad, round, 0, t);
     const TensorView view = shardView(g, t, true);
     HostBytes host(view);
+    const auto value = [&](std::int64_t e) {
+      const std::uint64_t hash = key(e);
+      return dbuf::coll::elementValue(view.dtype, dbuf::coll::moderateValue(hash), hash);
+    };
     for (std::int64_t i = 0; i < view.numel(); ++i) {
-      dbuf::coll::storeElement(view.dtype, host.data(), i, dbuf::coll::moderateValue(key(view.begin + i)));
+      dbuf::coll::storeDouble(view.dtype, host.data(), i, value(view.begin + i));
     }
     host.store();
-    for (std::int64_t e = 0; e < tensors[t].numel; ++e) {
-      g.sim.setShardGrad(tensors[t].offset + e, dbuf::coll::moderateValue(key(e)));
-    }
+    for (std::int64_t e = 0; e < tensors[t].numel; ++e) g.sim.setShardGrad(tensors[t].offset + e, value(e));
   }
   g.sim.markShardGradKnown();
 }
@@ -401,25 +406,26 @@ void writeGrads(TestGroup& g, std::uint64_t round) {
     const TensorView view = slotView(g, t, true);
     const Keys mine(g, Stream::kGrad, round, g_args.rank, t);
     HostBytes host(view);
-    for (std::int64_t e = 0; e < view.numel(); ++e) {
-      dbuf::coll::storeElement(view.dtype, host.data(), e, dbuf::coll::gradValue(mine(e), grad));
-    }
+    const auto value = [grad](const Keys& key, std::int64_t e) {
+      const std::uint64_t hash = key(e);
+      return dbuf::coll::elementValue(grad, dbuf::coll::gradValue(hash, grad), hash);
+    };
+    for (std::int64_t e = 0; e < view.numel(); ++e) dbuf::coll::storeDouble(view.dtype, host.data(), e, value(mine, e));
     host.store();
     for (std::uint32_t r = 0; r < g.sim.world(); ++r) {
       const Keys key(g, Stream::kGrad, round, r, t);
-      for (std::int64_t e = 0; e < tensors[t].numel; ++e) {
-        g.sim.setGrad(r, tensors[t].offset + e, dbuf::coll::gradValue(key(e), grad));
-      }
+      for (std::int64_t e = 0; e < tensors[t].numel; ++e) g.sim.setGrad(r, tensors[t].offset + e, value(key, e));
     }
   }
   for (std::uint32_t r = 0; r < g.sim.world(); ++r) g.sim.markGradsKnown(r);
 }
 
-std::uint32_t paramBits(const TestGroup& g, std::uint64_t hash) {
-  if (g.sim.quantized()) return static_cast<std::uint32_t>(hash & 0xffU);
-  std::byte bits[4] = {};
-  dbuf::coll::storeElement(g.sim.unsharded(), bits, 0, dbuf::coll::paramValue(hash));
-  return dbuf::coll::elementBits(g.sim.unsharded(), bits, 0);
+std::uint64_t paramBits(const TestGroup& g, std::uint64_t hash) {
+  if (g.sim.quantized()) return hash & 0xffU;
+  const DType dtype = g.sim.unsharded();
+  std::byte bits[8] = {};
+  dbuf::coll::storeDouble(dtype, bits, 0, dbuf::coll::elementValue(dtype, dbuf::coll::paramValue(hash), hash));
+  return dbuf::coll::elementBits64(dtype, bits, 0);
 }
 
 float scaleFor(const TestGroup& g, std::uint64_t round, std::uint32_t rank, std::int64_t block) {
@@ -476,7 +482,7 @@ void compare(const std::string& context, const std::string& buffer, const dbuf::
   std::int64_t bad = 0;
   std::int64_t first_bad = -1;
   for (std::int64_t i = 0; i < n; ++i) {
-    if (dbuf::coll::elementBits(dtype, actual, i) != dbuf::coll::elementBits(dtype, expected, i)) {
+    if (dbuf::coll::elementBits64(dtype, actual, i) != dbuf::coll::elementBits64(dtype, expected, i)) {
       if (first_bad < 0) first_bad = i;
       ++bad;
     }
@@ -487,7 +493,7 @@ void compare(const std::string& context, const std::string& buffer, const dbuf::
   // did not touch) is counted, not described again.
   const std::int64_t at = first_element + first_bad;
   const std::string signature = buffer + "|" + tensor.name + "|" + std::to_string(at) + "|" + std::to_string(bad) +
-                                "|" + std::to_string(dbuf::coll::elementBits(dtype, actual, first_bad));
+                                "|" + std::to_string(dbuf::coll::elementBits64(dtype, actual, first_bad));
   if (!g_seen.insert(signature).second) return;
   if (g_reported++ >= kMaxReports) return;
   if (g_first_context.empty()) g_first_context = context;
@@ -499,8 +505,8 @@ void compare(const std::string& context, const std::string& buffer, const dbuf::
   }
   say("MISMATCH %s: %s of tensor '%s' (#%zu, %s): %s: expected %s, actual %s; %" PRId64 " of %" PRId64 " %s differ%s",
       context.c_str(), buffer.c_str(), tensor.name.c_str(), t, dtypeName(dtype).c_str(), where,
-      dbuf::coll::showBits(dtype, dbuf::coll::elementBits(dtype, expected, first_bad)).c_str(),
-      dbuf::coll::showBits(dtype, dbuf::coll::elementBits(dtype, actual, first_bad)).c_str(), bad, n,
+      dbuf::coll::showBits(dtype, dbuf::coll::elementBits64(dtype, expected, first_bad)).c_str(),
+      dbuf::coll::showBits(dtype, dbuf::coll::elementBits64(dtype, actual, first_bad)).c_str(), bad, n,
       scale_base ? "blocks" : "elements",
       context == g_first_context ? "" : (" (may follow from the first mismatch, " + g_first_context + ")").c_str());
 }
@@ -598,12 +604,13 @@ void opSequence(Client& client, TestGroup& g) {
   reduceScatter(g, {ReduceMode::kAvg, 1.0F, 1.0F, false});
   reduceScatter(g, {ReduceMode::kSum, 0.37F, 1.9F, false});
   reduceScatter(g, {ReduceMode::kAvg, -1.25F, 0.3F, false});
-  if (g.sim.sharded() == DType::kF32) {
+  if (g.sim.sharded() == dbuf::accumulationDType(g.sim.grad())) {
     writeShardGrads(g, 1);
     reduceScatter(g, {ReduceMode::kAvg, 0.5F, 3.0F, true});
     reduceScatter(g, {ReduceMode::kSum, 1.0F, 1.0F, true});
   } else {
-    // accumulate needs an fp32 sharded gradient: refused on every rank, nothing written.
+    // accumulate needs a sharded gradient of the dtype the reduction sums in
+    // (fp32; fp64 for fp64 groups): refused on every rank, nothing written.
     const auto refused = g.group.reduceScatter({ReduceMode::kSum, 1.0F, 1.0F, true}, g_args.timeout);
     if (refused.ok() || refused.error().message.find("accumulate") == std::string::npos) {
       ++g_mismatches;
@@ -668,6 +675,7 @@ const std::vector<Pair>& opPairs() {
       {DType::kF32, DType::kF32},    {DType::kF32, DType::kBF16},  {DType::kF32, DType::kF16},
       {DType::kF32, DType::kF8E4M3}, {DType::kBF16, DType::kBF16}, {DType::kBF16, DType::kF8E4M3},
       {DType::kF16, DType::kF16},    {DType::kF16, DType::kBF16},  {DType::kBF16, DType::kF32},
+      {DType::kF64, DType::kF64},
   };
   return pairs;
 }

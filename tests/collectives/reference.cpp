@@ -3,9 +3,11 @@
 #include "reference.hpp"
 
 #include <algorithm>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 
 #include "dbuf/kernels/convert.hpp"
 #include "dbuf/kernels/ops.hpp"
@@ -15,7 +17,9 @@ namespace dbuf::coll {
 namespace {
 
 using kernels::bf16ToFloat;
+using kernels::bitsDouble;
 using kernels::bitsFloat;
+using kernels::doubleBits;
 using kernels::e4m3ToFloat;
 using kernels::floatBits;
 using kernels::floatToBf16;
@@ -32,6 +36,24 @@ std::uint64_t splitmix(std::uint64_t x) noexcept {
 
 std::size_t index(std::int64_t i) noexcept {
   return static_cast<std::size_t>(i);
+}
+
+/// Element access in the type a reduction sums in (float, or double for fp64).
+template <typename Acc>
+Acc loadAs(DType dtype, const std::byte* base, std::int64_t i) noexcept {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return loadDouble(dtype, base, i);
+  } else {
+    return loadElement(dtype, base, i);
+  }
+}
+template <typename Acc>
+void storeAs(DType dtype, std::byte* base, std::int64_t i, Acc v) noexcept {
+  if constexpr (std::is_same_v<Acc, double>) {
+    storeDouble(dtype, base, i, v);
+  } else {
+    storeElement(dtype, base, i, v);
+  }
 }
 
 }  // namespace
@@ -124,6 +146,15 @@ float blockScaledValue(std::uint64_t hash, std::int64_t block) noexcept {
   return bitsFloat(sign | (exp << 23) | mant);
 }
 
+double elementValue(DType dtype, float v, std::uint64_t hash) noexcept {
+  const auto wide = static_cast<double>(v);
+  // Infinities keep their zero mantissa (else NaN); zeros stay zeros.
+  if (dtype != DType::kF64 || !std::isfinite(v) || v == 0.0F) return wide;
+  // The hash's top 29 bits: the generators take sign and mantissa from the low ones.
+  const std::uint64_t low = hash >> 35;
+  return bitsDouble(doubleBits(wide) | low);
+}
+
 // ---- element access ------------------------------------------------------------------
 
 float loadElement(DType dtype, const std::byte* base, std::int64_t i) noexcept {
@@ -151,6 +182,9 @@ void storeElement(DType dtype, std::byte* base, std::int64_t i, float v) noexcep
     case DType::kF32:
       std::memcpy(base + index(i) * 4, &v, 4);
       return;
+    case DType::kF64:
+      storeDouble(dtype, base, i, static_cast<double>(v));
+      return;
     case DType::kBF16:
     case DType::kF16: {
       const std::uint16_t h = dtype == DType::kBF16 ? floatToBf16(v) : floatToHalf(v);
@@ -160,6 +194,28 @@ void storeElement(DType dtype, std::byte* base, std::int64_t i, float v) noexcep
     default:
       return;
   }
+}
+
+double loadDouble(DType dtype, const std::byte* base, std::int64_t i) noexcept {
+  if (dtype != DType::kF64) return static_cast<double>(loadElement(dtype, base, i));
+  double v = 0;
+  std::memcpy(&v, base + index(i) * 8, 8);
+  return v;
+}
+
+void storeDouble(DType dtype, std::byte* base, std::int64_t i, double v) noexcept {
+  if (dtype != DType::kF64) {
+    storeElement(dtype, base, i, static_cast<float>(v));
+    return;
+  }
+  std::memcpy(base + index(i) * 8, &v, 8);
+}
+
+std::uint64_t elementBits64(DType dtype, const std::byte* base, std::int64_t i) noexcept {
+  if (sizeBytes(dtype) != 8) return elementBits(dtype, base, i);
+  std::uint64_t u = 0;
+  std::memcpy(&u, base + index(i) * 8, 8);
+  return u;
 }
 
 std::uint32_t elementBits(DType dtype, const std::byte* base, std::int64_t i) noexcept {
@@ -179,11 +235,16 @@ std::uint32_t elementBits(DType dtype, const std::byte* base, std::int64_t i) no
   }
 }
 
-void setElementBits(DType dtype, std::byte* base, std::int64_t i, std::uint32_t bits) noexcept {
+void setElementBits(DType dtype, std::byte* base, std::int64_t i, std::uint64_t bits) noexcept {
   switch (sizeBytes(dtype)) {
-    case 4:
-      std::memcpy(base + index(i) * 4, &bits, 4);
+    case 8:
+      std::memcpy(base + index(i) * 8, &bits, 8);
       return;
+    case 4: {
+      const auto u = static_cast<std::uint32_t>(bits);
+      std::memcpy(base + index(i) * 4, &u, 4);
+      return;
+    }
     case 2: {
       const auto h = static_cast<std::uint16_t>(bits);
       std::memcpy(base + index(i) * 2, &h, 2);
@@ -195,12 +256,18 @@ void setElementBits(DType dtype, std::byte* base, std::int64_t i, std::uint32_t 
   }
 }
 
-std::string showBits(DType dtype, std::uint32_t bits) {
-  float value = 0;
+std::string showBits(DType dtype, std::uint64_t bits) {
+  double value = 0;
   int digits = 8;
+  int precision = 9;
   switch (dtype) {
+    case DType::kF64:
+      value = bitsDouble(bits);
+      digits = 16;
+      precision = 17;
+      break;
     case DType::kF32:
-      value = bitsFloat(bits);
+      value = bitsFloat(static_cast<std::uint32_t>(bits));
       break;
     case DType::kBF16:
       value = bf16ToFloat(static_cast<std::uint16_t>(bits));
@@ -217,8 +284,8 @@ std::string showBits(DType dtype, std::uint32_t bits) {
     default:
       break;
   }
-  char text[64];
-  std::snprintf(text, sizeof text, "0x%0*x (%.9g)", digits, bits, static_cast<double>(value));
+  char text[96];
+  std::snprintf(text, sizeof text, "0x%0*" PRIx64 " (%.*g)", digits, bits, precision, value);
   return text;
 }
 
@@ -267,6 +334,15 @@ void GroupSim::forgetSlot(std::uint32_t rank) {
 void GroupSim::allGather() {
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const PlacedTensor& tensor = tensors_[t];
+    if (sharded_ == DType::kF64) {
+      // fp64 is never cast: copied as it is, all 64 bits.
+      for (std::int64_t e = 0; e < tensor.numel; ++e) {
+        const std::int64_t g = tensor.offset + e;
+        const double v = loadDouble(sharded_, shard_.data(), g);
+        for (std::uint32_t r = 0; r < world_; ++r) storeDouble(unsharded_, params_[r].data(), g, v);
+      }
+      continue;
+    }
     if (!quantized()) {
       for (std::int64_t e = 0; e < tensor.numel; ++e) {
         const std::int64_t g = tensor.offset + e;
@@ -299,54 +375,76 @@ void GroupSim::allGather() {
   params_known_.assign(world_, true);
 }
 
-float GroupSim::reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept {
+template <typename Acc>
+Acc GroupSim::reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept {
+  const auto pre = static_cast<Acc>(reduce.pre_scale);
   const auto sumOf = [&](std::uint32_t first, std::uint32_t end) {
-    float acc = 0.0F;
+    Acc acc = 0;
     for (std::uint32_t r = first; r < end; ++r) {
-      const float x = loadElement(grad_, grads_[r].data(), global);
-      const float scaled = x * reduce.pre_scale;
+      const Acc x = loadAs<Acc>(grad_, grads_[r].data(), global);
+      const Acc scaled = x * pre;
       acc = acc + scaled;
     }
     return acc;
   };
   if (first_ranks_.empty()) return sumOf(0, world_);
-  float acc = 0.0F;
+  Acc acc = 0;
   for (std::size_t n = 0; n + 1 < first_ranks_.size(); ++n) {
-    const float node = sumOf(first_ranks_[n], first_ranks_[n + 1]);
+    const Acc node = sumOf(first_ranks_[n], first_ranks_[n + 1]);
     acc = acc + node;
   }
   return acc;
 }
 
-void GroupSim::reduceScatter(const ReduceOptions& reduce) {
-  const float factor = finalFactor(reduce, world_);
+template <typename Acc>
+void GroupSim::reduceScatterIn(const ReduceOptions& reduce) {
+  // The factor is computed in float and only then widened (it travels as one).
+  const auto factor = static_cast<Acc>(finalFactor(reduce, world_));
+  const DType accumulation = accumulationDType(grad_);
   for (const PlacedTensor& tensor : tensors_) {
     for (std::int64_t e = 0; e < tensor.numel; ++e) {
       const std::int64_t g = tensor.offset + e;
-      const float acc = reduced(g, reduce);
+      const Acc acc = reduced<Acc>(g, reduce);
       if (reduce.accumulate) {
-        const float out = loadElement(DType::kF32, shard_grad_.data(), g);
-        const float add = acc * factor;
-        const float sum = out + add;
-        storeElement(DType::kF32, shard_grad_.data(), g, sum);
+        const Acc out = loadAs<Acc>(accumulation, shard_grad_.data(), g);
+        const Acc add = acc * factor;
+        const Acc sum = out + add;
+        storeAs<Acc>(accumulation, shard_grad_.data(), g, sum);
       } else {
-        const float v = factor == 1.0F ? acc : acc * factor;
-        storeElement(sharded_, shard_grad_.data(), g, v);
+        const Acc v = factor == Acc{1} ? acc : acc * factor;
+        storeAs<Acc>(sharded_, shard_grad_.data(), g, v);
       }
     }
+  }
+}
+
+template <typename Acc>
+void GroupSim::allReduceIn(const ReduceOptions& reduce) {
+  const auto factor = static_cast<Acc>(finalFactor(reduce, world_));
+  for (const PlacedTensor& tensor : tensors_) {
+    for (std::int64_t e = 0; e < tensor.numel; ++e) {
+      const std::int64_t g = tensor.offset + e;
+      const Acc acc = reduced<Acc>(g, reduce);
+      const Acc v = factor == Acc{1} ? acc : acc * factor;
+      for (std::uint32_t r = 0; r < world_; ++r) storeAs<Acc>(grad_, grads_[r].data(), g, v);
+    }
+  }
+}
+
+void GroupSim::reduceScatter(const ReduceOptions& reduce) {
+  if (accumulationDType(grad_) == DType::kF64) {
+    reduceScatterIn<double>(reduce);
+  } else {
+    reduceScatterIn<float>(reduce);
   }
   shard_grad_known_ = true;
 }
 
 void GroupSim::allReduce(const ReduceOptions& reduce) {
-  const float factor = finalFactor(reduce, world_);
-  for (const PlacedTensor& tensor : tensors_) {
-    for (std::int64_t e = 0; e < tensor.numel; ++e) {
-      const std::int64_t g = tensor.offset + e;
-      const float acc = reduced(g, reduce);
-      const float v = factor == 1.0F ? acc : acc * factor;
-      for (std::uint32_t r = 0; r < world_; ++r) storeElement(grad_, grads_[r].data(), g, v);
-    }
+  if (accumulationDType(grad_) == DType::kF64) {
+    allReduceIn<double>(reduce);
+  } else {
+    allReduceIn<float>(reduce);
   }
   grads_known_.assign(world_, true);
 }

@@ -4,9 +4,10 @@
 /// of seed, stream, rank, tensor and element, so every process can compute
 /// every rank's data), element access on raw dtype bytes, and a simulator of
 /// a group's memory on every rank that applies each collective exactly as
-/// the host backend is specified to (fp32 arithmetic, rank-order sums, two
-/// roundings per multiply-add, round-to-nearest-even conversions from
-/// dbuf/kernels/convert.hpp). Compiled with -ffp-contract=off (no FMA).
+/// the host backend is specified to (fp32 arithmetic, fp64 for fp64 groups,
+/// rank-order sums, two roundings per multiply-add, round-to-nearest-even
+/// conversions from dbuf/kernels/convert.hpp). Compiled with
+/// -ffp-contract=off (no FMA).
 ///
 /// Independent of the daemon: it uses the plan only for where tensors lie in
 /// the global buffer of world * shard_elems elements.
@@ -53,18 +54,31 @@ enum class Stream : std::uint32_t {
 /// fp8 test data: |x| < 2^k with k depending on the granularity block, so
 /// that blocks get very different scales.
 [[nodiscard]] float blockScaledValue(std::uint64_t hash, std::int64_t block) noexcept;
+/// What generator value v becomes as an element of `dtype`: v itself, but
+/// for fp64 v with the 29 mantissa bits below fp32's taken from the hash
+/// (v finite and non-zero), so that fp64 data needs all 64 bits and a path
+/// through fp32 anywhere shows.
+[[nodiscard]] double elementValue(DType dtype, float v, std::uint64_t hash) noexcept;
 
 // ---- element access ----------------------------------------------------------
 
 /// float value of element i (fp32, bf16, fp16; fp8 e4m3 without its scale).
 [[nodiscard]] float loadElement(DType dtype, const std::byte* base, std::int64_t i) noexcept;
-/// Rounds v to dtype (fp32, bf16, fp16) and stores it as element i.
+/// Rounds v to dtype (fp32, bf16, fp16) and stores it as element i; fp64
+/// stores v widened (exact).
 void storeElement(DType dtype, std::byte* base, std::int64_t i, float v) noexcept;
-/// Raw bits of element i (1, 2 or 4 bytes).
+/// Element i as a double: fp64 as it is, the others as loadElement (exact).
+[[nodiscard]] double loadDouble(DType dtype, const std::byte* base, std::int64_t i) noexcept;
+/// Stores v as element i: fp64 as it is, the others as storeElement of
+/// float(v), so that a v that is a float is rounded once, as there.
+void storeDouble(DType dtype, std::byte* base, std::int64_t i, double v) noexcept;
+/// Raw bits of element i, all of them (1, 2, 4 or 8 bytes).
+[[nodiscard]] std::uint64_t elementBits64(DType dtype, const std::byte* base, std::int64_t i) noexcept;
+/// The same for dtypes of at most 4 bytes (not fp64 or int64: elementBits64).
 [[nodiscard]] std::uint32_t elementBits(DType dtype, const std::byte* base, std::int64_t i) noexcept;
-void setElementBits(DType dtype, std::byte* base, std::int64_t i, std::uint32_t bits) noexcept;
+void setElementBits(DType dtype, std::byte* base, std::int64_t i, std::uint64_t bits) noexcept;
 /// "0x3f80 (1)": the bits and the value they stand for.
-[[nodiscard]] std::string showBits(DType dtype, std::uint32_t bits);
+[[nodiscard]] std::string showBits(DType dtype, std::uint64_t bits);
 
 /// Gradient dtype of a group: the unsharded dtype, bf16 for fp8 groups.
 [[nodiscard]] DType gradDType(DType unsharded) noexcept;
@@ -94,13 +108,14 @@ class GroupSim {
     return static_cast<std::uint32_t>(global / shard_elems_);
   }
 
-  // Writes (what the ranks do to their memory between collectives).
-  void setShard(std::int64_t global, float v) { storeElement(sharded_, shard_.data(), global, v); }
-  void setShardGrad(std::int64_t global, float v) { storeElement(sharded_, shard_grad_.data(), global, v); }
-  void setGrad(std::uint32_t rank, std::int64_t global, float v) {
-    storeElement(grad_, grads_[rank].data(), global, v);
+  // Writes (what the ranks do to their memory between collectives): v as
+  // storeDouble takes it, a float for every dtype but fp64.
+  void setShard(std::int64_t global, double v) { storeDouble(sharded_, shard_.data(), global, v); }
+  void setShardGrad(std::int64_t global, double v) { storeDouble(sharded_, shard_grad_.data(), global, v); }
+  void setGrad(std::uint32_t rank, std::int64_t global, double v) {
+    storeDouble(grad_, grads_[rank].data(), global, v);
   }
-  void setParamBits(std::uint32_t rank, std::int64_t global, std::uint32_t bits) {
+  void setParamBits(std::uint32_t rank, std::int64_t global, std::uint64_t bits) {
     setElementBits(unsharded_, params_[rank].data(), global, bits);
   }
   void setScale(std::uint32_t rank, std::int64_t block, float v) { scales_[rank][static_cast<std::size_t>(block)] = v; }
@@ -131,9 +146,15 @@ class GroupSim {
   [[nodiscard]] bool gradsKnown(std::uint32_t rank) const { return grads_known_.at(rank); }
 
  private:
-  /// acc = sum over r in rank order of (float(grad_r[g]) * pre) (over nodes:
-  /// sum over nodes of each node's such sum), before the factor.
-  [[nodiscard]] float reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept;
+  /// acc = sum over r in rank order of (Acc(grad_r[g]) * pre) (over nodes:
+  /// sum over nodes of each node's such sum), before the factor. Acc is what
+  /// the group sums in (accumulationDType): float, or double for fp64.
+  template <typename Acc>
+  [[nodiscard]] Acc reduced(std::int64_t global, const ReduceOptions& reduce) const noexcept;
+  template <typename Acc>
+  void reduceScatterIn(const ReduceOptions& reduce);
+  template <typename Acc>
+  void allReduceIn(const ReduceOptions& reduce);
 
   std::uint32_t world_ = 1;
   std::vector<std::uint32_t> first_ranks_;  // empty: one node

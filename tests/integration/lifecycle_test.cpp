@@ -511,16 +511,83 @@ TEST(Lifecycle, OtherDtypesGiveViewsOfTheirOwnElementSize) {
   EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
 }
 
+TEST(Lifecycle, Fp64GroupsReduceInFp64) {
+  // fp64 parameters (trainable fp64 models, as FSDP2 trains them) are gathered as they are and their gradients
+  // summed in fp64: the values differ from 1 below fp32's precision, so a sum through fp32 would lose them.
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  constexpr std::uint32_t kWorld = 3;
+  const auto grad_value = [](std::uint32_t rank, std::size_t t, std::int64_t e) {
+    return 1.0 + static_cast<double>((rank + 1) * 7 + t * 3 + static_cast<std::size_t>(e) % 11) * 0x1p-40;
+  };
+  // The sum in rank order, in fp64, times the factor: what every backend computes.
+  const auto reduced = [&](std::size_t t, std::int64_t e, double factor) {
+    double sum = 0.0;
+    for (std::uint32_t r = 0; r < kWorld; ++r) sum += grad_value(r, t, e);
+    return sum * factor;
+  };
+  onRanks(kWorld, [&](std::uint32_t rank) {
+    auto client = daemon.attach(rankOf("fp64", rank, kWorld));
+    ASSERT_TRUE(client.ok()) << messageOf(client);
+    GroupSpec spec = smallGroup("fp64", 3, 10);
+    spec.sharded_dtype = DType::kF64;
+    spec.unsharded_dtype = DType::kF64;
+    auto group = client->registerGroup(spec);
+    ASSERT_TRUE(group.ok()) << messageOf(group);
+    ASSERT_TRUE(group->unshard().ok());
+    const auto write_grads = [&] {
+      for (std::size_t t = 0; t < 3; ++t) {
+        auto grad = group->unshardedGradView(t);
+        ASSERT_TRUE(grad.ok());
+        ASSERT_EQ(grad->dtype, DType::kF64);
+        for (std::int64_t e = 0; e < grad->numel(); ++e) grad->data<double>()[e] = grad_value(rank, t, e);
+      }
+    };
+    const auto expect_shard_grads = [&](const auto& want, const char* what) {
+      for (std::size_t t = 0; t < 3; ++t) {
+        const TensorView shard = group->shardGradView(t);
+        ASSERT_EQ(shard.dtype, DType::kF64);
+        std::int64_t wrong = 0;
+        for (std::int64_t e = shard.begin; e < shard.end; ++e) {
+          wrong += shard.data<double>()[e - shard.begin] != want(t, e) ? 1 : 0;
+        }
+        EXPECT_EQ(wrong, 0) << what << ", rank " << rank << " tensor " << t;
+      }
+    };
+    write_grads();
+    ASSERT_TRUE(group->reduceScatter({.mode = ReduceMode::kAvg}).ok());
+    const double third = 1.0F / 3.0F;  // the factor travels as a float
+    expect_shard_grads([&](std::size_t t, std::int64_t e) { return reduced(t, e, third); }, "avg");
+    // Gradient accumulation: summed again, added in fp64 to the sharded gradient.
+    ASSERT_TRUE(group->reduceScatter({.mode = ReduceMode::kSum, .accumulate = true}).ok());
+    expect_shard_grads([&](std::size_t t, std::int64_t e) { return reduced(t, e, third) + reduced(t, e, 1.0); },
+                       "accumulated");
+    write_grads();
+    ASSERT_TRUE(group->allReduce({.mode = ReduceMode::kSum}).ok());
+    for (std::size_t t = 0; t < 3; ++t) {
+      auto grad = group->unshardedGradView(t);
+      ASSERT_TRUE(grad.ok());
+      std::int64_t wrong = 0;
+      for (std::int64_t e = 0; e < grad->numel(); ++e) wrong += grad->data<double>()[e] != reduced(t, e, 1.0) ? 1 : 0;
+      EXPECT_EQ(wrong, 0) << "all-reduce, rank " << rank << " tensor " << t;
+    }
+    ASSERT_TRUE(group->reshard().ok());
+    ASSERT_TRUE(client->detach().ok());
+  });
+  EXPECT_TRUE(daemonIsEmpty(daemon.stats()));
+}
+
 TEST(Lifecycle, GatherOnlyGroupsCopyAnyDtypeAndRefuseReductions) {
-  // Frozen parameters of dtypes dbufd does not compute in (fp64, fp8, integers) are held and gathered as they
-  // are; their groups have gradient regions of their own dtype and no reductions.
+  // Frozen parameters of dtypes dbufd does not compute in (fp8, integers) are held and gathered as they are;
+  // their groups have gradient regions of their own dtype and no reductions. (fp64 is gathered the same way
+  // and reduced in fp64: Fp64GroupsReduceInFp64.)
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());
   constexpr std::uint32_t kWorld = 2;
   onRanks(kWorld, [&](std::uint32_t rank) {
     auto client = daemon.attach(rankOf("bits", rank, kWorld));
     ASSERT_TRUE(client.ok()) << messageOf(client);
-    for (const DType dtype : {DType::kF64, DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kU8}) {
+    for (const DType dtype : {DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kU8}) {
       const auto width = static_cast<std::size_t>(sizeBytes(dtype));
       GroupSpec spec = smallGroup("frozen-" + std::string(toString(dtype)), 3, 10);
       spec.sharded_dtype = dtype;

@@ -332,6 +332,74 @@ TEST(KernelsReduce, ThreadCountsGiveIdenticalBytesOnLargeSegments) {
   }
 }
 
+TEST(KernelsReduce, Fp64SumsInFp64WithTwoRoundingsPerStep) {
+  // fp64 gradients are summed in fp64: values 1 + k * 2^-40 differ below
+  // fp32's precision, so an fp32 accumulator would lose them. The reference
+  // rounds each product and sum through volatiles (no FMA), sources in order.
+  std::mt19937_64 rng(14);
+  std::uniform_int_distribution<int> k(-1000, 1000);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const std::int64_t n = 70'001;  // past one 64Ki-element chunk: threads split it
+  const std::size_t w = 5;
+  std::vector<std::vector<double>> srcs(w, std::vector<double>(static_cast<std::size_t>(n)));
+  for (auto& src : srcs) {
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = i % 2 == 0 ? 1.0 + k(rng) * 0x1p-40 : normal(rng);
+  }
+  srcs[1][7] = bitsDouble(0x7ff8000000000011ULL);  // NaNs: the later source's wins, as for fp32
+  srcs[3][7] = bitsDouble(0xfff8000000000022ULL);
+  srcs[2][9] = std::numeric_limits<double>::infinity();
+  std::vector<double> init(static_cast<std::size_t>(n));
+  for (double& x : init) x = normal(rng);
+  const float pre = 0.1F;
+  const float factor = 1.0F / 5.0F;
+  std::vector<double> want_store(init.size());
+  std::vector<double> want_acc(init.size());
+  std::int64_t below_fp32 = 0;
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    volatile double acc = 0.0;
+    float acc32 = 0.0F;
+    for (const auto& src : srcs) {
+      const volatile double prod = src[i] * static_cast<double>(pre);
+      acc = acc + prod;
+      acc32 += static_cast<float>(src[i]) * pre;
+    }
+    if (i == 7) acc = bitsDouble(0xfff8000000000022ULL);  // x86: the product's NaN, quieted
+    const volatile double scaled = acc * static_cast<double>(factor);
+    want_store[i] = scaled;
+    want_acc[i] = init[i] + scaled;
+    if (static_cast<double>(acc32 * factor) != scaled) ++below_fp32;
+  }
+  ASSERT_GT(below_fp32, n / 4) << "the data would not tell fp64 sums from fp32 ones";
+  std::vector<ConstBuffer> in;
+  for (const auto& src : srcs) in.push_back({src.data(), DType::kF64, n});
+  const Segment seg{0, 0, n, 0, 0};
+  const auto same = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(doubleBits(got[i]), doubleBits(want[i])) << what << ": element " << i;
+    }
+  };
+  for (const int th : {1, 2, 3}) {
+    std::vector<double> got(init);
+    ASSERT_TRUE(reduce(in, {got.data(), DType::kF64, n}, {pre, factor, false}, {&seg, 1}, Options{th}).ok());
+    same(got, want_store, "scaled sum, " + std::to_string(th) + " threads");
+    std::vector<double> got_acc(init);
+    ASSERT_TRUE(reduce(in, {got_acc.data(), DType::kF64, n}, {pre, factor, true}, {&seg, 1}, Options{th}).ok());
+    same(got_acc, want_acc, "accumulate, " + std::to_string(th) + " threads");
+  }
+  // fp64 is never mixed with the other dtypes, and accumulates into fp64 only
+  std::vector<float> f32(static_cast<std::size_t>(n));
+  const MutBuffer f32_out{f32.data(), DType::kF32, n};
+  for (const bool accumulate : {false, true}) {
+    const auto mixed = reduce(in, f32_out, {1.0F, 1.0F, accumulate}, {&seg, 1});
+    ASSERT_FALSE(mixed.ok());
+    EXPECT_NE(mixed.error().message.find("or all fp64"), std::string::npos) << mixed.error().message;
+  }
+  std::vector<double> out64(static_cast<std::size_t>(n));
+  const std::vector<ConstBuffer> f32_in{{f32.data(), DType::kF32, n}};
+  EXPECT_FALSE(reduce(f32_in, {out64.data(), DType::kF64, n}, {}, {&seg, 1}).ok());
+  EXPECT_FALSE(reduce(f32_in, {out64.data(), DType::kF64, n}, {1.0F, 1.0F, true}, {&seg, 1}).ok());
+}
+
 TEST(KernelsReduce, ValidationErrorsTouchNothing) {
   std::vector<float> a(100, 1.0F);
   std::vector<float> b(100, 2.0F);

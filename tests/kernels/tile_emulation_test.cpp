@@ -84,7 +84,7 @@ class EmulatedRunner final : public Runner {
   }
   Result<void> scale(MutBuffer d, float f, std::span<const Segment> g) override {
     if (auto r = detail::checkScale(d, g); !r) return r;
-    detail::withFloatType(d.dtype, [&](auto t) { elementwise(detail::ScaleOp<decltype(t)>{f}, d.data, d.data, g); });
+    detail::withReducedType(d.dtype, [&](auto t) { elementwise(detail::ScaleOp<decltype(t)>{f}, d.data, d.data, g); });
     return {};
   }
   Result<void> zero(MutBuffer d, std::span<const Segment> g) override {
@@ -95,8 +95,8 @@ class EmulatedRunner final : public Runner {
   }
   Result<void> accumulate(ConstBuffer s, MutBuffer d, float a, std::span<const Segment> g) override {
     if (auto r = detail::checkAccumulate(s, d, g); !r) return r;
-    detail::withFloatType(s.dtype,
-                          [&](auto t) { elementwise(detail::AccumulateOp<decltype(t)>{a}, s.data, d.data, g); });
+    detail::withReducedType(s.dtype,
+                            [&](auto t) { elementwise(detail::AccumulateOp<decltype(t)>{a}, s.data, d.data, g); });
     return {};
   }
   Result<void> reduce(std::span<const ConstBuffer> s, MutBuffer d, const ReduceOptions& r,
@@ -106,11 +106,9 @@ class EmulatedRunner final : public Runner {
     for (const ConstBuffer& b : s) pointers.push_back(b.data);
     const detail::ReduceSources sources{pointers.data(), static_cast<int>(s.size()), r.pre, r.factor,
                                         detail::sourcesCongruent(s)};
-    detail::withFloatType(s[0].dtype, [&](auto st) {
-      detail::withReduceOutput(d.dtype, r, [&](auto dt, auto out) {
-        forEachLane(g, tile, false, [&](const Segment& seg, const Tile& t, int lane) {
-          detail::reduceTile<decltype(st), decltype(dt), decltype(out)::value>(sources, seg, t, d.data, lane, kThreads);
-        });
+    detail::withReduceTypes(s[0].dtype, d.dtype, r, [&](auto st, auto dt, auto out) {
+      forEachLane(g, tile, false, [&](const Segment& seg, const Tile& t, int lane) {
+        detail::reduceTile<decltype(st), decltype(dt), decltype(out)::value>(sources, seg, t, d.data, lane, kThreads);
       });
     });
     return {};

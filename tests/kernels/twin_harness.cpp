@@ -8,6 +8,8 @@ namespace dbuf::kernels::twin {
 namespace {
 
 constexpr std::array<DType, 3> kFloats{DType::kF32, DType::kBF16, DType::kF16};
+/// The dtypes reductions take: the three above, summed in fp32, and fp64.
+constexpr std::array<DType, 4> kReduced{DType::kF32, DType::kBF16, DType::kF16, DType::kF64};
 /// Segment sizes around the 16-byte unit of every dtype, one past, one
 /// short, and several tiles long.
 constexpr std::array<std::int64_t, 17> kCounts{0,  1,   3,   7,    8,    15,   16,   17,  31,
@@ -94,20 +96,23 @@ std::vector<OpCall> allCalls() {
     for (const DType d : kFloats) {
       if (s != d) addCalls(calls, op(OpKind::kCast, s, d, "cast " + name(s) + "->" + name(d)), false);
     }
+    addCalls(calls, op(OpKind::kQuantize, s, DType::kF8E4M3, "quantize " + name(s)), true);
+    addCalls(calls, op(OpKind::kDequantize, DType::kF8E4M3, s, "dequantize to " + name(s)), true);
+  }
+  for (const DType s : kReduced) {
     // factor 0: inf * 0 makes the default NaN, which the GPU must match.
     for (const float factor : {0.37F, 0.0F}) {
       addCalls(calls, op(OpKind::kScale, s, s, "scale " + name(s) + " by " + std::to_string(factor), factor), false);
     }
-    addCalls(calls, op(OpKind::kAccumulate, s, DType::kF32, "accumulate " + name(s), -1.5F), false);
-    addCalls(calls, op(OpKind::kQuantize, s, DType::kF8E4M3, "quantize " + name(s)), true);
-    addCalls(calls, op(OpKind::kDequantize, DType::kF8E4M3, s, "dequantize to " + name(s)), true);
+    addCalls(calls, op(OpKind::kAccumulate, s, accumulationDType(s), "accumulate " + name(s), -1.5F), false);
   }
   const std::array<ReduceOptions, 3> reductions{ReduceOptions{}, ReduceOptions{0.5F, 0.25F, false},
                                                 ReduceOptions{1.0F, 0.125F, true}};
-  for (const DType s : kFloats) {
-    for (const DType d : kFloats) {
+  for (const DType s : kReduced) {
+    for (const DType d : kReduced) {
+      if ((s == DType::kF64 || d == DType::kF64) && s != d) continue;  // fp64 reduces into fp64 only
       for (const ReduceOptions& r : reductions) {
-        if (r.accumulate && d != DType::kF32) continue;
+        if (r.accumulate && d != accumulationDType(s)) continue;
         for (const int sources : {1, 2, 3, 5}) {
           for (const bool congruent : {true, false}) {
             if (!congruent && sources == 1) continue;

@@ -171,7 +171,7 @@ kernels::ReduceOptions LocalCollective::reduction(bool accumulate) const noexcep
 
 Result<bool> LocalCollective::reduceScatterStep() {
   // One fused pass: every rank's gradient part straight into this rank's
-  // sharded gradient (summed in rank order, in fp32).
+  // sharded gradient (summed in rank order, in fp32; fp64 in fp64).
   const GroupGeometry& g = *geometry_;
   const auto rank = static_cast<std::uint32_t>(index_);
   const std::int64_t count = std::min(kStepElements, g.shard_elems - offset_);
@@ -193,19 +193,21 @@ Result<bool> LocalCollective::reduceScatterStep() {
 Result<bool> LocalCollective::allReduceStep() {
   const GroupGeometry& g = *geometry_;
   const std::int64_t elements = g.world * g.shard_elems;
-  const std::int64_t count = std::min(kStepElements, elements - offset_);
-  // In place: the chunk is reduced into the fp32 scratch before any rank's
-  // copy is overwritten, then written to every rank.
+  // In place: the chunk is reduced into the scratch (fp32, or fp64 for fp64
+  // gradients: half as many elements) before any rank's copy is
+  // overwritten, then written to every rank.
+  const DType summed = g.accumulation();
+  const auto scratch_elements = static_cast<std::int64_t>(scratch_.size_bytes()) / sizeBytes(summed);
+  const std::int64_t count = std::min(scratch_elements, elements - offset_);
   const Segment reduced = run(offset_, 0, count);
-  const auto scratch_elements = static_cast<std::int64_t>(scratch_.size());
-  if (auto done = runner_->reduce(sources_, MutBuffer{scratch_.data(), DType::kF32, scratch_elements}, reduction(false),
+  if (auto done = runner_->reduce(sources_, MutBuffer{scratch_.data(), summed, scratch_elements}, reduction(false),
                                   {&reduced, 1});
       !done) {
     return std::move(done).error();
   }
   const Segment segment = run(0, offset_, count);
   for (const RankBuffers& rank : ranks_) {
-    if (auto done = runner_->cast(ConstBuffer{scratch_.data(), DType::kF32, scratch_elements},
+    if (auto done = runner_->cast(ConstBuffer{scratch_.data(), summed, scratch_elements},
                                   MutBuffer{rank.grads, g.grad, elements}, {&segment, 1});
         !done) {
       return std::move(done).error();

@@ -6,7 +6,7 @@
 // kernels::Runner, so the same algorithm serves the host backend (CPU ops
 // over shared memory) and virtual ranks on one GPU (CUDA ops over device
 // memory, queued on the runner's stream). Allocates nothing per op (the
-// reduction's source table and fp32 scratch belong to the caller, in the
+// reduction's source table and scratch belong to the caller, in the
 // runner's memory space).
 
 #include <cstdint>

@@ -341,9 +341,9 @@ class NcclExecutor final : public Executor {
     return comms_->allGatherParts(everyRank(&RankBuffers::scales), scale_parts_, DType::kF32, streams_);
   }
 
-  // Reductions run as the engine's do, in fp32: every rank stages pre x its
-  // gradient in fp32 into its scratch (a cast or copy, then a scale), NCCL
-  // sums the fp32 in place, and one fused reduce applies the factor (post,
+  // Reductions run as the engine's do, in fp32 (fp64 for fp64 gradients):
+  // every rank stages pre x its gradient in that dtype into its scratch (a
+  // cast or copy, then a scale), NCCL sums it in place, and one fused reduce applies the factor (post,
   // / world for avg) and casts or accumulates. Only the order of the sum is
   // NCCL's: one or two ranks give the engine's bits (NaN payloads aside), more
   // may differ in the last bits. The unsharded gradient is only read
@@ -352,9 +352,13 @@ class NcclExecutor final : public Executor {
   // chunk instead of the segments' offsets, so every chunk reuses the same
   // device segment tables (no upload, no host wait for a free table copy).
 
+  /// The scratch's capacity in elements of the dtype a reduction sums in.
+  static std::int64_t scratchElements(DType summed) { return kScratchElements * 4 / sizeBytes(summed); }
+
   Result<void> reduceScatter() {
     const GroupGeometry& g = *geometry_;
-    const std::int64_t chunk = std::max<std::int64_t>(1, kScratchElements / g.world);
+    const DType summed = g.accumulation();
+    const std::int64_t chunk = std::max<std::int64_t>(1, scratchElements(summed) / g.world);
     const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
     for (std::int64_t first = 0; first < g.shard_elems; first += chunk) {
       const std::int64_t count = std::min(chunk, g.shard_elems - first);
@@ -367,19 +371,20 @@ class NcclExecutor final : public Executor {
       });
       if (!staged) return staged;
       if (auto r =
-              comms_->reduceScatter(scratch_buffers_, static_cast<std::size_t>(count), DType::kF32, ncclSum, streams_);
+              comms_->reduceScatter(scratch_buffers_, static_cast<std::size_t>(count), summed, ncclSum, streams_);
           !r) {
         return r;
       }
       auto reduced = forEachRank([&](std::uint32_t r, const RankBuffers& mine, RankGpu& gpu) {
-        const ConstBuffer summed{gpu.scratch, DType::kF32, g.world * count};
+        const ConstBuffer sums{gpu.scratch, summed, g.world * count};
         const Segment own{(first_rank_ + r) * count, 0, count, 0, 0};
         return gpu.runner->reduce(
-            {&summed, 1}, MutBuffer{elementAt(mine.shard_grad, first, g.sharded), g.sharded, g.shard_elems - first},
+            {&sums, 1}, MutBuffer{elementAt(mine.shard_grad, first, g.sharded), g.sharded, g.shard_elems - first},
             finish, {&own, 1});
       });
       if (!reduced) return reduced;
-      written_ += static_cast<std::uint64_t>(count * (g.world * 4 + sizeBytes(g.sharded))) * gpus_.size();
+      written_ +=
+          static_cast<std::uint64_t>(count * (g.world * sizeBytes(summed) + sizeBytes(g.sharded))) * gpus_.size();
     }
     return {};
   }
@@ -388,36 +393,38 @@ class NcclExecutor final : public Executor {
     const GroupGeometry& g = *geometry_;
     const std::int64_t elements = unshardedElements();
     const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), false};
-    for (std::int64_t first = 0; first < elements; first += kScratchElements) {
-      const std::int64_t count = std::min(kScratchElements, elements - first);
+    const DType summed = g.accumulation();
+    const std::int64_t capacity = scratchElements(summed);
+    for (std::int64_t first = 0; first < elements; first += capacity) {
+      const std::int64_t count = std::min(capacity, elements - first);
       const Segment whole{0, 0, count, 0, 0};
       auto staged = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
         return stage(ConstBuffer{elementAt(mine.grads, first, g.grad), g.grad, elements - first}, count, {&whole, 1},
                      gpu);
       });
       if (!staged) return staged;
-      if (auto r = comms_->allReduce(scratch_buffers_, static_cast<std::size_t>(count), DType::kF32, ncclSum, streams_);
+      if (auto r = comms_->allReduce(scratch_buffers_, static_cast<std::size_t>(count), summed, ncclSum, streams_);
           !r) {
         return r;
       }
       auto written = forEachRank([&](std::uint32_t, const RankBuffers& mine, RankGpu& gpu) {
-        const ConstBuffer summed{gpu.scratch, DType::kF32, count};
-        return gpu.runner->reduce({&summed, 1},
+        const ConstBuffer sums{gpu.scratch, summed, count};
+        return gpu.runner->reduce({&sums, 1},
                                   MutBuffer{elementAt(mine.grads, first, g.grad), g.grad, elements - first}, finish,
                                   {&whole, 1});
       });
       if (!written) return written;
-      written_ += static_cast<std::uint64_t>(count * (4 + sizeBytes(g.grad))) * gpus_.size();
+      written_ += static_cast<std::uint64_t>(count * (sizeBytes(summed) + sizeBytes(g.grad))) * gpus_.size();
     }
     return {};
   }
 
   /// pre x `grads` (along `segments`) into the first `elements` of the
-  /// rank's fp32 scratch, on its GPU.
+  /// rank's scratch, on its GPU, in the dtype they are summed in.
   Result<void> stage(ConstBuffer grads, std::int64_t elements, std::span<const Segment> segments, RankGpu& gpu) const {
-    const MutBuffer scratch{gpu.scratch, DType::kF32, elements};
-    auto staged = grads.dtype == DType::kF32 ? gpu.runner->copy(grads, scratch, segments)
-                                             : gpu.runner->cast(grads, scratch, segments);
+    const MutBuffer scratch{gpu.scratch, accumulationDType(grads.dtype), elements};
+    auto staged = grads.dtype == scratch.dtype ? gpu.runner->copy(grads, scratch, segments)
+                                               : gpu.runner->cast(grads, scratch, segments);
     if (!staged || args_.pre_scale == 1.0F) return staged;
     const Segment all{0, 0, elements, 0, 0};
     return gpu.runner->scale(scratch, args_.pre_scale, {&all, 1});

@@ -209,8 +209,8 @@ void NodeExecutor::sizeStaging() {
         grow(round.grads, elements * sizeBytes(g.grad));
         [[fallthrough]];
       case ipc::OpCode::kReduceScatter:
-        grow(round.partial, elements);
-        grow(round.received, layout.nodes() * layout.rankCount(layout.node) * round_length_);
+        grow(round.partial, elements * sizeBytes(g.accumulation()));
+        grow(round.received, layout.nodes() * layout.rankCount(layout.node) * round_length_ * sizeBytes(g.accumulation()));
         break;
       default:
         break;
@@ -330,16 +330,16 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::allGatherAfter(std::int64_t j
 
 std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionBefore(std::int64_t j, RoundBuffer& round) {
   // The node's partial of every rank's piece: its ranks' gradients summed in
-  // rank order, pre-scaled (fp32).
+  // rank order, pre-scaled (in fp32; fp64 for fp64).
   const GroupGeometry& g = *geometry_;
   const std::uint32_t world = meetings_.layout().firstRank(meetings_.layout().nodes());
   const std::int64_t length = roundLength(j);
   const std::int64_t offset = roundOffset(j);
   std::vector<Segment> pieces;
   for (std::uint32_t r = 0; r < world; ++r) pieces.push_back(Segment{r * g.shard_elems + offset, r * length, length, 0, 0});
-  const MutBuffer partial{round.partial.data(), DType::kF32, world * length};
+  const MutBuffer partial{round.partial.data(), g.accumulation(), world * length};
   const kernels::ReduceOptions sum{args_.pre_scale, 1.0F, false};
-  return {counted(world * length * 4,
+  return {counted(world * length * sizeBytes(partial.dtype),
                   [this, partial, sum, pieces] { return runner_.reduce(sources_, partial, sum, pieces); })};
 }
 
@@ -368,7 +368,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionAfter(std::int64_t j
   const std::int64_t mine = layout.rankCount(layout.node) * length;
   std::vector<ConstBuffer> partials;
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-    partials.push_back(ConstBuffer{round.received.data() + n * mine, DType::kF32, mine});
+    partials.push_back(ConstBuffer{round.received.data() + n * mine * sizeBytes(g.accumulation()), g.accumulation(), mine});
   }
   const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
   for (std::size_t i = 0; i < ranks_.size(); ++i) {

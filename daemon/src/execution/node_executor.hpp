@@ -9,9 +9,9 @@
 //
 //   all-gather      local all-gather; the node's pieces -> staging; to every
 //                   node (and fp8 scales); staging -> every rank
-//   reduce-scatter  local sum of the node's ranks (fp32, rank order, pre
-//                   scale); each node gets every node's partial of its own
-//                   pieces (fp32); each rank's piece = factor * sum of the
+//   reduce-scatter  local sum of the node's ranks (fp32, or fp64 for fp64;
+//                   rank order, pre scale); each node gets every node's
+//                   partial of its own pieces; each rank's piece = factor * sum of the
 //                   nodes' partials (node order), cast or accumulated into
 //                   its sharded gradient
 //   all-reduce      as reduce-scatter into the node's pieces, cast to the
@@ -19,7 +19,7 @@
 //   broadcast       root's buffer -> staging; Gloo broadcast from its node;
 //                   staging -> every other rank
 //
-// So a reduction sums, per element, in fp32:
+// So a reduction sums, per element, in fp32 (fp64 for fp64 gradients):
 //   acc = sum over nodes n (in order) of ( sum over n's ranks (in order) of
 //   (grad_r * pre) ); then acc * factor, rounded to the destination — the
 //   same on every node and in every run (docs/multinode.md).

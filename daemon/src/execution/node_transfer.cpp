@@ -184,25 +184,25 @@ Result<void> Transfer::reduction(const LinkChannel& channel, const std::shared_p
   const NodeLayout& layout = channel.layout;
   // Node n gets this node's partial of its pieces; this node gets every
   // node's partial of its own, node by node.
+  const DType summed = accumulationDType(grad);
+  const auto bytes = [summed](std::int64_t elements) { return static_cast<std::size_t>(elements * sizeBytes(summed)); };
   const std::int64_t mine = layout.rankCount(layout.node) * length;
   std::vector<Range> to;
   std::vector<Range> from;
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-    to.push_back(Range{static_cast<std::size_t>(layout.firstRank(n) * length) * sizeof(float),
-                       static_cast<std::size_t>(layout.rankCount(n) * length) * sizeof(float)});
-    from.push_back(Range{static_cast<std::size_t>(n * mine) * sizeof(float), static_cast<std::size_t>(mine) * sizeof(float)});
+    to.push_back(Range{bytes(layout.firstRank(n) * length), bytes(layout.rankCount(n) * length)});
+    from.push_back(Range{bytes(n * mine), bytes(mine)});
   }
-  std::memcpy(round.received.data() + layout.node * mine, round.partial.data() + layout.firstRank(layout.node) * length,
-              static_cast<std::size_t>(mine) * sizeof(float));
-  exchange(channel, owner, reinterpret_cast<std::byte*>(round.partial.data()), round.partial.size() * sizeof(float),
-           to, reinterpret_cast<std::byte*>(round.received.data()), round.received.size() * sizeof(float), from,
-           channel.timeout);
+  std::memcpy(round.received.data() + bytes(layout.node * mine),
+              round.partial.data() + bytes(layout.firstRank(layout.node) * length), bytes(mine));
+  exchange(channel, owner, round.partial.data(), round.partial.size(), to, round.received.data(),
+           round.received.size(), from, channel.timeout);
   if (op == ipc::OpCode::kReduceScatter) return {};
   // All-reduce: this node's pieces of the result (the nodes' partials in
   // node order, as a reduce-scatter sums them), then every node's.
   std::vector<ConstBuffer> partials;
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
-    partials.push_back(ConstBuffer{round.received.data() + n * mine, DType::kF32, mine});
+    partials.push_back(ConstBuffer{round.received.data() + bytes(n * mine), summed, mine});
   }
   const std::int64_t pieces = layout.firstRank(layout.nodes()) * length;
   const Segment range{0, layout.firstRank(layout.node) * length, mine, 0, 0};

@@ -24,8 +24,9 @@ namespace dbuf::daemon {
 /// length, rank r's at r * length (so a node's pieces are contiguous).
 struct RoundBuffer {
   std::vector<std::byte> params;  ///< all-gather, broadcast: the unsharded dtype
-  std::vector<float> partial;     ///< reductions: this node's sum of its ranks, every rank's piece
-  std::vector<float> received;    ///< reductions: every node's partial of this node's pieces, node by node
+  // Reductions, in the dtype they sum in (fp32; fp64 for fp64 gradients):
+  std::vector<std::byte> partial;   ///< this node's sum of its ranks, every rank's piece
+  std::vector<std::byte> received;  ///< every node's partial of this node's pieces, node by node
   std::vector<std::byte> grads;   ///< all-reduce: the result in the gradient dtype
 };
 

@@ -15,7 +15,7 @@
 
 namespace dbuf::daemon {
 
-/// fp32 elements of each GPU's reduction scratch (128 MiB).
+/// fp32 elements of each GPU's reduction scratch (128 MiB; half as many fp64).
 constexpr std::int64_t kScratchElements = std::int64_t{1} << 25;
 
 /// One rank's GPU: its stream, the event marking an op's end on it, and the

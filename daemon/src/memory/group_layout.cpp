@@ -101,12 +101,12 @@ Result<planner::UnitPlan> planGroup(const ipc::RegisterGroup& spec, std::uint32_
   if (!unsharded) {
     return makeError(ErrorCode::kInvalidArgument, "unknown unsharded dtype '" + spec.unsharded_dtype + "'");
   }
-  const bool computed = isComputeDType(*sharded) && (isComputeDType(*unsharded) || *unsharded == DType::kF8E4M3);
-  if (!computed && !isGatherOnly(*sharded, *unsharded)) {
+  if (!isGroupDTypePair(*sharded, *unsharded)) {
     return makeError(ErrorCode::kInvalidArgument,
                      "dtypes " + spec.sharded_dtype + " -> " + spec.unsharded_dtype +
                          ": a group shards fp32, bf16 or fp16 and gathers them as one of those or fp8_e4m3, "
-                         "or holds another dtype (fp64, fp8, integers) and gathers it as it is, with no reductions");
+                         "or holds another dtype and gathers it as it is: fp64, reduced in fp64, or fp8 and "
+                         "integers, with no reductions");
   }
   auto rule = planner::GranularityRule::parse(spec.granularity);
   if (!rule) return std::move(rule).error();

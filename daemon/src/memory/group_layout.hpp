@@ -64,8 +64,10 @@ struct GroupGeometry {
   std::vector<RankBlocks> ranks;  ///< fp8 groups only
   std::uint64_t digest = 0;       ///< planDigest(): equal on every node that planned the group alike
   [[nodiscard]] bool quantized() const noexcept { return isQuantizedGather(sharded, unsharded); }
-  /// Whether the group reduces: its sharded dtype is one dbuf computes in (see isGatherOnly).
-  [[nodiscard]] bool reduces() const noexcept { return isComputeDType(sharded); }
+  /// Whether the group reduces: not a gather-only group (see isGatherOnly).
+  [[nodiscard]] bool reduces() const noexcept { return isReducedDType(sharded); }
+  /// The dtype its reductions sum in (see accumulationDType).
+  [[nodiscard]] DType accumulation() const noexcept { return accumulationDType(grad); }
 };
 [[nodiscard]] GroupGeometry groupGeometry(const ipc::GroupReady& group);
 

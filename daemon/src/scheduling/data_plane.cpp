@@ -440,14 +440,14 @@ Result<void> DataPlane::validateFronts(JobSchedule& job) {
   if (group == nullptr) return refuse(": job " + job.id + " has no such group");
   if ((op == ipc::OpCode::kReduceScatter || op == ipc::OpCode::kAllReduce) && !group->reduces()) {
     return refuse(": the group holds " + std::string(toString(group->sharded)) +
-                      ", which dbufd gathers as it is and does not reduce (reductions need fp32, bf16 or fp16)",
+                      ", which dbufd gathers as it is and does not reduce (reductions need fp32, bf16, fp16 or fp64)",
                   ErrorCode::kInvalidArgument);
   }
   if (op == ipc::OpCode::kBroadcast && first.root >= job.world_size) {
     return refuse(": root is not a rank of the job");
   }
-  if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group->sharded != DType::kF32)) {
-    return refuse(": accumulate needs a reduce-scatter into an fp32 sharded gradient");
+  if (args.accumulate && (op != ipc::OpCode::kReduceScatter || group->sharded != group->accumulation())) {
+    return refuse(": accumulate needs a reduce-scatter into an fp32 sharded gradient (fp64 in an fp64 group)");
   }
   if (auto bound = job.bindGroup(first.group_id); !bound) {
     Error error = std::move(bound).error();

@@ -113,10 +113,13 @@ struct GroupSpec {
   std::string name;
   std::vector<TensorSpec> tensors;
   std::string granularity = "element";  ///< default rule for 2D+ tensors
-  /// Persistent shard (master weights) and sharded gradient: fp32, bf16 or fp16.
+  /// Persistent shard (master weights) and sharded gradient: fp32, bf16 or
+  /// fp16; or another dtype held as it is on both sides (fp64, reduced in
+  /// fp64; fp8 and integers, gather-only: see dbuf/common/dtype.hpp).
   DType sharded_dtype = DType::kF32;
   /// Gathered parameters and their gradients: fp32, bf16, fp16, or fp8_e4m3
-  /// (block-quantized parameters, bf16 gradients).
+  /// (block-quantized parameters, bf16 gradients); the sharded dtype for the
+  /// dtypes held as they are.
   DType unsharded_dtype = DType::kBF16;
   std::uint32_t align_bytes = 16;
 };
@@ -163,7 +166,7 @@ struct ReduceOptions {
   float pre_scale = 1.0F;
   float post_scale = 1.0F;
   /// reduceScatter only: add the result into the sharded gradient (which
-  /// must then be fp32) instead of overwriting it.
+  /// must then be fp32, or fp64 in an fp64 group) instead of overwriting it.
   bool accumulate = false;
 };
 

@@ -403,9 +403,10 @@ typedef enum dbuf_op_kind {
 
 typedef enum dbuf_reduce_mode { DBUF_REDUCE_SUM = 0, DBUF_REDUCE_AVG = 1 } dbuf_reduce_mode;
 
-/* result = post_scale * sum_r(pre_scale * x_r), in fp32, ranks in order;
- * avg divides post_scale by the world size. accumulate (reduce-scatter
- * only): add into the fp32 sharded gradient instead of overwriting it. */
+/* result = post_scale * sum_r(pre_scale * x_r), in fp32 (fp64 for fp64
+ * groups), ranks in order; avg divides post_scale by the world size.
+ * accumulate (reduce-scatter only): add into the sharded gradient (fp32, or
+ * fp64 for fp64 groups) instead of overwriting it. */
 typedef struct dbuf_reduce_options {
   dbuf_reduce_mode mode;
   float pre_scale;

@@ -59,23 +59,41 @@ inline constexpr std::array<DTypeInfo, 10> kDTypes{{
   return std::nullopt;
 }
 
-/// The dtypes dbuf computes in: reductions, casts and scaling (fp32, bf16, fp16).
+/// The dtypes dbuf computes in: casts between them, scaling, fp8
+/// quantization (fp32, bf16, fp16).
 [[nodiscard]] constexpr bool isComputeDType(DType dtype) noexcept {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+/// The dtypes whose gradients dbuf reduces: the compute dtypes, summed in
+/// fp32, and fp64, summed in fp64 (and never cast: see accumulationDType).
+[[nodiscard]] constexpr bool isReducedDType(DType dtype) noexcept {
+  return isComputeDType(dtype) || dtype == DType::kF64;
+}
+
+/// The dtype a reduction of `grad` sums in (its scratch, partial sums and
+/// accumulation target): fp64 for fp64 gradients, otherwise fp32.
+[[nodiscard]] constexpr DType accumulationDType(DType grad) noexcept {
+  return grad == DType::kF64 ? DType::kF64 : DType::kF32;
 }
 
 /// How a group's all-gather makes its unsharded parameters from the shards:
 ///  - a sharded compute dtype gathered as fp8_e4m3 is block-quantized (with
 ///    scales beside the parameters; gradients are bf16);
 ///  - a sharded compute dtype gathered as a compute dtype is cast;
-///  - one dtype on both sides that dbuf does not compute in (fp64, fp8,
-///    integers: frozen parameters) is copied as it is, and the group has no
-///    reductions.
+///  - one dtype on both sides that dbuf does not compute in is copied as it
+///    is: fp64, whose gradients are reduced in fp64; fp8 and integers
+///    (frozen parameters), which have no reductions (gather-only).
 [[nodiscard]] constexpr bool isQuantizedGather(DType sharded, DType unsharded) noexcept {
   return isComputeDType(sharded) && unsharded == DType::kF8E4M3;
 }
 [[nodiscard]] constexpr bool isGatherOnly(DType sharded, DType unsharded) noexcept {
-  return sharded == unsharded && !isComputeDType(sharded);
+  return sharded == unsharded && !isReducedDType(sharded);
+}
+/// Whether a group of these dtypes can exist (what registration checks).
+[[nodiscard]] constexpr bool isGroupDTypePair(DType sharded, DType unsharded) noexcept {
+  const bool computed = isComputeDType(sharded) && (isComputeDType(unsharded) || unsharded == DType::kF8E4M3);
+  return computed || sharded == unsharded;
 }
 
 /// The dtype of a group's unsharded gradients: its unsharded dtype, except

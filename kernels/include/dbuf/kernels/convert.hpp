@@ -32,6 +32,12 @@ DBUF_HD constexpr std::uint32_t floatBits(float f) noexcept {
 DBUF_HD constexpr float bitsFloat(std::uint32_t u) noexcept {
   return std::bit_cast<float>(u);
 }
+DBUF_HD constexpr std::uint64_t doubleBits(double d) noexcept {
+  return std::bit_cast<std::uint64_t>(d);
+}
+DBUF_HD constexpr double bitsDouble(std::uint64_t u) noexcept {
+  return std::bit_cast<double>(u);
+}
 
 // ---- bf16 -------------------------------------------------------------------
 
@@ -157,34 +163,74 @@ DBUF_HD inline float divRn(float a, float b) noexcept {
 #endif
 }
 
+// fp64, for fp64 gradients (reduced in fp64): the same rules, x86's fp64
+// default NaN being 0xfff8000000000000.
+DBUF_HD constexpr double quietNan(double a) noexcept {
+  return bitsDouble(doubleBits(a) | 0x0008000000000000ULL);
+}
+DBUF_HD constexpr double x86Nan(double a, double b) noexcept {
+  // NOLINTNEXTLINE(misc-redundant-expression): NaN tests
+  return a != a ? quietNan(a) : (b != b ? quietNan(b) : bitsDouble(0xfff8000000000000ULL));
+}
+DBUF_HD inline double mulRn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  const double r = __dmul_rn(a, b);
+  return r != r ? x86Nan(a, b) : r;
+#else
+  return a * b;
+#endif
+}
+DBUF_HD inline double addRn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  const double r = __dadd_rn(a, b);
+  return r != r ? x86Nan(a, b) : r;
+#else
+  return a + b;
+#endif
+}
+
 /// acc + p, where p is a product being added (x * pre, or sum * factor).
 /// When both are NaN the result is p's NaN, whichever operand order the
 /// compiler picks for the add (IEEE leaves it open; spelled out so the CPU
 /// and GPU kernels agree). Otherwise it is acc + p. (p's second use also
-/// keeps GCC from contracting x * pre + acc into an FMA.)
-DBUF_HD inline float addProduct(float acc, float p) noexcept {
-  const float sum = addRn(acc, p);
+/// keeps GCC from contracting x * pre + acc into an FMA.) Acc is float, or
+/// double for fp64.
+template <typename Acc>
+DBUF_HD inline Acc addProduct(Acc acc, Acc p) noexcept {
+  const Acc sum = addRn(acc, p);
   return p != p ? p : sum;  // NOLINT(misc-redundant-expression): NaN test
 }
 
 // ---- element types ------------------------------------------------------------
 
-/// Load / store of one element of a floating-point buffer through fp32; the
-/// kernels of both backends are templates over these.
+/// Load / store of one element of a floating-point buffer through the type
+/// it is computed in (Acc: fp32, or fp64 for fp64 elements); the kernels of
+/// both backends are templates over these.
 struct Fp32Element {
   using T = float;
+  using Acc = float;
   DBUF_HD static float load(float v) noexcept { return v; }
   DBUF_HD static float store(float f) noexcept { return f; }
 };
 struct Bf16Element {
   using T = std::uint16_t;
+  using Acc = float;
   DBUF_HD static float load(T v) noexcept { return bf16ToFloat(v); }
   DBUF_HD static T store(float f) noexcept { return floatToBf16(f); }
 };
 struct Fp16Element {
   using T = std::uint16_t;
+  using Acc = float;
   DBUF_HD static float load(T v) noexcept { return halfToFloat(v); }
   DBUF_HD static T store(float f) noexcept { return floatToHalf(f); }
+};
+/// fp64 is computed in fp64 and only with itself: it is never cast to or
+/// from the other dtypes (an fp64 group holds fp64 on both sides).
+struct Fp64Element {
+  using T = double;
+  using Acc = double;
+  DBUF_HD static double load(double v) noexcept { return v; }
+  DBUF_HD static double store(double d) noexcept { return d; }
 };
 
 /// The smallest amax used for a block scale, so an all-zero block has a

@@ -72,7 +72,8 @@ struct Options {
 [[nodiscard]] Result<void> cast(ConstBuffer src, MutBuffer dst, std::span<const Segment> segments,
                                 const Options& options = {});
 
-/// In place: x = round(float(x) * factor) at data[dst_offset + i]; fp32, bf16, fp16.
+/// In place: x = round(float(x) * factor) at data[dst_offset + i]; fp32, bf16, fp16
+/// (fp64: x = x * double(factor)).
 [[nodiscard]] Result<void> scale(MutBuffer data, float factor, std::span<const Segment> segments,
                                  const Options& options = {});
 
@@ -81,7 +82,8 @@ struct Options {
 
 /// dst(fp32) += float(src) * alpha, computed as two roundings (no FMA):
 /// d = addProduct(d, s * alpha) (convert.hpp: when both are NaN, the
-/// product's NaN). src in {fp32, bf16, fp16}.
+/// product's NaN). src in {fp32, bf16, fp16}; or src and dst fp64, computed
+/// in fp64 the same way (alpha converted to double, exactly).
 [[nodiscard]] Result<void> accumulate(ConstBuffer src, MutBuffer dst, float alpha, std::span<const Segment> segments,
                                       const Options& options = {});
 
@@ -108,6 +110,8 @@ inline constexpr std::size_t kMaxReduceSources = 4096;
 ///     if (factor != 1.0f) acc = acc * factor;   dst[i] = round_to_dst(acc);
 ///   accumulate == true (dst fp32 only):
 ///     dst[i] = dst[i] + (acc * factor);          (the multiply is always done)
+/// fp64: sources and dst all fp64, every step above in fp64 instead of fp32
+/// (pre and factor converted to double, exactly); accumulate into fp64.
 /// These are bitwise the results of the unfused composition on an fp32
 /// scratch: zero(scratch); accumulate(srcs[r] -> scratch, pre) for each r;
 /// then either scale(scratch, factor) (only when factor != 1) and

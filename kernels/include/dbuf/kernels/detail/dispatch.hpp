@@ -47,17 +47,40 @@ decltype(auto) withElementBits(DType t, Fn&& fn) {
   }
 }
 
+/// Returns fn(Element{}) for the dtypes computed in (withFloatType) and fp64:
+/// what scale, accumulate and reduce take (checked by their checks).
+template <typename Fn>
+decltype(auto) withReducedType(DType t, Fn&& fn) {
+  if (t == DType::kF64) return fn(Fp64Element{});
+  return withFloatType(t, fn);
+}
+
+/// The element an accumulation into S's computed type writes: fp32, or fp64
+/// for fp64 sources (accumulate's and reduce's accumulate destinations).
+template <typename S>
+using AccumulatorElement = std::conditional_t<std::is_same_v<typename S::Acc, double>, Fp64Element, Fp32Element>;
+
 template <ReduceOut kOut>
 using ReduceOutTag = std::integral_constant<ReduceOut, kOut>;
 
-/// Returns fn(DstElement{}, ReduceOutTag<kOut>{}) for how reduce writes to
-/// dst: accumulate into fp32, store scaled (factor != 1) or store.
+/// Returns fn(SrcElement{}, DstElement{}, ReduceOutTag<kOut>{}) for the pairs
+/// reduce takes (checkReduce): a source of fp32, bf16 or fp16 stored to one
+/// of them or accumulated into fp32; fp64 stored or accumulated into fp64.
+/// The output is stored scaled when factor != 1.
 template <typename Fn>
-decltype(auto) withReduceOutput(DType dst, const ReduceOptions& reduction, Fn&& fn) {
-  if (reduction.accumulate) return fn(Fp32Element{}, ReduceOutTag<ReduceOut::kAccumulate>{});
-  return withFloatType(dst, [&](auto d) {
-    if (reduction.factor != 1.0F) return fn(d, ReduceOutTag<ReduceOut::kScaleStore>{});
-    return fn(d, ReduceOutTag<ReduceOut::kStore>{});
+decltype(auto) withReduceTypes(DType src, DType dst, const ReduceOptions& reduction, Fn&& fn) {
+  return withReducedType(src, [&](auto s) {
+    using S = decltype(s);
+    const auto stored = [&](auto d) {
+      if (reduction.factor != 1.0F) return fn(s, d, ReduceOutTag<ReduceOut::kScaleStore>{});
+      return fn(s, d, ReduceOutTag<ReduceOut::kStore>{});
+    };
+    if (reduction.accumulate) return fn(s, AccumulatorElement<S>{}, ReduceOutTag<ReduceOut::kAccumulate>{});
+    if constexpr (std::is_same_v<S, Fp64Element>) {
+      return stored(Fp64Element{});
+    } else {
+      return withFloatType(dst, stored);
+    }
   });
 }
 

@@ -96,17 +96,17 @@ struct ScaleOp {
   using In = typename E::T;
   using Out = typename E::T;
   static constexpr bool kReadsIn = true, kReadsOut = false, kInPlace = true;
-  float factor = 1.0F;
+  typename E::Acc factor = 1.0F;
   DBUF_HD Out operator()(In x, Out /*old*/) const noexcept { return E::store(mulRn(E::load(x), factor)); }
 };
 
 template <typename S>
 struct AccumulateOp {
   using In = typename S::T;
-  using Out = float;
+  using Out = typename S::Acc;  ///< fp32, or fp64 for fp64 sources
   static constexpr bool kReadsIn = true, kReadsOut = true, kInPlace = false;
-  float alpha = 1.0F;
-  DBUF_HD float operator()(In x, float old) const noexcept { return addProduct(old, mulRn(S::load(x), alpha)); }
+  Out alpha = 1.0F;
+  DBUF_HD Out operator()(In x, Out old) const noexcept { return addProduct(old, mulRn(S::load(x), alpha)); }
 };
 
 template <typename S>
@@ -200,13 +200,14 @@ inline bool sourcesCongruent(std::span<const ConstBuffer> srcs) noexcept {
 
 template <typename S, typename D, ReduceOut kOut>
 struct ReduceStep {
+  using Acc = typename S::Acc;  ///< fp32, or fp64 for fp64 sources
   /// The running sum after source r's element x (r = 0 starts it from +0.0,
   /// as the unfused composition adds into a zeroed scratch).
-  DBUF_HD static float add(float acc, typename S::T x, int r, float pre) noexcept {
-    const float p = mulRn(S::load(x), pre);
-    return r == 0 ? addRn(0.0F, p) : addProduct(acc, p);
+  DBUF_HD static Acc add(Acc acc, typename S::T x, int r, Acc pre) noexcept {
+    const Acc p = mulRn(S::load(x), pre);
+    return r == 0 ? addRn(Acc{0}, p) : addProduct(acc, p);
   }
-  DBUF_HD static typename D::T finish(float acc, typename D::T old, float factor) noexcept {
+  DBUF_HD static typename D::T finish(Acc acc, typename D::T old, Acc factor) noexcept {
     if constexpr (kOut == ReduceOut::kAccumulate) {
       return addProduct(old, mulRn(acc, factor));
     } else if constexpr (kOut == ReduceOut::kScaleStore) {
@@ -232,15 +233,16 @@ DBUF_HD void reduceTile(const ReduceSources& a, const Segment& s, const Tile& ti
   const std::int64_t n = tile.end - tile.begin;
   Out* out = static_cast<Out*>(dst) + s.dst_offset + tile.begin;
   const Split split(static_cast<const In*>(a.data[0]) + first, out, n, a.congruent);
+  using Acc = typename Step::Acc;
   auto element = [&](std::int64_t i) {
-    float acc = 0.0F;
+    Acc acc = 0.0F;
     for (int r = 0; r < a.count; ++r) acc = Step::add(acc, static_cast<const In*>(a.data[r])[first + i], r, a.pre);
     out[i] = Step::finish(acc, kReadsOut ? out[i] : Out{}, a.factor);
   };
   for (std::int64_t i = lane; i < split.head; i += lanes) element(i);
   for (std::int64_t u = lane; u < split.units; u += lanes) {
     const std::int64_t i0 = split.head + u * Split::kStep;
-    float acc[kUnit] = {};
+    Acc acc[kUnit] = {};
     for (int r = 0; r < a.count; ++r) {
       alignas(kVectorBytes) In x[kUnit];
       copyWords(x, static_cast<const In*>(a.data[r]) + first + i0, static_cast<int>(sizeof x));
