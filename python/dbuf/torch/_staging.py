@@ -3,9 +3,14 @@
 A small fp32 -> fp32 group (Session.staging) moves every rank's local
 elements of a unit's group to the ranks that want them whole (all-gathers),
 or rank 0's whole tensors to every rank (broadcasts), in rounds of
-``Session.STAGING_ELEMS`` elements per rank. Full state dicts use it, and a
+``Session.STAGING_ELEMS`` words per rank. Full state dicts use it, and a
 unit moving its parameters to new groups (a cast after fully_shard). Every
 call is a collective: every rank makes it, in the same order.
+
+Every dtype travels exactly: elements of up to 2 bytes as their values
+(fp32 holds every bf16, fp16, fp8 and 8- or 16-bit integer), wider ones
+(fp32, fp64, int32, int64) as their bits, one fp32 word per 4 bytes. dbufd
+copies an fp32 -> fp32 group's words as they are, NaN payloads included.
 """
 
 from __future__ import annotations
@@ -17,9 +22,21 @@ import dbuf
 from ._ragged import rank_ranges
 from ._session import Session
 
-# Dtypes whose every value the fp32 staging slot carries exactly.
-STAGED_EXACTLY = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
-                  torch.uint8)
+
+def words_per_element(dtype: torch.dtype) -> int:
+    """The staging group's fp32 words one element of `dtype` takes."""
+    return dtype.itemsize // 4 if dtype.itemsize >= 4 else 1
+
+
+def to_words(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's elements as 1-D fp32 words the staging group carries exactly (see the module's note)."""
+    flat = tensor.detach().reshape(-1)
+    return flat.contiguous().view(torch.float32) if tensor.dtype.itemsize >= 4 else flat.float()
+
+
+def from_words(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """to_words' inverse: 1-D elements of `dtype`."""
+    return words.contiguous().view(dtype) if dtype.itemsize >= 4 else words.to(dtype)
 
 
 class Staging:
@@ -58,15 +75,17 @@ def gather_whole(group: dbuf.Group, entries: list, staging: Staging, receives: b
     """Every rank's local elements of a group's tensors -> the whole tensors (where `receives`; else []).
 
     `entries`: the unit's ParamEntry of every tensor of the group, in the
-    group's order, their dtypes among STAGED_EXACTLY; each whole tensor comes
-    back in its entry's dtype and shape.
+    group's order (one dtype, the group's); each whole tensor comes back in
+    its entry's dtype and shape, exactly.
     """
     per_tensor = [rank_ranges(group.plan, index) for index in range(len(group.plan.tensors))]
     world = group.plan.devices
-    slices = [[ranges[rank] for ranges in per_tensor] for rank in range(world)]
+    width = words_per_element(entries[0].local.dtype) if entries else 1
+    slices = [[(begin * width, end * width) for begin, end in (ranges[rank] for ranges in per_tensor)]
+              for rank in range(world)]
     payload_sizes = [sum(end - begin for begin, end in rank) for rank in slices]
     mine = group.rank
-    local = [entry.local.detach().float() for entry in entries]
+    local = [to_words(entry.local) for entry in entries]
     payload = torch.cat(local) if local else torch.empty(0, device=staging.shard.device)
     if payload.numel() != payload_sizes[mine]:
         raise dbuf.InternalError(f"group {group.name}: this rank holds {payload.numel()} elements, its plan says "
@@ -94,5 +113,5 @@ def gather_whole(group: dbuf.Group, entries: list, staging: Staging, receives: b
             begin, end = slices[rank][entry.index]
             parts.append(received[rank][cursors[rank] : cursors[rank] + end - begin])
             cursors[rank] += end - begin
-        whole.append(torch.cat(parts).reshape(entry.sharded.shape).to(entry.local.dtype))
+        whole.append(from_words(torch.cat(parts), entry.local.dtype).reshape(entry.sharded.shape))
     return whole

@@ -16,7 +16,7 @@ from torch import nn
 from ._fully_shard import units as units_of
 from ._dtensor import RaggedDTensor
 from ._ragged import ShardInfo
-from ._staging import STAGED_EXACTLY, Staging, gather_whole
+from ._staging import Staging, gather_whole, to_words, words_per_element
 from ._unit import ParamEntry, Unit
 
 
@@ -115,12 +115,6 @@ def get_model_state_dict(model: nn.Module, *, full: bool = True, rank0_only: boo
 def _gather_group(model: nn.Module, unit: Unit, group, staging: Staging, receives: bool) -> dict[str, torch.Tensor]:
     """Every rank's local elements of one group's tensors -> the whole tensors, named (where `receives`)."""
     named = sorted(((e, n) for e, n in _entry_names(model, unit) if e.group is group), key=lambda en: en[0].index)
-    for entry, name in named:
-        if entry.sharded.dtype not in STAGED_EXACTLY:
-            raise NotImplementedError(
-                f"dbuf.torch's full state dict moves tensors through fp32; {name} is {entry.sharded.dtype}: use "
-                f"torch.distributed.checkpoint.state_dict's functions or DCP"
-            )
     whole = gather_whole(group, [entry for entry, _ in named], staging, receives)
     return {name: tensor for (_, name), tensor in zip(named, whole)} if receives else {}
 
@@ -132,8 +126,7 @@ def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_r
     or sharded (LocalShards made on the same plan: each rank its own). With
     ``broadcast_from_rank0``, only rank 0's (full) dict counts (pass {} on
     the others): rank 0 checks it, then its tensors, buffers included, go to
-    every rank through dbufd, exactly (collective; integer buffers up to
-    2^24). A dict rank 0 finds wrong raises on every rank, naming the problem
+    every rank through dbufd, exactly (collective). A dict rank 0 finds wrong raises on every rank, naming the problem
     on rank 0.
     """
     all_units = [u for u in units_of(model) if u.groups]
@@ -151,15 +144,9 @@ def set_model_state_dict(model: nn.Module, state_dict: dict, *, broadcast_from_r
                 tensor.copy_(state_dict[name])
 
 
-_EXACT_INTEGERS = 1 << 24  # fp32 holds every integer up to here exactly
-
-
 def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str | None:
     """What is wrong with rank 0's dict for a broadcast load, if anything."""
     named = [(entry, name) for unit in units for entry, name in _entry_names(model, unit)]
-    for entry, name in named:
-        if entry.sharded.dtype not in STAGED_EXACTLY and entry.sharded.is_floating_point():
-            return f"{name}: {entry.sharded.dtype} values cannot be broadcast exactly through fp32"
     expected = {name: tuple(entry.sharded.shape) for entry, name in named}
     expected.update({name: tuple(t.shape) for name, t in _replicated(model).items()})
     for name, shape in expected.items():
@@ -168,8 +155,6 @@ def _problem_with(model: nn.Module, units: list[Unit], state_dict: dict) -> str 
         value = state_dict[name]
         if tuple(value.shape) != shape:
             return f"{name}: shape {tuple(value.shape)} in the state dict, {shape} here"
-        if not value.is_floating_point() and value.numel() and value.abs().max().item() > _EXACT_INTEGERS:
-            return f"{name}: integer values beyond 2^24 cannot be broadcast exactly through fp32"
     return None
 
 
@@ -207,28 +192,36 @@ class _Piece:
 
 
 def _broadcast_pieces(staging: Staging, pieces: list[_Piece], state_dict: dict) -> None:
-    """Rank 0's whole tensors, one stream in rounds of the staging slot's size -> each rank's pieces of them."""
-    total = sum(piece.numel for piece in pieces)
+    """Rank 0's whole tensors, one stream of staging words in rounds of the slot's size -> each rank's pieces.
+
+    Each tensor travels in its dest's dtype, as words (_staging's to_words):
+    exactly, whatever the dtype.
+    """
+    widths = [words_per_element(piece.dest.dtype) for piece in pieces]
+    total = sum(piece.numel * width for piece, width in zip(pieces, widths))
     if total == 0:
         return
     is_root = staging.session.rank == 0
-    stream = torch.cat([state_dict[p.name].detach().reshape(-1).float() for p in pieces]) if is_root else None
+    stream = (torch.cat([to_words(state_dict[p.name].detach().to(p.dest.dtype)) for p in pieces])
+              if is_root else None)
     capacity = staging.unsharded.numel()
     starts, position = [], 0
-    for piece in pieces:
+    for piece, width in zip(pieces, widths):
         starts.append(position)
-        position += piece.numel
+        position += piece.numel * width
+    # Where each piece's words land: its dest's bits (4 bytes and wider), or its values.
+    targets = [p.dest.view(torch.float32) if p.dest.dtype.itemsize >= 4 else p.dest for p in pieces]
     with torch.no_grad():
         for lo in range(0, total, capacity):
             hi = min(lo + capacity, total)
             if is_root:
                 staging.unsharded[: hi - lo].copy_(stream[lo:hi])
             staging.broadcast_from_rank0()
-            for piece, start in zip(pieces, starts):
-                a, b = max(start + piece.begin, lo), min(start + piece.end, hi)
+            for piece, width, start, target in zip(pieces, widths, starts, targets):
+                a, b = max(start + piece.begin * width, lo), min(start + piece.end * width, hi)
                 if a < b:
-                    offset = a - start - piece.begin
-                    piece.dest[offset : offset + b - a].copy_(staging.unsharded[a - lo : b - lo])
+                    offset = a - start - piece.begin * width
+                    target[offset : offset + b - a].copy_(staging.unsharded[a - lo : b - lo])
 
 
 def _load_entry(entry: ParamEntry, name: str, value) -> None:

@@ -39,13 +39,13 @@ import dbuf
 from ._dtensor import RaggedDTensor, local_elements, make_dtensor
 from ._ragged import ragged_shard_of, rank_ranges
 from ._session import RootOrder, Session
-from ._staging import STAGED_EXACTLY, Staging, gather_whole
+from ._staging import Staging, gather_whole
 
 
-# The dtypes dbufd reduces (and casts to a param_dtype); parameters of the others are held and gathered as they are.
-_REDUCED_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# The dtypes dbufd reduces: fp32, bf16 and fp16 (summed in fp32, cast to a param_dtype) and fp64 (summed in fp64,
+# never cast). Parameters of the others are frozen, held and gathered as they are.
+_REDUCED_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 _GATHERED_DTYPES = {
-    torch.float64: "fp64",
     torch.float8_e4m3fn: "fp8_e4m3",
     torch.float8_e5m2: "fp8_e5m2",
     torch.int8: "int8",
@@ -69,7 +69,7 @@ def _split_by_dtype(label: str, params: list) -> tuple[torch.dtype, list[torch.d
 
     As in FSDP2, the parameters that require a gradient share one dtype;
     frozen ones may have any (an fp8 or int8 base model under trainable
-    adapters, fp64 constants). dbufd reduces fp32, bf16 and fp16.
+    adapters). dbufd reduces fp32, bf16, fp16 and fp64.
     """
     dtypes = list(dict.fromkeys(param.dtype for _, param, _ in params))
     trainable = list(dict.fromkeys(param.dtype for _, param, _ in params if param.requires_grad))
@@ -81,8 +81,8 @@ def _split_by_dtype(label: str, params: list) -> tuple[torch.dtype, list[torch.d
         dbuf_dtype(dtype)  # a dtype dbufd holds
     if trainable and reduced not in _REDUCED_DTYPES:
         names = ", ".join(fqn for fqn, param, _ in params if param.requires_grad)
-        raise TypeError(f"unit {label}: dbufd reduces fp32, bf16 and fp16 gradients; {names} ({reduced}) require one "
-                        f"(parameters of {reduced} may be sharded frozen, with requires_grad=False)")
+        raise TypeError(f"unit {label}: dbufd reduces fp32, bf16, fp16 and fp64 gradients; {names} ({reduced}) "
+                        f"require one (parameters of {reduced} may be sharded frozen, with requires_grad=False)")
     return reduced, [dtype for dtype in dtypes if dtype != reduced]
 
 
@@ -122,7 +122,7 @@ class ParamEntry:
     """One parameter of a unit (a tensor of its group)."""
 
     fqn: str
-    group: dbuf.Group  # the unit's group that holds it: its reduced one, or a gather-only one of another dtype
+    group: dbuf.Group  # the unit's group that holds it: its reduced one, or a group of another (frozen) dtype
     index: int  # its position in that group
     requires_grad: bool
     registrations: list[tuple[nn.Module, str]]  # every (module, attribute) that holds it
@@ -226,6 +226,9 @@ class Unit:
         sharded_dtype, other_dtypes = _split_by_dtype(self.label, params)
         self.sharded_dtype = sharded_dtype
         self.param_dtype = self.mp_param_dtype if self.mp_param_dtype is not None else sharded_dtype
+        if torch.float64 in (sharded_dtype, self.param_dtype) and sharded_dtype != self.param_dtype:
+            raise TypeError(f"unit {self.label}: dbufd gathers and reduces fp64 parameters in fp64, not as "
+                            f"{self.param_dtype} from {sharded_dtype} (a mixed precision param_dtype)")
         self.group = self._register([p for p in params if p[1].dtype == sharded_dtype], sharded_dtype,
                                     self.param_dtype, "", keep)
         self.gathered_only = [
@@ -465,8 +468,6 @@ class Unit:
             problem = "with gradients held (zero_grad(set_to_none=True) first)"
         elif any(entry.model_spec is not None for entry in old_entries):
             problem = "under tensor / expert parallelism"
-        elif any(entry.local.dtype not in STAGED_EXACTLY for entry in old_entries):
-            problem = "from " + ", ".join(sorted({str(e.local.dtype) for e in old_entries}))
         if problem is not None:
             self._restore_after_cast()
             raise NotImplementedError(f"unit {self.label}: dbuf.torch changes its parameters' dtype after fully_shard "
@@ -638,11 +639,13 @@ class Unit:
         residuals = self._take_back_set_aside()
         self._round_to_reduce_dtype()
         accumulate = self._stage_sharded_gradients()
-        if accumulate and (self.sharded_dtype != torch.float32 or self.reduction.finishes_here(self.replicas)):
-            # dbufd adds into fp32 sharded gradients only, and before any
-            # division or rounding here: the reduction overwrites, and the
-            # gradients so far are added back, in the parameters' own dtype,
-            # once it is done (wait_reduce).
+        if accumulate and (self.sharded_dtype not in (torch.float32, torch.float64)
+                           or self.reduction.finishes_here(self.replicas)):
+            # dbufd adds only into sharded gradients of the dtype it sums in
+            # (fp32; fp64 for fp64), and before any division or rounding
+            # here: the reduction overwrites, and the gradients so far are
+            # added back, in the parameters' own dtype, once it is done
+            # (wait_reduce).
             self.added_back = [(e, e.shard_grad.clone()) for e in self.entries if e.requires_grad]
             accumulate = False
         op = dbuf.ReduceOp.SUM if self.reduction.divides_here() else dbuf.ReduceOp.AVG
@@ -708,7 +711,7 @@ class Unit:
         return accumulate
 
     def _set_aside_gradients(self) -> None:
-        """No sync: this backward's unsharded gradients are added to those set aside (fp32); the slot can go back.
+        """No sync: this backward's unsharded gradients are added to those set aside (fp32, or fp64); the slot can go back.
 
         Unsharded gradients only are kept, the parameters are resharded, as
         FSDP2 keeps them (in fp32 where its reduce_dtype is fp32).
@@ -719,7 +722,8 @@ class Unit:
                     continue
                 kept = self.set_aside.get(entry.index)
                 if kept is None:
-                    self.set_aside[entry.index] = entry.unsharded_grad.to(torch.float32, copy=True)
+                    wide = torch.promote_types(entry.unsharded_grad.dtype, torch.float32)
+                    self.set_aside[entry.index] = entry.unsharded_grad.to(wide, copy=True)
                 else:
                     kept.add_(entry.unsharded_grad)
 

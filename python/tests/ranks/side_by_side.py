@@ -262,7 +262,8 @@ def tied_embedding_and_output_in_one_unit() -> None:
 
 def frozen_parameters_of_other_dtypes() -> None:
     """fp8, int8 and fp64 frozen parameters beside trainable fp32 ones in each unit: gathered as they are, the
-    adapters trained as FSDP2 trains them. A parameter of a dtype dbufd does not reduce refuses a gradient."""
+    adapters trained as FSDP2 trains them. A parameter of another dtype than the trainable ones refuses a
+    gradient; a dtype dbufd does not hold is refused at fully_shard."""
     dbuf_model, fsdp_model = twins(lambda: nn.Sequential(*(FrozenBaseBlock() for _ in range(3))), blocks_then_root)
     trainable = [(n, p) for n, p in dbuf_model.named_parameters() if p.requires_grad]
     assert [n for n, _ in trainable] == [f"{b}.adapter.{w}" for b in range(3) for w in ("weight", "bias")], trainable
@@ -274,11 +275,8 @@ def frozen_parameters_of_other_dtypes() -> None:
 
     train_side_by_side(dbuf_model, fsdp_model, loss_of, 3, "frozen dtypes")
 
-    with _seeded:
-        torch.manual_seed(0)
-        trained_fp64 = nn.Linear(4, 4).double()
-    error = raised(lambda: dt.fully_shard(trained_fp64))
-    assert isinstance(error, TypeError) and "reduces fp32, bf16 and fp16" in str(error), repr(error)
+    error = raised(lambda: dt.fully_shard(nn.Linear(4, 4).to(torch.complex64)))
+    assert isinstance(error, TypeError) and "not torch.complex64" in str(error), repr(error)
 
     dbuf_model[0].scales.requires_grad_(True)
     error = raised(lambda: dbuf_model(batch(0, (4, 7))))
@@ -286,32 +284,43 @@ def frozen_parameters_of_other_dtypes() -> None:
 
 
 def cast_after_init() -> None:
-    """model.to(torch.bfloat16) after fully_shard (FSDP2's test casts to fp64, which dbufd does not reduce): the
-    parameters move to bf16 groups (the modules keep their parameter objects) and train as FSDP2's. A cast to a
-    dtype dbufd cannot reduce is refused with the parameters left as they were."""
+    """model.to(dtype) after fully_shard, bf16 and fp64 (FSDP2's test casts to fp64): the parameters move to groups
+    of the new dtype (the modules keep their parameter objects) and train as FSDP2's, fp64 gradients summed in
+    fp64; a full state dict gathers them exactly. A cast to a dtype dbufd does not hold is refused with the
+    parameters left as they were."""
+    for dtype in (torch.bfloat16, torch.float64):
 
-    def shard(model, fully_shard):
-        blocks_then_root(model, fully_shard)
-        objects = [id(p) for p in model.parameters()]
-        model.to(torch.bfloat16)
-        assert [id(p) for p in model.parameters()] == objects
+        def shard(model, fully_shard):
+            blocks_then_root(model, fully_shard)
+            objects = [id(p) for p in model.parameters()]
+            model.to(dtype)
+            assert [id(p) for p in model.parameters()] == objects
 
-    dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
-    for name, param in dbuf_model.named_parameters():
-        assert param.dtype == param.to_local().dtype == param._spec.tensor_meta.dtype == torch.bfloat16, name
+        dbuf_model, fsdp_model = twins(lambda: stack(3), shard)
+        for name, param in dbuf_model.named_parameters():
+            assert param.dtype == param.to_local().dtype == param._spec.tensor_meta.dtype == dtype, name
 
-    def loss_of(model, step):
-        return model(batch(step, (4, 7)).bfloat16()).float().square().mean()
+        def loss_of(model, step):
+            return model(batch(step, (4, 7)).to(dtype)).float().square().mean()
 
-    train_side_by_side(dbuf_model, fsdp_model, loss_of, 3, "cast to bf16")
+        train_side_by_side(dbuf_model, fsdp_model, loss_of, 3, f"cast to {dtype}")
+        for model in (dbuf_model, fsdp_model):  # gradient accumulation: the second backward adds to the first
+            model.zero_grad(set_to_none=True)
+            for step in (5, 6):
+                loss_of(model, step).backward()
+        same_gradients(f"cast to {dtype}: two backwards accumulated", dbuf_model, fsdp_model)
+        full = dt.get_model_state_dict(dbuf_model, full=True, rank0_only=False)
+        for (name, theirs) in fsdp_model.named_parameters():
+            assert full[name].dtype == dtype, name
+            same(f"full state dict, {name}", full[name], theirs.full_tensor().detach())
 
     with _seeded:
         torch.manual_seed(0)
         fresh = stack(2)
     blocks_then_root(fresh, dt.fully_shard)
     before = [p.full_tensor().detach() for p in fresh.parameters()]
-    error = raised(lambda: fresh.to(torch.float64))
-    assert isinstance(error, TypeError) and "reduces fp32, bf16 and fp16" in str(error), repr(error)
+    error = raised(lambda: fresh.to(torch.complex64))
+    assert isinstance(error, TypeError) and "not torch.complex64" in str(error), repr(error)
     for param, was in zip(fresh.parameters(), before):
         assert param.dtype == torch.float32 and torch.equal(param.full_tensor(), was)
     fresh(batch(9, (4, 7))).sum().backward()
