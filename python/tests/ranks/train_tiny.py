@@ -115,6 +115,8 @@ for step in range(args.steps):
     losses.append(row)
     assert not session.slot_holders or step == args.fail_backward_step, "a unit kept its slot after the step"
 
+with torch.no_grad():
+    model.seen.add_((1 << 40) + 1)  # an int64 fp32 values would not hold: the state dicts carry it exactly
 full = dt.get_model_state_dict(model, full=True)
 sharded = dt.get_model_state_dict(model, full=False)
 assert "seen" in sharded and "scratch" not in sharded  # persistent buffers only
@@ -142,6 +144,7 @@ dt.set_model_state_dict(model, full if session.rank == 0 else {}, broadcast_from
 after = dt.get_model_state_dict(model, full=True, rank0_only=False)
 for name, value in again.items():
     assert torch.equal(value, after[name]), f"broadcast load: {name}"
+assert after["seen"].item() > (1 << 40), after["seen"]
 wrong = {k: v for k, v in full.items() if k != "blocks.0.up.bias"} if session.rank == 0 else {}
 try:
     dt.set_model_state_dict(model, wrong, broadcast_from_rank0=True)
