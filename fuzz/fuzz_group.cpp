@@ -65,6 +65,10 @@ void checkReply(const ipc::RegisterGroup& spec, const dbuf::planner::UnitPlan& p
     check(!geometry.quantized() && !geometry.reduces() && geometry.ranks.empty() && slot.scales.bytes == 0 &&
               geometry.grad == unsharded,
           "a gather-only group is copied as it is: no quantization, no scales, no reductions");
+  } else {
+    check(geometry.reduces() && dbuf::isReducedDType(geometry.grad), "every other group reduces its gradients");
+    check(geometry.accumulation() == (geometry.grad == DType::kF64 ? DType::kF64 : DType::kF32),
+          "a group sums in fp32, fp64 ones in fp64");
   }
   for (const GroupGeometry::RankBlocks& rank : geometry.ranks) {
     check(rank.first_scale >= 0 && rank.scales >= 0 && rank.first_scale + rank.scales <= geometry.total_blocks,
