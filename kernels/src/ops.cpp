@@ -276,7 +276,7 @@ Result<void> reduce(std::span<const ConstBuffer> srcs, MutBuffer dst, const Redu
     using D = decltype(d_tag);
     forEachChunk(segments, options, false, [&](const Segment& s, std::int64_t b, std::int64_t e) {
       reduceChunk<S, D, decltype(out)::value>(in, w, s.src_offset + b, at<typename D::T>(dst.data, s.dst_offset + b),
-                                              reduction.pre, reduction.factor, e - b);
+                                              reduction.pre, static_cast<typename S::Acc>(reduction.factor), e - b);
     });
   });
   return {};

@@ -321,7 +321,7 @@ class PyClient {
 constexpr const char* kTimeoutDoc = "timeout: seconds (None: the client's default).";
 
 void exposeValues(nb::module_& m) {
-  nb::enum_<ReduceMode>(m, "ReduceOp", "How a reduction combines the ranks' values (in fp32, ranks in order).")
+  nb::enum_<ReduceMode>(m, "ReduceOp", "How a reduction combines the ranks' values (in fp32, fp64 for fp64 groups; ranks in order).")
       .value("SUM", ReduceMode::kSum, "post_scale * sum over ranks of (pre_scale * x)")
       .value("AVG", ReduceMode::kAvg, "as SUM with post_scale divided by the world size");
 
@@ -463,7 +463,7 @@ void exposeGroup(nb::module_& m) {
           nb::kw_only(), "op"_a = ReduceMode::kSum, "pre_scale"_a = 1.0, "post_scale"_a = 1.0, "accumulate"_a = false,
           "async_op"_a = false, "timeout"_a = nb::none(), "stream"_a = nb::none(), "wait_if_full"_a = true,
           "Every rank's unsharded gradient -> this rank's part of their reduction, written (or, with "
-          "accumulate, added) into its fp32 sharded gradient.")
+          "accumulate, added) into its sharded gradient (fp32, or fp64 in an fp64 group).")
       .def(
           "all_reduce",
           [](PyGroup& g, ReduceMode op, double pre_scale, double post_scale, bool async_op,

@@ -39,6 +39,17 @@ std::size_t index(std::int64_t i) noexcept {
 }
 
 /// Element access in the type a reduction sums in (float, or double for fp64).
+/// The reduction's factor as a sum of type Acc takes it: computed in float,
+/// or in double for fp64 sums (dbufd computes it in the sum's dtype).
+template <typename Acc>
+Acc factorIn(const ReduceOptions& reduce, std::uint32_t world) noexcept {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return finalFactorFp64(reduce, world);
+  } else {
+    return finalFactor(reduce, world);
+  }
+}
+
 template <typename Acc>
 Acc loadAs(DType dtype, const std::byte* base, std::int64_t i) noexcept {
   if constexpr (std::is_same_v<Acc, double>) {
@@ -299,6 +310,11 @@ float finalFactor(const ReduceOptions& reduce, std::uint32_t world) noexcept {
   return reduce.mode == ReduceMode::kAvg ? reduce.post_scale / static_cast<float>(world) : reduce.post_scale;
 }
 
+double finalFactorFp64(const ReduceOptions& reduce, std::uint32_t world) noexcept {
+  const auto post = static_cast<double>(reduce.post_scale);
+  return reduce.mode == ReduceMode::kAvg ? post / static_cast<double>(world) : post;
+}
+
 GroupSim::GroupSim(const GroupPlan& plan, DType sharded, DType unsharded)
     : world_(plan.devices),
       shard_elems_(plan.shard_elems),
@@ -398,8 +414,8 @@ Acc GroupSim::reduced(std::int64_t global, const ReduceOptions& reduce) const no
 
 template <typename Acc>
 void GroupSim::reduceScatterIn(const ReduceOptions& reduce) {
-  // The factor is computed in float and only then widened (it travels as one).
-  const auto factor = static_cast<Acc>(finalFactor(reduce, world_));
+  // The factor in the sum's type: float, or computed in double for fp64 (as dbufd does).
+  const Acc factor = factorIn<Acc>(reduce, world_);
   const DType accumulation = accumulationDType(grad_);
   for (const PlacedTensor& tensor : tensors_) {
     for (std::int64_t e = 0; e < tensor.numel; ++e) {
@@ -420,7 +436,7 @@ void GroupSim::reduceScatterIn(const ReduceOptions& reduce) {
 
 template <typename Acc>
 void GroupSim::allReduceIn(const ReduceOptions& reduce) {
-  const auto factor = static_cast<Acc>(finalFactor(reduce, world_));
+  const Acc factor = factorIn<Acc>(reduce, world_);
   for (const PlacedTensor& tensor : tensors_) {
     for (std::int64_t e = 0; e < tensor.numel; ++e) {
       const std::int64_t g = tensor.offset + e;

@@ -177,6 +177,8 @@ class GroupSim {
 
 /// The reduction's final factor: post / float(world) for avg, else post.
 [[nodiscard]] float finalFactor(const ReduceOptions& reduce, std::uint32_t world) noexcept;
+/// The same for a sum in fp64 (fp64 groups): post / world in double.
+[[nodiscard]] double finalFactorFp64(const ReduceOptions& reduce, std::uint32_t world) noexcept;
 
 // ---- the training run ------------------------------------------------------------
 

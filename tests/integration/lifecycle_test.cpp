@@ -556,7 +556,7 @@ TEST(Lifecycle, Fp64GroupsReduceInFp64) {
     };
     write_grads();
     ASSERT_TRUE(group->reduceScatter({.mode = ReduceMode::kAvg}).ok());
-    const double third = 1.0F / 3.0F;  // the factor travels as a float
+    const double third = 1.0 / 3.0;  // avg's factor is computed in fp64 too
     expect_shard_grads([&](std::size_t t, std::int64_t e) { return reduced(t, e, third); }, "avg");
     // Gradient accumulation: summed again, added in fp64 to the sharded gradient.
     ASSERT_TRUE(group->reduceScatter({.mode = ReduceMode::kSum, .accumulate = true}).ok());

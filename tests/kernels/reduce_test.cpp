@@ -154,17 +154,18 @@ std::vector<ConstBuffer> inputs(const std::vector<Buf>& srcs) {
 void composition(const std::vector<Buf>& srcs, Buf& dst, const ReduceOptions& how, std::span<const Segment> segs) {
   const Options one{1};
   Buf scratch(DType::kF32, dst.elements());
+  const auto factor = static_cast<float>(how.factor);  // an fp32 sum takes the factor as a float
   std::vector<Segment> in_place(segs.begin(), segs.end());
   for (Segment& s : in_place) s.src_offset = s.dst_offset;
   for (auto& b : scratch.bytes) b = 0xA5;  // the zero pass must matter
   ASSERT_TRUE(zero(scratch.out(), in_place, one).ok());
   for (const Buf& src : srcs) ASSERT_TRUE(accumulate(src.in(), scratch.out(), how.pre, segs, one).ok());
   if (how.accumulate) {
-    ASSERT_TRUE(accumulate(scratch.in(), dst.out(), how.factor, in_place, one).ok());
+    ASSERT_TRUE(accumulate(scratch.in(), dst.out(), factor, in_place, one).ok());
     return;
   }
-  if (how.factor != 1.0F) {
-    ASSERT_TRUE(scale(scratch.out(), how.factor, in_place, one).ok());
+  if (how.factor != 1.0) {
+    ASSERT_TRUE(scale(scratch.out(), factor, in_place, one).ok());
   }
   ASSERT_TRUE(cast(scratch.in(), dst.out(), in_place, one).ok());
 }
@@ -351,7 +352,7 @@ TEST(KernelsReduce, Fp64SumsInFp64WithTwoRoundingsPerStep) {
   std::vector<double> init(static_cast<std::size_t>(n));
   for (double& x : init) x = normal(rng);
   const float pre = 0.1F;
-  const float factor = 1.0F / 5.0F;
+  const double factor = 1.0 / 5.0;  // not a float: an fp64 sum takes the factor whole
   std::vector<double> want_store(init.size());
   std::vector<double> want_acc(init.size());
   std::int64_t below_fp32 = 0;
@@ -364,10 +365,10 @@ TEST(KernelsReduce, Fp64SumsInFp64WithTwoRoundingsPerStep) {
       acc32 += static_cast<float>(src[i]) * pre;
     }
     if (i == 7) acc = bitsDouble(0xfff8000000000022ULL);  // x86: the product's NaN, quieted
-    const volatile double scaled = acc * static_cast<double>(factor);
+    const volatile double scaled = acc * factor;
     want_store[i] = scaled;
     want_acc[i] = init[i] + scaled;
-    if (static_cast<double>(acc32 * factor) != scaled) ++below_fp32;
+    if (static_cast<double>(acc32 * static_cast<float>(factor)) != scaled) ++below_fp32;
   }
   ASSERT_GT(below_fp32, n / 4) << "the data would not tell fp64 sums from fp32 ones";
   std::vector<ConstBuffer> in;

@@ -219,9 +219,9 @@ class JobTable {
   std::uint64_t instance_id_;
   MemoryBudget budget_;
   std::unique_ptr<DbufferAllocator> allocator_;  // host memory (the host backend)
-  // The host executors' shared fp32 all-reduce scratch (the data plane runs
-  // one step at a time), left uninitialised so its pages cost nothing until
-  // an all-reduce touches them.
+  // The host executors' shared all-reduce scratch (fp32, or half as many
+  // fp64; the data plane runs one step at a time), left uninitialised so its
+  // pages cost nothing until an all-reduce touches them.
   std::unique_ptr<float[]> host_scratch_;
   std::map<std::int32_t, std::unique_ptr<DbufferAllocator>> gpu_allocators_;  // cuda backend: per GPU
   GpuOffer gpu_offer_;

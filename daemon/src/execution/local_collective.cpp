@@ -166,7 +166,7 @@ Result<bool> LocalCollective::copyPartStep() {
 }
 
 kernels::ReduceOptions LocalCollective::reduction(bool accumulate) const noexcept {
-  return kernels::ReduceOptions{args_.pre_scale, args_.factor(geometry_->world), accumulate};
+  return kernels::ReduceOptions{args_.pre_scale, args_.factor(geometry_->world, geometry_->accumulation()), accumulate};
 }
 
 Result<bool> LocalCollective::reduceScatterStep() {

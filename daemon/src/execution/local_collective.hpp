@@ -42,9 +42,12 @@ struct CollectiveArgs {
   /// other nodes are told it when the ops differ).
   std::string description;
 
-  /// What a reduction's sum is multiplied by: post, or post / world for avg.
-  [[nodiscard]] float factor(std::uint32_t world) const noexcept {
-    return reduce == ipc::ReduceMode::kAvg ? post_scale / static_cast<float>(world) : post_scale;
+  /// What a reduction's sum is multiplied by: post, or post / world for avg,
+  /// computed in the dtype the sum is in (fp32; fp64 for fp64 gradients).
+  [[nodiscard]] double factor(std::uint32_t world, DType summed) const noexcept {
+    if (reduce != ipc::ReduceMode::kAvg) return post_scale;
+    if (summed == DType::kF64) return static_cast<double>(post_scale) / static_cast<double>(world);
+    return post_scale / static_cast<float>(world);
   }
 };
 

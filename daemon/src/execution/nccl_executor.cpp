@@ -359,7 +359,7 @@ class NcclExecutor final : public Executor {
     const GroupGeometry& g = *geometry_;
     const DType summed = g.accumulation();
     const std::int64_t chunk = std::max<std::int64_t>(1, scratchElements(summed) / g.world);
-    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
+    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world, g.accumulation()), args_.accumulate};
     for (std::int64_t first = 0; first < g.shard_elems; first += chunk) {
       const std::int64_t count = std::min(chunk, g.shard_elems - first);
       // The scratch holds the chunk of every rank's part, part w at w * count.
@@ -392,7 +392,7 @@ class NcclExecutor final : public Executor {
   Result<void> allReduce() {
     const GroupGeometry& g = *geometry_;
     const std::int64_t elements = unshardedElements();
-    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), false};
+    const kernels::ReduceOptions finish{1.0F, args_.factor(g.world, g.accumulation()), false};
     const DType summed = g.accumulation();
     const std::int64_t capacity = scratchElements(summed);
     for (std::int64_t first = 0; first < elements; first += capacity) {

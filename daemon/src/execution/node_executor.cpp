@@ -370,7 +370,7 @@ std::vector<NodeExecutor::LocalStep> NodeExecutor::reductionAfter(std::int64_t j
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
     partials.push_back(ConstBuffer{round.received.data() + n * mine * sizeBytes(g.accumulation()), g.accumulation(), mine});
   }
-  const kernels::ReduceOptions finish{1.0F, args_.factor(g.world), args_.accumulate};
+  const kernels::ReduceOptions finish{1.0F, args_.factor(g.world, g.accumulation()), args_.accumulate};
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
     const MutBuffer shard_grad{ranks_[i].shard_grad, g.sharded, g.shard_elems};
     const Segment piece{static_cast<std::int64_t>(i) * length, offset, length, 0, 0};
@@ -452,7 +452,7 @@ Transfer NodeExecutor::transfer(std::int64_t j, const std::optional<OpHeader>& f
   t.length = roundLength(j);
   t.unsharded_bytes = sizeBytes(g.unsharded);
   t.grad = g.grad;
-  t.factor = args_.factor(g.world);
+  t.factor = args_.factor(g.world, g.accumulation());
   if (j == 0) t.scale_counts = scale_counts_;
   for (std::uint32_t n = 0; n < layout.nodes(); ++n) {
     if (args_.root >= layout.firstRank(n) && args_.root < layout.firstRank(n + 1)) t.root_node = n;

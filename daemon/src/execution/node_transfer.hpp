@@ -54,7 +54,7 @@ struct Transfer {
   std::size_t buffer = 0;    ///< staging.rounds[buffer]
   std::int64_t unsharded_bytes = 0;
   DType grad = DType::kF32;
-  float factor = 1.0F;
+  double factor = 1.0;  ///< CollectiveArgs::factor
   std::vector<std::size_t> scale_counts;  ///< fp8, round 0: each node's scales (broadcast: all on the root's)
   std::uint32_t root_node = 0;            ///< broadcast
   bool data = true;                       ///< false: the header alone (a barrier, or a failure before the data)

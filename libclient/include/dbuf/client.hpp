@@ -157,10 +157,11 @@ struct GroupPlan {
 
 enum class ReduceMode : std::uint8_t { kSum, kAvg };
 
-/// A reduction's arithmetic, in fp32 whatever the dtypes:
+/// A reduction's arithmetic, in fp32 whatever the dtypes (fp64 in fp64 groups):
 ///   result = post_scale * sum over ranks r = 0..world-1 of (pre_scale * x_r)
 /// summed in rank order (so every rank and every run gets the same bits);
-/// kAvg divides post_scale by the world size (post_scale / float(world)).
+/// kAvg divides post_scale by the world size (post_scale / float(world); in
+/// fp64 groups double(post_scale) / world).
 struct ReduceOptions {
   ReduceMode mode = ReduceMode::kSum;
   float pre_scale = 1.0F;

@@ -35,8 +35,9 @@ class MixedPrecisionPolicy:
 
     ``param_dtype``: dtype of the gathered parameters (the all-gather casts
     the fp32 shards to it) and of forward / backward; None keeps the
-    parameters' dtype. ``reduce_dtype``: dbuf always reduces in fp32 (ranks
-    summed in rank order), whatever this says; accepted for compatibility.
+    parameters' dtype. ``reduce_dtype``: dbuf reduces in fp32 (fp64 for fp64
+    parameters; ranks summed in rank order), whatever this says; a
+    narrower one rounds the reduced gradient to it.
     ``output_dtype``: cast floating-point forward outputs to it.
     ``cast_forward_inputs``: cast floating-point forward inputs to param_dtype.
     A ``torch.distributed.fsdp.MixedPrecisionPolicy`` is accepted too.

@@ -30,7 +30,7 @@ def words_per_element(dtype: torch.dtype) -> int:
 
 def to_words(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor's elements as 1-D fp32 words the staging group carries exactly (see the module's note)."""
-    flat = tensor.detach().reshape(-1)
+    flat = tensor.detach().resolve_conj().reshape(-1)
     return flat.contiguous().view(torch.float32) if tensor.dtype.itemsize >= 4 else flat.float()
 
 
@@ -86,11 +86,13 @@ def gather_whole(group: dbuf.Group, entries: list, staging: Staging, receives: b
     payload_sizes = [sum(end - begin for begin, end in rank) for rank in slices]
     mine = group.rank
     local = [to_words(entry.local) for entry in entries]
-    payload = torch.cat(local) if local else torch.empty(0, device=staging.shard.device)
+    payload = torch.cat(local) if local else torch.empty(0, dtype=torch.float32, device=staging.shard.device)
     if payload.numel() != payload_sizes[mine]:
         raise dbuf.InternalError(f"group {group.name}: this rank holds {payload.numel()} elements, its plan says "
                                  f"{payload_sizes[mine]}")
-    received = [torch.empty(size, device=staging.shard.device) for size in payload_sizes] if receives else []
+    # fp32 whatever torch's default dtype: words are bits, not values
+    received = ([torch.empty(size, dtype=torch.float32, device=staging.shard.device) for size in payload_sizes]
+                if receives else [])
     rounds = -(-max(payload_sizes) // staging.elems) if max(payload_sizes) else 0
     for step in range(rounds):
         lo = step * staging.elems

@@ -86,11 +86,18 @@ def _split_by_dtype(label: str, params: list) -> tuple[torch.dtype, list[torch.d
     return reduced, [dtype for dtype in dtypes if dtype != reduced]
 
 
+def _check_param_dtype(label: str, sharded_dtype: torch.dtype, param_dtype: torch.dtype) -> None:
+    """A unit's group casts its shards to param_dtype for compute: never to or from fp64 (dbufd holds it as it is)."""
+    if torch.float64 in (sharded_dtype, param_dtype) and sharded_dtype != param_dtype:
+        raise TypeError(f"unit {label}: dbufd gathers and reduces fp64 parameters in fp64, not as {param_dtype} "
+                        f"from {sharded_dtype} (a mixed precision param_dtype)")
+
+
 @dataclass
 class Reduction:
     """How a unit's gradients are reduced (FSDPModule's setters and the mixed precision policy).
 
-    dbufd sums in fp32 in rank order. ``divide_factor``: the sum is divided by
+    dbufd sums in fp32 (fp64 for fp64) in rank order. ``divide_factor``: the sum is divided by
     it (None: by the world size, dbufd's AVG); ``force_sum``: dbufd sums and
     the division runs afterwards, here, even for the average;
     ``reduce_dtype``: a dtype narrower than fp32 rounds the reduced gradient
@@ -226,9 +233,7 @@ class Unit:
         sharded_dtype, other_dtypes = _split_by_dtype(self.label, params)
         self.sharded_dtype = sharded_dtype
         self.param_dtype = self.mp_param_dtype if self.mp_param_dtype is not None else sharded_dtype
-        if torch.float64 in (sharded_dtype, self.param_dtype) and sharded_dtype != self.param_dtype:
-            raise TypeError(f"unit {self.label}: dbufd gathers and reduces fp64 parameters in fp64, not as "
-                            f"{self.param_dtype} from {sharded_dtype} (a mixed precision param_dtype)")
+        _check_param_dtype(self.label, sharded_dtype, self.param_dtype)
         self.group = self._register([p for p in params if p[1].dtype == sharded_dtype], sharded_dtype,
                                     self.param_dtype, "", keep)
         self.gathered_only = [
@@ -473,8 +478,9 @@ class Unit:
             raise NotImplementedError(f"unit {self.label}: dbuf.torch changes its parameters' dtype after fully_shard "
                                       f"between steps, not {problem} (parameters left as they were)")
         try:
-            _split_by_dtype(self.label, [(e.fqn, _DtypeOf(d, e.requires_grad), None)
-                                         for e, d in zip(old_entries, dtypes)])
+            sharded_dtype, _ = _split_by_dtype(self.label, [(e.fqn, _DtypeOf(d, e.requires_grad), None)
+                                                            for e, d in zip(old_entries, dtypes)])
+            _check_param_dtype(self.label, sharded_dtype, self.mp_param_dtype or sharded_dtype)
         except TypeError as refused:
             self._restore_after_cast()
             raise TypeError(f"{refused} (parameters left as they were)") from None
@@ -730,7 +736,7 @@ class Unit:
     def _take_back_set_aside(self) -> dict[int, torch.Tensor]:
         """The gradients set aside by backwards without sync, added to this one's in the slot before it is reduced.
 
-        The sum is fp32; a slot of a narrower dtype holds it rounded, and what
+        The sum is fp32 (fp64 for fp64); a slot of a narrower dtype holds it rounded, and what
         the rounding lost comes back (the residuals, fp32) for a second
         reduce-scatter (_reduce_residuals), so the micro-batches' sum is
         reduced to about 16 significant bits, near FSDP2's fp32 reduction.

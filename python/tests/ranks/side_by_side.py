@@ -309,7 +309,12 @@ def cast_after_init() -> None:
             for step in (5, 6):
                 loss_of(model, step).backward()
         same_gradients(f"cast to {dtype}: two backwards accumulated", dbuf_model, fsdp_model)
-        full = dt.get_model_state_dict(dbuf_model, full=True, rank0_only=False)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # as fp64 trainers often do: the staging words stay fp32
+        try:
+            full = dt.get_model_state_dict(dbuf_model, full=True, rank0_only=False)
+        finally:
+            torch.set_default_dtype(previous)
         for (name, theirs) in fsdp_model.named_parameters():
             assert full[name].dtype == dtype, name
             same(f"full state dict, {name}", full[name], theirs.full_tensor().detach())
@@ -324,6 +329,17 @@ def cast_after_init() -> None:
     for param, was in zip(fresh.parameters(), before):
         assert param.dtype == torch.float32 and torch.equal(param.full_tensor(), was)
     fresh(batch(9, (4, 7))).sum().backward()
+
+    # fp64 is never cast: a bf16 param_dtype over fp64 parameters is refused, the unit left as it was.
+    with _seeded:
+        torch.manual_seed(0)
+        mixed = stack(2)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    blocks_then_root(mixed, lambda module: dt.fully_shard(module, mp_policy=policy))
+    error = raised(lambda: mixed.to(torch.float64))
+    assert isinstance(error, TypeError) and "param_dtype" in str(error) and "left as they were" in str(error), error
+    assert all(param.dtype == torch.float32 for param in mixed.parameters())
+    mixed(batch(9, (4, 7))).float().sum().backward()
 
 
 def parameter_shared_across_units() -> None:

@@ -94,7 +94,10 @@ struct Options {
 /// What reduce() computes besides the sum; the defaults give a plain sum.
 struct ReduceOptions {
   float pre = 1.0F;         ///< every source element is multiplied by this first
-  float factor = 1.0F;      ///< the sum is multiplied by this
+  /// The sum is multiplied by this, converted to the type it is summed in
+  /// (a double, so that an fp64 sum's factor, 1 / world say, keeps fp64
+  /// precision; fp32 sums take it as a float).
+  double factor = 1.0;
   bool accumulate = false;  ///< dst (fp32) += sum * factor, instead of dst = round(sum * factor)
 };
 
@@ -111,7 +114,8 @@ inline constexpr std::size_t kMaxReduceSources = 4096;
 ///   accumulate == true (dst fp32 only):
 ///     dst[i] = dst[i] + (acc * factor);          (the multiply is always done)
 /// fp64: sources and dst all fp64, every step above in fp64 instead of fp32
-/// (pre and factor converted to double, exactly); accumulate into fp64.
+/// (pre converted to double, exactly; factor taken whole, while fp32 sums
+/// take it as a float); accumulate into fp64.
 /// These are bitwise the results of the unfused composition on an fp32
 /// scratch: zero(scratch); accumulate(srcs[r] -> scratch, pre) for each r;
 /// then either scale(scratch, factor) (only when factor != 1) and

@@ -72,7 +72,7 @@ decltype(auto) withReduceTypes(DType src, DType dst, const ReduceOptions& reduct
   return withReducedType(src, [&](auto s) {
     using S = decltype(s);
     const auto stored = [&](auto d) {
-      if (reduction.factor != 1.0F) return fn(s, d, ReduceOutTag<ReduceOut::kScaleStore>{});
+      if (reduction.factor != 1.0) return fn(s, d, ReduceOutTag<ReduceOut::kScaleStore>{});
       return fn(s, d, ReduceOutTag<ReduceOut::kStore>{});
     };
     if (reduction.accumulate) return fn(s, AccumulatorElement<S>{}, ReduceOutTag<ReduceOut::kAccumulate>{});

@@ -184,7 +184,7 @@ struct ReduceSources {
   const void* const* data = nullptr;  ///< `count` source base pointers
   int count = 0;
   float pre = 1.0F;
-  float factor = 1.0F;
+  double factor = 1.0;  ///< ReduceOptions::factor, converted to the sum's type where used
   bool congruent = true;  ///< every source's address is congruent to source 0's modulo 16 bytes
 };
 
@@ -237,7 +237,7 @@ DBUF_HD void reduceTile(const ReduceSources& a, const Segment& s, const Tile& ti
   auto element = [&](std::int64_t i) {
     Acc acc = 0.0F;
     for (int r = 0; r < a.count; ++r) acc = Step::add(acc, static_cast<const In*>(a.data[r])[first + i], r, a.pre);
-    out[i] = Step::finish(acc, kReadsOut ? out[i] : Out{}, a.factor);
+    out[i] = Step::finish(acc, kReadsOut ? out[i] : Out{}, static_cast<Acc>(a.factor));
   };
   for (std::int64_t i = lane; i < split.head; i += lanes) element(i);
   for (std::int64_t u = lane; u < split.units; u += lanes) {
@@ -250,7 +250,7 @@ DBUF_HD void reduceTile(const ReduceSources& a, const Segment& s, const Tile& ti
     }
     alignas(kVectorBytes) Out y[kUnit] = {};
     if constexpr (kReadsOut) copyWords(y, out + i0, static_cast<int>(sizeof y));
-    for (std::size_t k = 0; k < kUnit; ++k) y[k] = Step::finish(acc[k], y[k], a.factor);
+    for (std::size_t k = 0; k < kUnit; ++k) y[k] = Step::finish(acc[k], y[k], static_cast<Acc>(a.factor));
     copyWords(out + i0, y, static_cast<int>(sizeof y));
   }
   for (std::int64_t i = split.tailBegin() + lane; i < n; i += lanes) element(i);
