@@ -37,6 +37,12 @@ Result<std::size_t> fileSize(int fd) {
   return static_cast<std::size_t>(info.st_size);
 }
 
+Result<FileIdentity> fileIdentity(int fd) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) return systemError("fstat");
+  return FileIdentity{static_cast<std::uint64_t>(info.st_dev), static_cast<std::uint64_t>(info.st_ino)};
+}
+
 Result<void> releasePages(int fd, std::size_t offset, std::size_t bytes) {
   if (bytes == 0) return {};
   if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),

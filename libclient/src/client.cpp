@@ -81,7 +81,9 @@ GpuUuid uuidOf(std::int32_t device) {
 
 // ----------------------------------------------------------------- Group
 
-struct Group::State final : Connection::DeferredRelease {
+using SlotIdentity = Connection::SlotIdentity;
+
+struct Group::State final : Connection::DeferredRelease, Connection::KeptSlot {
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -89,6 +91,7 @@ struct Group::State final : Connection::DeferredRelease {
     if (!connection) return;
     std::erase(connection->on_detach, &unmap);
     std::erase(connection->deferred_releases, this);
+    std::erase(connection->kept_slots, this);
     // The slot goes back to the pool (best effort: once a stream-ordered
     // reshard's stream is there, or now), not held by a group that is gone.
     if (!connection->attached) return;
@@ -104,6 +107,7 @@ struct Group::State final : Connection::DeferredRelease {
     release_point.reset();
     shard.reset();
     slot.reset();
+    kept.reset();
   };
   std::string name;
   GroupPlan plan;
@@ -118,6 +122,9 @@ struct Group::State final : Connection::DeferredRelease {
   ipc::Region sharded_grad;
   ReservedRange slot_range;                  // the slot's address, the same across reshard / unshard
   DbufferMapping slot;                       // while unsharded, and until a deferred release is done
+  SlotIdentity slot_identity;                // of the slot mapped in `slot`
+  DbufferMapping kept;                       // keep_slot_mappings: the slot given back, still mapped
+  SlotIdentity kept_identity;                // of the slot in `kept`
   std::optional<StreamPoint> release_point;  // reshardOnStream: the slot goes back once the stream is there
   ipc::Region slot_params;
   ipc::Region slot_grads;
@@ -146,6 +153,19 @@ struct Group::State final : Connection::DeferredRelease {
     if (auto ok = checkRegions(granted->slot_file_bytes, {granted->params, granted->grads, granted->scales}); !ok) {
       return ok;
     }
+    auto file = fileIdentity(fd);
+    if (!file) return std::move(file).error();
+    const SlotIdentity identity{granted->slot_index, *file};
+    for (KeptSlot* group : connection->kept_slots) group->forgetIfReplaced(identity);
+    slot_params = granted->params;
+    slot_grads = granted->grads;
+    slot_scales = granted->scales;
+    slot_identity = identity;
+    if (kept.valid() && kept_identity == identity) {
+      slot = std::move(kept);  // the slot this group gave back, still mapped: nothing to map, no page to fault in
+      return {};
+    }
+    kept.reset();
     // A slot may be larger than this group needs (it served a larger group
     // before): only the group's part is mapped, so its range, and the
     // address of its views, never change.
@@ -154,22 +174,38 @@ struct Group::State final : Connection::DeferredRelease {
     auto mapping = DbufferMapping::map(connection->memory, fd, granted->slot_file_bytes, used, slot_range);
     if (!mapping) return std::move(mapping).error();
     slot = std::move(*mapping);  // the fd closes here; the mapping keeps the memory
-    slot_params = granted->params;
-    slot_grads = granted->grads;
-    slot_scales = granted->scales;
     return {};
   }
 
-  /// Waits for this group's ops in flight, unmaps the slot and gives it back.
+  /// Whether a slot given back stays mapped (see AttachOptions::keep_slot_mappings):
+  /// host memory, a pool slot (a slot beyond the pool goes back to the system
+  /// at its release, so no mapping may keep its pages).
+  [[nodiscard]] bool keepsReleasedSlot() const noexcept {
+    return connection->keep_slot_mappings && connection->memory.kind == ipc::MemoryKind::kHost &&
+           slot_identity.index < connection->pool_slots;
+  }
+
+  void forgetIfReplaced(const SlotIdentity& granted) noexcept override {
+    if (kept.valid() && kept_identity.index == granted.index && kept_identity.file != granted.file) kept.reset();
+  }
+
+  /// Waits for this group's ops in flight, unmaps the slot (or keeps it mapped) and gives it back.
   Result<void> release(std::optional<std::chrono::milliseconds> timeout, DbufferMapping::GpuWork work) {
     // This group's ops in flight may still read or write the slot (the daemon
     // refuses the release while they are queued); other groups' ops, a
     // prefetched all-gather for instance, go on.
     if (auto drained = connection->drain(plan.group_id, timeout); !drained) return drained;
-    slot.reset(work);  // unmap first: the slot goes back to the pool
-    auto reply = connection->call(ipc::ReleaseSlot{plan.group_id}, timeout);
-    if (!reply) return std::move(reply).error();
-    return {};
+    if (keepsReleasedSlot()) {
+      kept = std::move(slot);
+      kept_identity = slot_identity;
+    } else {
+      slot.reset(work);  // unmap first: the slot goes back to the pool
+    }
+    // Not waited for: dbufd refuses a release only where this group holds no
+    // slot or has ops in flight, neither of which the drain above leaves, and
+    // it handles a session's requests in order, so the next AcquireSlot finds
+    // the slot back in the pool. A round trip per gather saved (docs/python.md).
+    return connection->post(ipc::ReleaseSlot{plan.group_id});
   }
 
   Result<bool> finishRelease(bool wait) override {
@@ -475,6 +511,8 @@ Result<void> Client::attach(const AttachOptions& options, std::optional<std::chr
   }
   connection_->attached = true;
   connection_->rank = options.rank;
+  connection_->pool_slots = options.prefetch_depth + 1;
+  connection_->keep_slot_mappings = options.keep_slot_mappings;
   connection_->reattached = welcome->reattached;
   connection_->instance_id = welcome->daemon_instance_id;
   // Mapped on the trainer's GPU as it numbers it (dbufd's index may differ).
@@ -523,6 +561,7 @@ Result<Group> Client::registerGroup(const GroupSpec& spec, std::optional<std::ch
   state->sharded_grad = ready->sharded_grad;
   state->blocks = planner::numberBlocks(state->plan.tensors);
   connection_->on_detach.push_back(&state->unmap);
+  connection_->kept_slots.push_back(state.get());
   return Group(std::move(state));
 }
 

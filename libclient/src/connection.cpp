@@ -10,27 +10,61 @@
 
 namespace dbuf {
 
-Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
-                                            std::optional<std::chrono::milliseconds> timeout) {
+Result<void> Connection::send(const ipc::Message& request, std::uint64_t id, ipc::Clock::time_point deadline) {
   if (!lost_.empty()) return makeError(ErrorCode::kUnavailable, lost_);
   if (!socket_) return makeError(ErrorCode::kUnavailable, "not connected to dbufd");
-  const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
-  const std::uint64_t id = next_request_++;
   // Encode first: a request over a protocol limit (a tp_dim outside the shape,
   // a name too long...) is the caller's mistake and leaves the connection usable.
   auto encoded = ipc::encodeFrame(request, id);
   if (!encoded) return makeError(ErrorCode::kInvalidArgument, encoded.error().message);
   if (auto sent = ipc::sendAll(socket_.get(), *encoded, {}, deadline); !sent) {
     lost_ = "lost the connection to dbufd: " + sent.error().message;
-    // A daemon that stopped said goodbye before closing: pass on its reason.
-    if (auto goodbye = ipc::receiveMessage(socket_.get(), ipc::Clock::now()); goodbye) {
-      if (const auto* shutdown = std::get_if<ipc::Shutdown>(&goodbye->message)) {
+    // A daemon that stopped said goodbye before closing (after any replies
+    // still unread): pass on its reason.
+    for (;;) {
+      auto frame = ipc::receiveMessage(socket_.get(), ipc::Clock::now());
+      if (!frame) break;
+      if (const auto* shutdown = std::get_if<ipc::Shutdown>(&frame->message)) {
         lost_ = "dbufd is shutting down: " + shutdown->reason;
+        break;
       }
     }
     dropSocket();
     return makeError(ErrorCode::kUnavailable, lost_);
   }
+  return {};
+}
+
+Result<void> Connection::post(const ipc::Message& request) {
+  const std::uint64_t id = next_request_++;
+  if (auto sent = send(request, id, ipc::Clock::now() + timeout_); !sent) return sent;
+  posted_.push_back(id);
+  return {};
+}
+
+Result<void> Connection::settle(const ipc::ReceivedFrame& frame) {
+  if (const auto* shutdown = std::get_if<ipc::Shutdown>(&frame.message)) {
+    lost_ = "dbufd is shutting down: " + shutdown->reason;
+    dropSocket();
+    return makeError(ErrorCode::kUnavailable, lost_);
+  }
+  const auto posted = std::find(posted_.begin(), posted_.end(), frame.header.request_id);
+  if (posted == posted_.end()) return {};  // stale reply of an abandoned call
+  posted_.erase(posted);
+  if (const auto* error = std::get_if<ipc::ErrorReply>(&frame.message)) {
+    lost_ = "dbufd refused a request this client did not wait for (its state and dbufd's disagree); connection "
+            "closed: " + error->message;
+    dropSocket();
+    return makeError(ErrorCode::kInternal, lost_);
+  }
+  return {};
+}
+
+Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
+                                            std::optional<std::chrono::milliseconds> timeout) {
+  const auto deadline = ipc::Clock::now() + timeout.value_or(timeout_);
+  const std::uint64_t id = next_request_++;
+  if (auto sent = send(request, id, deadline); !sent) return std::move(sent).error();
   for (;;) {
     // Waiting for the reply's first byte can be cancelled; a frame that has
     // begun is read whole (a partial one would desynchronise the stream).
@@ -51,12 +85,10 @@ Result<ipc::ReceivedFrame> Connection::call(const ipc::Message& request,
       dropSocket();
       return makeError(timed_out ? ErrorCode::kTimeout : ErrorCode::kUnavailable, lost_);
     }
-    if (const auto* shutdown = std::get_if<ipc::Shutdown>(&frame->message)) {
-      lost_ = "dbufd is shutting down: " + shutdown->reason;
-      dropSocket();
-      return makeError(ErrorCode::kUnavailable, lost_);
+    if (frame->header.request_id != id || std::holds_alternative<ipc::Shutdown>(frame->message)) {
+      if (auto settled = settle(*frame); !settled) return std::move(settled).error();
+      continue;
     }
-    if (frame->header.request_id != id) continue;  // stale reply of an abandoned call
     if (const auto* error = std::get_if<ipc::ErrorReply>(&frame->message)) {
       return Error{ipc::fromWire(error->code), "dbufd: " + error->message, error->ranks};
     }
@@ -169,15 +201,16 @@ Result<void> Connection::openRings(const ipc::Welcome& welcome, std::vector<Uniq
 Result<void> Connection::checkAlive() {
   if (!lost_.empty()) return makeError(ErrorCode::kUnavailable, lost_);
   if (!socket_ || !segment_.valid()) return makeError(ErrorCode::kUnavailable, "not attached to dbufd");
-  pollfd watch{socket_.get(), POLLIN | POLLRDHUP, 0};
-  if (::poll(&watch, 1, 0) <= 0) return {};
-  // The daemon never writes unasked except to say goodbye.
-  lost_ = "lost the connection to dbufd";
-  if (auto goodbye = ipc::receiveMessage(socket_.get(), ipc::Clock::now()); goodbye) {
-    if (const auto* shutdown = std::get_if<ipc::Shutdown>(&goodbye->message)) {
-      lost_ = "dbufd is shutting down: " + shutdown->reason;
-    }
+  // Between calls the daemon writes only the replies to posted requests,
+  // and its goodbye.
+  for (;;) {
+    pollfd watch{socket_.get(), POLLIN | POLLRDHUP, 0};
+    if (::poll(&watch, 1, 0) <= 0) return {};
+    auto frame = ipc::receiveMessage(socket_.get(), ipc::Clock::now() + timeout_);
+    if (!frame) break;  // closed
+    if (auto settled = settle(*frame); !settled) return settled;
   }
+  lost_ = "lost the connection to dbufd";
   return makeError(ErrorCode::kUnavailable, lost_);
 }
 

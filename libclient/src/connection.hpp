@@ -34,6 +34,12 @@ class Connection {
   /// (its code through ipc::fromWire, its ranks).
   [[nodiscard]] Result<ipc::ReceivedFrame> call(const ipc::Message& request,
                                                 std::optional<std::chrono::milliseconds> timeout);
+  /// Sends `request` without waiting for its reply, for a request that only
+  /// a client's bug makes dbufd refuse (a slot release after the group's ops
+  /// were drained). Its reply is read by a later call() or wait; if it is a
+  /// refusal, the connection is lost with dbufd's reason (the client's state
+  /// and dbufd's no longer agree), and the next call or wait says so.
+  [[nodiscard]] Result<void> post(const ipc::Message& request);
 
   [[nodiscard]] std::chrono::milliseconds defaultTimeout() const noexcept { return timeout_; }
   void close() noexcept;
@@ -77,12 +83,32 @@ class Connection {
   };
   /// Oldest first; a group adds and removes itself.
   std::vector<DeferredRelease*> deferred_releases;
+
+  /// A slot of the rank's pool, as dbufd granted it: its index, and the file
+  /// that holds its memory now (dbufd replaces it to grow the slot).
+  struct SlotIdentity {
+    std::uint32_t index = 0;
+    FileIdentity file;
+    friend bool operator==(const SlotIdentity&, const SlotIdentity&) = default;
+  };
+  /// A group that may keep a released slot mapped (keep_slot_mappings).
+  class KeptSlot {
+   public:
+    virtual ~KeptSlot() = default;
+    /// Unmaps the kept slot if it is `granted`'s index in another file: dbufd
+    /// replaced that slot's memory, and no mapping may keep the old pages.
+    virtual void forgetIfReplaced(const SlotIdentity& granted) noexcept = 0;
+  };
+  /// Groups add and remove themselves.
+  std::vector<KeptSlot*> kept_slots;
   /// Finishes the deferred releases whose streams are past their points
   /// (every one, waiting for its stream, with `wait`); the first error.
   [[nodiscard]] Result<void> finishReleases(bool wait);
 
   // Filled by attach().
   std::uint32_t rank = 0;
+  std::uint32_t pool_slots = 0;     ///< the rank's pool in dbufd (AcquireSlot::grow's slots come after)
+  bool keep_slot_mappings = false;  ///< AttachOptions::keep_slot_mappings, on host memory
   std::uint64_t instance_id = 0;
   MemorySite memory;  ///< where the daemon puts this session's DBuffers
   bool attached = false;
@@ -114,6 +140,13 @@ class Connection {
   [[nodiscard]] Result<void> awaitReadable(ipc::Clock::time_point deadline);
   /// Closes the socket (stream ordering stopped and released first).
   void dropSocket() noexcept;
+  /// Sends an encoded request; on failure the connection is lost (with the
+  /// daemon's goodbye, if it said one).
+  [[nodiscard]] Result<void> send(const ipc::Message& request, std::uint64_t id, ipc::Clock::time_point deadline);
+  /// A frame that answers no call in progress: the reply to a posted request
+  /// (taken off posted_; a refusal loses the connection), or a stale reply
+  /// of an abandoned call (ignored). Any other frame loses the connection.
+  [[nodiscard]] Result<void> settle(const ipc::ReceivedFrame& frame);
   /// Queues the next stream-ordered op's ready / done-wait on `stream`;
   /// its ticket.
   [[nodiscard]] Result<std::uint64_t> orderOnStream(void* stream);
@@ -123,6 +156,7 @@ class Connection {
   std::function<bool()> interrupted_;  // ClientOptions::interrupted
   std::uint64_t next_request_ = 1;
   std::string lost_;  // why the connection is unusable, once it is
+  std::vector<std::uint64_t> posted_;  // ids of posted requests whose replies were not read yet
 
   Mapping segment_;
   UniqueFd doorbell_;  // the daemon's eventfd

@@ -286,8 +286,9 @@ class PyClient {
 
   void attach(const std::string& job, std::uint32_t rank, std::uint32_t world_size, std::uint32_t local_rank,
               std::int32_t device, bool persistent, std::uint32_t prefetch_depth, std::uint32_t local_world_size,
-              const std::string& store, std::optional<double> timeout) {
-    AttachOptions options{job, rank, world_size, local_rank, device, persistent, prefetch_depth, local_world_size, store};
+              const std::string& store, bool keep_slot_mappings, std::optional<double> timeout) {
+    AttachOptions options{job,        rank,           world_size,       local_rank,        device,
+                          persistent, prefetch_depth, local_world_size, store,             keep_slot_mappings};
     const auto ms = toRequestTimeout(timeout);
     session_->run([&](Client& client) { return client.attach(options, ms); });
   }
@@ -433,7 +434,8 @@ void exposeGroup(nb::module_& m) {
       .def("unshard", &slotRequest<&Group::unshard>, "timeout"_a = nb::none(),
            "Collective: acquire_slot() if needed, then all_gather() and wait for it.")
       .def("reshard", &slotRequest<&Group::reshard>, "timeout"_a = nb::none(),
-           "Waits for this group's ops in flight, then gives the slot back (not a collective).")
+           "Waits for this group's ops in flight, then gives the slot back without waiting for dbufd's answer "
+           "(not a collective).")
       .def(
           "reshard_on_stream",
           [](PyGroup& g, const nb::object& stream) {
@@ -510,12 +512,14 @@ void exposeClient(nb::module_& m) {
            "default of every call, in seconds.")
       .def("attach", &PyClient::attach, "job"_a, "rank"_a, "world_size"_a, nb::kw_only(), "local_rank"_a = 0,
            "device"_a = -1, "persistent"_a = false, "prefetch_depth"_a = 1, "local_world_size"_a = 0,
-           "store"_a = "", "timeout"_a = nb::none(),
+           "store"_a = "", "keep_slot_mappings"_a = false, "timeout"_a = nb::none(),
            "Joins job `job` as `rank` of `world_size`. device: the trainer's GPU (-1: none); persistent: keep "
            "the shards for the daemon's grace period if every rank dies; prefetch_depth: unsharded slots = "
            "prefetch_depth + 1. A job across nodes: local_world_size is the job's ranks on this node "
            "(contiguous, from rank - local_rank; 0: every rank is here) and store where the nodes' daemons "
-           "meet: \"file:DIR\" or \"redis:HOST:PORT\", optionally \"#PREFIX\" (unique per run of the job).")
+           "meet: \"file:DIR\" or \"redis:HOST:PORT\", optionally \"#PREFIX\" (unique per run of the job). "
+           "keep_slot_mappings (host memory): a slot stays mapped after reshard() so that getting it back maps "
+           "nothing; views kept past reshard() then read what the slot holds by then, not zeros.")
       .def("register_group", &PyClient::registerGroup, "name"_a, "tensors"_a, nb::kw_only(),
            "granularity"_a = "element", "sharded_dtype"_a = "fp32", "unsharded_dtype"_a = "bf16", "align_bytes"_a = 16,
            "timeout"_a = nb::none(), nb::rv_policy::take_ownership,

@@ -7,13 +7,17 @@
 // pages (views read zeros after reshard, detach, the group's end; writes go
 // nowhere); a view's pin keeps its range reserved after the Group is gone,
 // and the last pin unmaps it (/proc/self/maps says so). memoryDevice() is
-// nullopt for host memory.
+// nullopt for host memory. With keep_slot_mappings, a slot stays mapped after
+// reshard (no page faults when its group gets it back), never past dbufd
+// replacing its file or for a slot beyond the pool.
 //
 // Interrupts (ClientOptions::interrupted): a wait for an op that cannot
 // complete ends with kCancelled soon after the check says so, the op still in
 // flight; a submit into a full ring submits nothing; a request to the daemon
 // (registerGroup) closes the connection and the daemon reclaims the session;
 // a check that never fires changes nothing.
+
+#include <sys/resource.h>
 
 #include <atomic>
 #include <barrier>
@@ -590,8 +594,10 @@ TEST(ClientMemory, AGrowingAcquireTakesASlotBeyondThePoolUntilItsReshard) {
   expectGathered(*second, 2);
   EXPECT_GT(daemon.stats().bytes_in_use, pool_only) << "the slot beyond the pool is charged";
 
+  // reshard() does not wait for dbufd to take the slot back: it does so in order with the session's requests.
   ASSERT_TRUE(second->reshard().ok());
-  EXPECT_EQ(daemon.stats().bytes_in_use, pool_only) << "the slot beyond the pool kept its memory";
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().bytes_in_use == pool_only; }))
+      << "the slot beyond the pool kept its memory: " << daemon.stats().bytes_in_use;
   ASSERT_TRUE(first->reshard().ok());
   EXPECT_EQ(daemon.stats().bytes_in_use, pool_only) << "the pool's slot keeps its pages";
   // With the pool free again, the plain acquire is served from it.
@@ -622,6 +628,149 @@ TEST(ClientMemory, AGrowingAcquireOverQuotaFailsAndLeavesThePool) {
 
 // A group that outlives its client (closed, rings unmapped) is destroyed
 // without touching the connection's memory.
+// ------------------------------------------------ AttachOptions::keep_slot_mappings
+
+AttachOptions keepingSlots(const std::string& job, std::uint32_t prefetch_depth) {
+  AttachOptions options = rankOf(job, 0, 1, false, prefetch_depth);
+  options.keep_slot_mappings = true;
+  return options;
+}
+
+/// Minor page faults of this process so far (the embedded daemon's threads included).
+long minorFaults() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+/// Page faults taken by two groups' unshard, a read of every parameter and a
+/// write of every gradient, each group getting back the slot it gave back.
+long faultsOfARoundTrip(Client& client, const std::string& tag) {
+  constexpr std::int64_t kRows = 8192;  // 256 KiB per region: 64 pages
+  auto first = client.registerGroup(fp32Group(tag + "-first", 1, kRows));
+  auto second = client.registerGroup(fp32Group(tag + "-second", 1, kRows));
+  EXPECT_TRUE(first.ok() && second.ok());
+  if (!first.ok() || !second.ok()) return -1;
+  writeShards(*first, 1);
+  writeShards(*second, 2);
+  const auto use = [](Group& group, int round) {
+    EXPECT_TRUE(group.unshard().ok());
+    expectGathered(group, round);
+    auto grads = group.unshardedGradView(0);
+    EXPECT_TRUE(grads.ok());
+    if (grads.ok()) fill(*grads, 0.0F);
+  };
+  use(*first, 1);
+  use(*second, 2);
+  EXPECT_TRUE(first->reshard().ok());
+  EXPECT_TRUE(second->reshard().ok());
+  // Given back in the other order than taken: with a pool of two free slots,
+  // each group still gets the one it held (dbufd prefers it).
+  const long before = minorFaults();
+  use(*second, 2);
+  use(*first, 1);
+  const long faults = minorFaults() - before;
+  EXPECT_TRUE(first->reshard().ok());
+  EXPECT_TRUE(second->reshard().ok());
+  return faults;
+}
+
+// The point of keeping slots mapped: an unshard that gets its slot back maps
+// nothing and faults no page in; without it, every page of both regions is
+// faulted in again (the check below can tell the two apart).
+TEST(ClientMemory, AKeptSlotGivenBackToItsGroupTakesNoPageFaults) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto plain = daemon.attach(rankOf("unkept", 0, 1, false, 1));
+  ASSERT_TRUE(plain.ok()) << messageOf(plain);
+  const long remapped = faultsOfARoundTrip(*plain, "unkept");
+  auto keeping = daemon.attach(keepingSlots("kept", 1));
+  ASSERT_TRUE(keeping.ok()) << messageOf(keeping);
+  const long kept = faultsOfARoundTrip(*keeping, "kept");
+  // Two groups, params and grads, 64 pages each; a read fault maps the pages
+  // around it too (the kernel's fault-around: 16 at most), a write fault one.
+  constexpr long kPages = 2 * 2 * 64;
+  EXPECT_GE(remapped, kPages / 4) << "each unshard maps its slot afresh";
+  EXPECT_LT(kept, 8) << "the slots were still mapped (remapped: " << remapped << " faults)";
+}
+
+// A kept slot may serve another group in between: the old view then shows
+// that group's data (the documented price), and the group's own next unshard
+// gathers its own again.
+TEST(ClientMemory, AKeptSlotThatServedAnotherGroupGathersItsOwnGroupsData) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(keepingSlots("kept-shared", 0));  // a pool of one slot
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto first = client->registerGroup(fp32Group("first", 2, 16));
+  auto second = client->registerGroup(fp32Group("second", 2, 16));
+  ASSERT_TRUE(first.ok() && second.ok());
+  writeShards(*first, 1);
+  writeShards(*second, 2);
+  ASSERT_TRUE(first->unshard().ok());
+  auto old_view = first->unshardedView(0);
+  ASSERT_TRUE(old_view.ok());
+  ASSERT_TRUE(first->reshard().ok());
+  EXPECT_TRUE(mapsDaemonMemory(old_view->base)) << "the slot stays mapped after reshard";
+  EXPECT_FALSE(first->unshardedView(0).ok()) << "yet no views are handed out while resharded";
+
+  ASSERT_TRUE(second->unshard().ok());
+  expectGathered(*second, 2);
+  EXPECT_EQ(wrongFloats(old_view->base, old_view->numel(), [](std::int64_t e) { return pattern(0, e, 2); }), 0)
+      << "a view kept past reshard reads what the slot holds now";
+  ASSERT_TRUE(second->reshard().ok());
+
+  ASSERT_TRUE(first->unshard().ok());
+  expectGathered(*first, 1);
+  ASSERT_TRUE(first->reshard().ok());
+}
+
+// dbufd replaces a slot's file to grow it: a group that kept the old file
+// mapped lets go of it (zero pages again), so nothing holds its memory.
+TEST(ClientMemory, AKeptSlotWhoseMemoryDbufdReplacedIsUnmapped) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(keepingSlots("kept-regrown", 0));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto small = client->registerGroup(fp32Group("small", 1, 16));
+  auto big = client->registerGroup(fp32Group("big", 1, 4096));
+  ASSERT_TRUE(small.ok() && big.ok());
+  writeShards(*small, 1);
+  writeShards(*big, 2);
+  ASSERT_TRUE(small->unshard().ok());
+  auto small_view = small->unshardedView(0);
+  ASSERT_TRUE(small_view.ok());
+  ASSERT_TRUE(small->reshard().ok());
+  ASSERT_TRUE(mapsDaemonMemory(small_view->base));
+
+  ASSERT_TRUE(big->unshard().ok());  // the slot is regrown: a new file
+  expectGathered(*big, 2);
+  EXPECT_TRUE(mapsZeroPages(small_view->base)) << "the old file is no longer mapped";
+  ASSERT_TRUE(big->reshard().ok());
+  ASSERT_TRUE(small->unshard().ok());
+  expectGathered(*small, 1);
+}
+
+// A slot beyond the pool goes back to the system at its release: never kept.
+TEST(ClientMemory, ASlotBeyondThePoolIsNeverKept) {
+  EmbeddedDaemon daemon;
+  ASSERT_TRUE(daemon.started());
+  auto client = daemon.attach(keepingSlots("kept-grow", 0));
+  ASSERT_TRUE(client.ok()) << messageOf(client);
+  auto first = client->registerGroup(fp32Group("first", 1, 16));
+  auto second = client->registerGroup(fp32Group("second", 1, 16));
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE(first->unshard().ok());
+  const std::uint64_t pool_only = daemon.stats().bytes_in_use;
+  ASSERT_TRUE(second->acquireSlot(std::nullopt, WhenPoolFull::kGrow).ok());
+  auto grown = second->unshardedView(0);
+  ASSERT_TRUE(grown.ok());
+  ASSERT_TRUE(second->reshard().ok());
+  EXPECT_TRUE(mapsZeroPages(grown->base));
+  EXPECT_TRUE(waitUntil([&] { return daemon.stats().bytes_in_use == pool_only; }));
+  ASSERT_TRUE(first->reshard().ok());
+}
+
 TEST(ClientMemory, AGroupOutlivingItsClientIsDestroyedSafely) {
   EmbeddedDaemon daemon;
   ASSERT_TRUE(daemon.started());

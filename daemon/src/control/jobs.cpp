@@ -616,9 +616,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   const SlotLayout& layout = group->second.slot_layout;
   RankMembership& rank = job.members[attachment->local];
   auto slot = std::find_if(rank.slots.begin(), rank.slots.end(), [&](const Slot& s) { return s.group == group_id; });
-  if (slot == rank.slots.end()) {
-    slot = std::find_if(rank.slots.begin(), rank.slots.end(), [](const Slot& s) { return !s.group.has_value(); });
-  }
+  if (slot == rank.slots.end()) slot = freeSlotFor(rank, group_id);
   if (slot == rank.slots.end() && acquire.grow) {
     // A group holds one slot at most, so the pool grows to the job's group count at most; the quota bounds
     // the memory (growSlot charges it).
@@ -637,6 +635,7 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
     return;
   }
   slot->group = group_id;
+  slot->last_group = group_id;
   ipc::SlotGranted granted;
   granted.group_id = group_id;
   granted.slot_index = static_cast<std::uint32_t>(slot - rank.slots.begin());
@@ -645,6 +644,19 @@ void JobTable::handleAcquire(const std::shared_ptr<Session>& session, std::uint6
   granted.grads = layout.grads;
   granted.scales = layout.scales;
   session->send(granted, request, {slot->memory->fd()});
+}
+
+std::vector<Slot>::iterator JobTable::freeSlotFor(RankMembership& rank, std::uint32_t group_id) {
+  // The one this group held last (the trainer may still have it mapped), else
+  // one that no group held yet, else the first free one.
+  const auto free_where = [&](auto&& also) {
+    return std::find_if(rank.slots.begin(), rank.slots.end(),
+                        [&](const Slot& s) { return !s.group.has_value() && also(s); });
+  };
+  auto slot = free_where([&](const Slot& s) { return s.last_group == group_id; });
+  if (slot == rank.slots.end()) slot = free_where([](const Slot& s) { return !s.last_group.has_value(); });
+  if (slot == rank.slots.end()) slot = free_where([](const Slot&) { return true; });
+  return slot;
 }
 
 Result<void> JobTable::growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank,

@@ -62,6 +62,10 @@ struct PendingGroup {
 struct Slot {
   std::unique_ptr<DbufferMemory> memory;  // null until first used
   std::optional<std::uint32_t> group;
+  /// The group that held it last: a trainer that keeps slots mapped after
+  /// reshard (ClientOptions::keep_slot_mappings) maps nothing when its group
+  /// gets that slot back, so AcquireSlot prefers it.
+  std::optional<std::uint32_t> last_group;
   /// What the slot takes, and is charged to the tenant.
   [[nodiscard]] std::uint64_t bytes() const noexcept { return memory ? memory->bytes() : 0; }
 };
@@ -174,6 +178,8 @@ class JobTable {
   /// A group every rank unregistered: its memory back to the tenant, its name free again.
   void freeGroup(Job& job, GroupState& group);
   void handleAcquire(const std::shared_ptr<Session>& session, std::uint64_t request, const ipc::AcquireSlot& acquire);
+  /// A free slot of `rank`'s for `group_id` (see Slot::last_group); end() if none.
+  static std::vector<Slot>::iterator freeSlotFor(RankMembership& rank, std::uint32_t group_id);
   /// Makes `slot` at least `bytes` long (charging the tenant); errors are
   /// kInfeasible when over quota.
   Result<void> growSlot(Job& job, Slot& slot, std::uint64_t bytes, std::uint32_t rank, const std::string& group);

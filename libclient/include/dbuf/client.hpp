@@ -38,7 +38,7 @@
 /// right across reshard / unshard. Host memory (dbufd's host backend): once
 /// unmapped, a range holds private zero pages, so a stale view reads zeros
 /// (its writes land in private pages that the next mapping replaces) and
-/// never faults; a view's `pin` keeps its range reserved even after the
+/// never faults (unless AttachOptions::keep_slot_mappings keeps a slot mapped); a view's `pin` keeps its range reserved even after the
 /// Group is gone (language bindings hold it in the objects they hand out).
 /// GPU memory: the range stays reserved, unmapped; kernels must not use it
 /// after reshard() (an illegal-address fault).
@@ -100,6 +100,14 @@ struct AttachOptions {
   /// unique per run of the job, so that a restarted job never reads the keys
   /// of an earlier run. Every rank of the job passes the same store.
   std::string store = {};
+  /// Host memory: a group's slot stays mapped after reshard(), until the
+  /// group maps another slot or the slot's memory is replaced, so that an
+  /// unshard that gets the same slot back (dbufd prefers it) maps nothing
+  /// and takes no page faults. The price: a view kept past reshard() reads
+  /// whatever the slot holds by then (another group's data), not zeros, and
+  /// its writes reach the slot. For a caller that uses the unsharded views
+  /// only while the group holds its slot (dbuf.torch). GPU memory: ignored.
+  bool keep_slot_mappings = false;
 };
 
 struct TensorSpec {
@@ -249,8 +257,12 @@ class Group {
   /// Collective: acquireSlot() if needed, then allGather() and wait for it.
   [[nodiscard]] Result<void> unshard(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   /// Waits for this group's ops in flight (not other groups': a prefetched
-  /// all-gather of the next unit keeps running), then unmaps the slot, which
-  /// goes back to the rank's pool (pages kept for the next group). Not a
+  /// all-gather of the next unit keeps running), then unmaps the slot (or
+  /// keeps it mapped: AttachOptions::keep_slot_mappings), which goes back to
+  /// the rank's pool (pages kept for the next group). It does not wait for
+  /// dbufd's answer: dbufd takes the slot back in order with this client's
+  /// later requests, and a release it refused (only a client's bug can make
+  /// it) closes the connection, the next call saying why. Not a
   /// collective. With GPU memory it first waits for all of this process's
   /// work on the GPU (cudaDeviceSynchronize): kernels still reading the slot
   /// would fault once it is unmapped (work in the device's primary context,

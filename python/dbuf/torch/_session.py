@@ -633,9 +633,12 @@ def _attach(*, job, rank, world_size, local_rank=None, socket=None, device=None,
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
     client = dbuf.Client(socket, timeout)
     try:
+        # A unit reads and writes its unsharded tensors only while it holds its slot (the hooks swap
+        # them in and out), so a slot may stay mapped after reshard: getting it back maps nothing.
         client.attach(
             job, rank, world_size, local_rank=local_rank, device=device, persistent=persistent,
             prefetch_depth=prefetch_depth, local_world_size=local_world_size, store=store,
+            keep_slot_mappings=True,
         )
     except BaseException:
         client.close()

@@ -22,6 +22,14 @@ namespace dbuf {
 /// Size in bytes of the file behind `fd`.
 [[nodiscard]] Result<std::size_t> fileSize(int fd);
 
+/// Which file an fd refers to (two fds of one memfd compare equal).
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+[[nodiscard]] Result<FileIdentity> fileIdentity(int fd);
+
 /// Gives the pages of [offset, offset + bytes) back to the kernel; the range
 /// reads as zeros afterwards and costs no memory until written again.
 [[nodiscard]] Result<void> releasePages(int fd, std::size_t offset, std::size_t bytes);
