@@ -94,6 +94,9 @@ def test_dcp_round_trips_across_backends_world_sizes_and_granularities(hf_daemon
         assert dbuf[rank]["losses"] == pytest.approx(fsdp2[rank]["losses"], rel=1e-5), f"rank {rank}"
         assert dbuf[rank]["norms"] == dbuf[0]["norms"], f"rank {rank}: every rank gets the global norm"
     assert dbuf[0]["norms"] == pytest.approx(fsdp2[0]["norms"], rel=1e-6)
+    # dbuf's norm is summed over the ranks through dbufd, FSDP2's through torch's all-reduce.
+    assert all(count == 0 for count in dbuf[0]["clip_collectives"]), dbuf[0]["clip_collectives"]
+    assert all(count >= 1 for count in fsdp2[0]["clip_collectives"]), fsdp2[0]["clip_collectives"]
     # Every norm type (inf: a max over ranks some of which hold nothing of a tensor), after
     # GradScaler's unscale_ (found_inf agreed over the ranks).
     for rank in range(4):

@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 import dbuf
 
 from . import _patch
+from . import _dtensor
 from ._dtensor import spmd_mesh
 
 
@@ -657,6 +658,24 @@ def sessions() -> list[Session]:
     """This rank's sessions: the default one, then those of the other meshes fully_shard was given."""
     mine = _rank_sessions()
     return [] if mine is None else mine.all()
+
+
+def _sum_over_job(mesh: DeviceMesh, values: torch.Tensor) -> torch.Tensor | None:
+    """`values` summed over the ranks of `mesh` through dbufd, where the mesh is this rank's dbuf job's.
+
+    None (torch's own collective then) where it is no job's, or the values do
+    not fit the staging group or sit on another device. Every rank of a mesh
+    decides alike: the same mesh, the same values' size.
+    """
+    ranks = mesh.mesh.flatten().tolist()
+    for session in sessions():
+        if ranks == session.global_ranks and mesh.get_local_rank() == session.rank:
+            fits = values.numel() <= session.STAGING_ELEMS * session.world_size
+            return session.all_reduce_sum(values) if fits and values.device == session.torch_device else None
+    return None
+
+
+_dtensor.set_job_sum(_sum_over_job)
 
 
 def init_replica(replica: int, ranks: list[int]) -> Session:

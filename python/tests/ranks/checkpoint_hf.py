@@ -13,7 +13,8 @@ many steps (``dcp.save``). Only the import of ``fully_shard`` differs
 between the backends.
 
 Writes OUT.pt.<rank>: losses, each step's seconds (``step_s``), the total gradient norms torch's
-``clip_grad_norm_`` returned (with ``--clip``), and on rank 0 the full model
+``clip_grad_norm_`` returned (with ``--clip``) and the collectives torch issued for it
+(``clip_collectives``, CommDebugMode's count), and on rank 0 the full model
 and optimizer state dicts (``get_model_state_dict`` /
 ``get_optimizer_state_dict`` with ``full_state_dict``), after loading
 (``loaded``), at the save (``saved``) and at the end (``final``); the seconds
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_map
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -132,7 +134,7 @@ def batch(step: int) -> torch.Tensor:
     return tokens[rank * share : (rank + 1) * share].to(args.device)
 
 
-result: dict = {"losses": [], "norms": [], "step_s": []}
+result: dict = {"losses": [], "norms": [], "clip_collectives": [], "step_s": []}
 if not args.load:
     # The full state dict gathered on rank 0 is the single-process model's state_dict() (what
     # save_pretrained writes): the same names, shapes and values.
@@ -157,7 +159,10 @@ for step in range(args.start, args.steps):
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
     if args.clip is not None:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        # The collectives torch issues for it (dbuf's norm is summed through dbufd: none).
+        with CommDebugMode() as comms:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        result["clip_collectives"].append(comms.get_total_counts())
         result["norms"].append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
     optimizer.step()
     optimizer.zero_grad()
