@@ -25,6 +25,8 @@ if [[ -x "$python" ]]; then
   "$python" python/bench/optimizer_step_bench.py
   echo "== python: a transformers Llama, 4 ranks: dbuf.torch vs FSDP2 step time, DCP save and load time =="
   DBUF_DAEMON="$daemon" "$python" python/bench/checkpoint_bench.py
+  echo "== python: a unit's slot cycle (acquire, all-gather, touch, reshard), 4 ranks: slots kept mapped across reshard vs mapped afresh =="
+  DBUF_DAEMON="$daemon" "$python" python/bench/slot_cycle_bench.py
   echo "== python: the step against its floor (transformers Llama, Qwen3-MoE, GPT-OSS, 4 ranks; AdamW single-tensor, foreach, fused; fp32 and bf16): dbuf / replicas that communicate nothing, dbuf / FSDP2, and dbuf without its fast path =="
   DBUF_DAEMON="$daemon" "$python" python/bench/step_floor_bench.py --compare-fast-path
   echo "== python: a trainer written for FSDP2 (transformers Llama, 4 ranks), AC and compile: dbuf vs FSDP2 step time, peak memory =="
