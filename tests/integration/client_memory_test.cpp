@@ -689,9 +689,12 @@ TEST(ClientMemory, AKeptSlotGivenBackToItsGroupTakesNoPageFaults) {
   const long kept = faultsOfARoundTrip(*keeping, "kept");
   // Two groups, params and grads, 64 pages each; a read fault maps the pages
   // around it too (the kernel's fault-around: 16 at most), a write fault one.
+  // The count is the process's: a sanitizer's shadow memory adds faults to
+  // both runs (measured under TSan: 44 kept, 2231 remapped), hence a ratio.
   constexpr long kPages = 2 * 2 * 64;
   EXPECT_GE(remapped, kPages / 4) << "each unshard maps its slot afresh";
-  EXPECT_LT(kept, 8) << "the slots were still mapped (remapped: " << remapped << " faults)";
+  EXPECT_LT(kept * 8, remapped) << "the slots were still mapped: " << kept << " faults, " << remapped
+                                << " when mapped afresh";
 }
 
 // A kept slot may serve another group in between: the old view then shows
