@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <iterator>
 #include <limits>
 #include <thread>
@@ -37,6 +38,7 @@ constexpr std::size_t kSubmitTail = 2 * kLine;         // daemon writes
 constexpr std::size_t kCompleteHead = 3 * kLine;       // daemon writes
 constexpr std::size_t kCompleteTail = 4 * kLine;       // client writes
 constexpr std::size_t kDaemonSleeping = 5 * kLine;     // daemon writes (u32)
+constexpr std::size_t kClientSpin = 5 * kLine + 4;     // daemon writes (u32, microseconds)
 constexpr std::size_t kClientDoorbell = 6 * kLine;     // daemon writes (u32 futex word)
 constexpr std::size_t kClientWaiting = 6 * kLine + 4;  // client writes (u32)
 constexpr std::size_t kEntriesStart = 7 * kLine;
@@ -213,6 +215,11 @@ void DaemonRings::setSleeping(bool sleeping) noexcept {
   word32(base_, kDaemonSleeping).store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
+void DaemonRings::adviseClientSpin(std::chrono::microseconds spin) noexcept {
+  const auto us = std::clamp<std::int64_t>(spin.count(), 0, std::numeric_limits<std::uint32_t>::max());
+  word32(base_, kClientSpin).store(static_cast<std::uint32_t>(us), std::memory_order_relaxed);
+}
+
 // ----------------------------------------------------------------- client side
 
 Result<ClientRings> ClientRings::attach(std::span<std::byte> memory) {
@@ -274,7 +281,8 @@ void ClientRings::interruptWait() noexcept {
 bool ClientRings::waitForCompletion(std::chrono::steady_clock::time_point deadline,
                                     std::chrono::microseconds busy_poll) noexcept {
   using Clock = std::chrono::steady_clock;
-  const auto spin_until = std::min(deadline, Clock::now() + busy_poll);
+  const std::chrono::microseconds advised{word32(base_, kClientSpin).load(std::memory_order_relaxed)};
+  const auto spin_until = std::min(deadline, Clock::now() + std::min(busy_poll, advised));
   for (unsigned spins = 0;; ++spins) {
     if (hasCompletion()) return true;
     // Read the clock every 64 spins only: it costs more than the check.

@@ -1,6 +1,8 @@
 // Smoke test of the data plane with an embedded daemon and ranks on threads:
 // all-gather, reduce-scatter and a barrier through the rings.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <time.h>
 
 #include "harness.hpp"
 
@@ -54,6 +56,50 @@ TEST(CollectivesSmoke, AllGatherReduceScatterBarrier) {
     auto barrier = client->barrier();
     ASSERT_TRUE(barrier.ok()) << barrier.error().message;
     ASSERT_TRUE(group->reshard().ok());
+    ASSERT_TRUE(client->detach().ok());
+  });
+}
+
+std::chrono::nanoseconds threadCpuTime() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+TEST(CollectivesSmoke, ARankWaitingOnAnOversubscribedNodeSleepsRatherThanSpins) {
+  // dbufd made on one CPU: with a rank attached, ranks and dbufd outnumber
+  // the CPUs, so it tells the ranks not to spin, however long
+  // rings.busy_poll_us is (here 300 ms).
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
+  std::size_t first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+  daemon::Config config;
+  config.busy_poll = 300ms;
+  EmbeddedDaemon daemon(config);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(all), &all), 0);  // the ranks run anywhere
+  ASSERT_TRUE(daemon.started());
+
+  std::barrier attached(2);
+  onRanks(2, [&](std::uint32_t rank) {
+    Phases phases({&attached});
+    auto client = daemon.attach(rankOf("oversubscribed", rank, 2));
+    ASSERT_TRUE(client.ok()) << client.error().message;
+    phases.next();
+    if (rank == 1) std::this_thread::sleep_for(150ms);  // rank 0 waits this long at the barrier
+    const auto before = threadCpuTime();
+    const auto began = Clock::now();
+    auto barrier = client->barrier();
+    ASSERT_TRUE(barrier.ok()) << barrier.error().message;
+    if (rank == 0) {
+      EXPECT_GE(Clock::now() - began, 100ms);
+      // Spinning would cost up to a liveness-check slice (kInterruptPeriod, 20 ms) of CPU.
+      EXPECT_LT(threadCpuTime() - before, 5ms) << "rank 0 spun in its wait";
+    }
     ASSERT_TRUE(client->detach().ok());
   });
 }

@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <array>
@@ -909,6 +910,29 @@ TEST(RingSleeping, WaitReturnsFalseAtTheDeadline) {
   start = Clock::now();
   EXPECT_FALSE(client.waitForCompletion(start - 1ms, 1s));
   EXPECT_LT(Clock::now() - start, 50ms);
+}
+
+std::chrono::nanoseconds threadCpuTime() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+TEST(RingSleeping, AClientSpinsNoLongerThanTheDaemonAdvises) {
+  // The client's own busy-poll is 10 s; the daemon's advice caps it. Spinning
+  // shows as the waiting thread's CPU time, sleeping as none.
+  const Segment segment(16);
+  auto [daemon, client] = formatAndAttach(segment, 16);
+  const auto cpu_of_wait = [&client] {
+    const auto before = threadCpuTime();
+    EXPECT_FALSE(client.waitForCompletion(Clock::now() + 100ms, 10s));
+    return threadCpuTime() - before;
+  };
+  EXPECT_LT(cpu_of_wait(), 10ms) << "a segment never advised: no spin";
+  daemon.adviseClientSpin(10s);
+  EXPECT_GT(cpu_of_wait(), 20ms) << "advised to spin: it spins until the deadline";
+  daemon.adviseClientSpin(0us);
+  EXPECT_LT(cpu_of_wait(), 10ms) << "advised not to spin (an oversubscribed node)";
 }
 
 TEST(RingSleeping, InterruptWaitEndsASleepingWaitAtOnceWithoutACompletion) {

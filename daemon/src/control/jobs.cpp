@@ -1,5 +1,6 @@
 #include "jobs.hpp"
 
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -20,6 +21,14 @@ constexpr std::uint32_t kMaxWorldSize = kernels::kMaxReduceSources;
 constexpr std::uint32_t kMaxPrefetchDepth = 16;
 constexpr std::size_t kMaxGroupName = 128;
 constexpr std::size_t kMaxGroupsPerJob = 4096;
+
+/// The CPUs this process may run on (its affinity); at least 1.
+unsigned cpusWeMayRunOn() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return static_cast<unsigned>(std::max(CPU_COUNT(&set), 1));
+}
 
 /// The first of the job's ranks on the rank's node. On one node local_rank
 /// says nothing (clients have long sent any value there).
@@ -101,7 +110,9 @@ JobTable::JobTable(asio::io_context& io, const Config& config, std::uint64_t ins
                  config.backend == Backend::kCuda ? visibleGpus() : std::vector<GpuUuid>{}},
       cluster_{&config, instance_id, std::make_shared<CommunicatorCache>(), std::make_shared<IdleCommunicators>(),
                std::make_shared<Waker>([&io] { asio::post(io, [] {}); })},
-      data_plane_(io, config) {
+      data_plane_(io, config),
+      cpus_(cpusWeMayRunOn()) {
+  adviseSpin();
   if (!config.cluster_address.empty()) {
     spdlog::info("jobs across nodes: Gloo connections at {} ({} Redis store{} allowed)", config.cluster_address,
                  config.cluster_store_hosts.size(), config.cluster_store_hosts.size() == 1 ? "" : "s");
@@ -261,6 +272,7 @@ void JobTable::handleHello(const std::shared_ptr<Session>& session, std::uint64_
   // op timed out without it) fail first, so its k-th op stays theirs.
   rank.ops.reset(config_.ring_entries);
   attachments_[session->id()] = {attached.id, local};
+  adviseSpin();
   session->markAttached();
   ipc::Welcome welcome;
   welcome.nonce = hello.nonce;
@@ -762,6 +774,7 @@ void JobTable::onClosed(const std::shared_ptr<Session>& session) {
   if (found == attachments_.end()) return;
   const Attachment attachment = found->second;
   attachments_.erase(found);
+  adviseSpin();
   const auto job = jobs_.find(attachment.job);
   if (job == jobs_.end()) return;
   spdlog::info("job {} rank {} detached", attachment.job, job->second.globalRank(attachment.local));
@@ -849,6 +862,21 @@ bool JobTable::prepareSleep() {
 
 void JobTable::endSleep() {
   data_plane_.endSleep(job_order_);
+}
+
+void JobTable::adviseSpin() {
+  const bool oversubscribed = attachments_.size() + 1 > cpus_;
+  const std::chrono::microseconds spin = oversubscribed ? std::chrono::microseconds{0} : config_.busy_poll;
+  if (spin != spin_) {
+    spdlog::info("{} ranks attached on {} CPUs: waiters spin {} us before they sleep", attachments_.size(), cpus_,
+                 spin.count());
+  }
+  spin_ = spin;
+  for (auto& [id, job] : jobs_) {
+    for (RankSchedule& rank : job.ranks) {
+      if (rank.plane) rank.plane->rings.adviseClientSpin(spin_);
+    }
+  }
 }
 
 JobTable::Counts JobTable::counts() const {

@@ -156,6 +156,12 @@ class JobTable {
   [[nodiscard]] std::vector<admin::TraceEntry> trace(const std::string& job, SteadyClock::time_point epoch) const;
   /// Jobs with at least one rank attached (a drain waits for them).
   [[nodiscard]] std::size_t jobsWithRanks() const;
+  /// How long the server loop spins after its last piece of work, and the
+  /// ranks after a wait begins, before they sleep: rings.busy_poll_us while
+  /// the CPUs dbufd may run on outnumber the attached ranks (one CPU left
+  /// for dbufd), else 0. On an oversubscribed node a spinning waiter holds a
+  /// core that a rank with work to do is queued for.
+  [[nodiscard]] std::chrono::microseconds spin() const noexcept { return spin_; }
   /// A reload (SIGHUP): `fresh` is to replace the tenants (who belongs,
   /// quotas, job limits). Jobs and their charges follow their tenant by name;
   /// a tenant `fresh` no longer names stays while it has jobs, admitting
@@ -211,6 +217,9 @@ class JobTable {
   void failPending(Job& job, const std::string& name, const Error& why);
   static void replyGroup(const GroupState& group, std::uint32_t rank, const std::shared_ptr<Session>& session,
                          std::uint64_t request);
+  /// Sets spin() from the ranks attached now and advises every attached
+  /// rank's ring of it (after a rank attached or left).
+  void adviseSpin();
   void releaseRank(Job& job, std::uint32_t rank, RankEnd end);
   void jobLostAllRanks(Job& job);
   void freeJob(const std::string& id);
@@ -237,6 +246,8 @@ class JobTable {
   std::map<std::string, Job> jobs_;
   std::unordered_map<std::uint64_t, Attachment> attachments_;  // by session id
   bool refuse_new_jobs_ = false;
+  unsigned cpus_ = 1;  // the CPUs dbufd may run on (its affinity at start)
+  std::chrono::microseconds spin_{};
 };
 
 }  // namespace dbuf::daemon

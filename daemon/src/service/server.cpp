@@ -74,7 +74,7 @@ class Server::Impl final : public SessionHandler {
   void setConfigSource(std::function<Result<Config>()> source) { config_source_ = std::move(source); }
 
   /// The loop: control-plane events and data-plane polling interleaved.
-  /// While anything happened in the last busy_poll, it spins (rings are
+  /// While anything happened in the last jobs_.spin(), it spins (rings are
   /// answered within a poll pass); then it flags every ring "sleeping" and
   /// blocks in Asio until a socket, a timer or a ring's doorbell (eventfd)
   /// wakes it. Ends once shutdown has released the work guard and nothing
@@ -100,7 +100,7 @@ class Server::Impl final : public SessionHandler {
         busy_ += last_work - began;  // (a pass that found nothing to do, or a sleep, is not work)
         continue;
       }
-      if (Clock::now() - last_work < config_.busy_poll) continue;
+      if (Clock::now() - last_work < jobs_.spin()) continue;
       if (!stopping_ && !jobs_.prepareSleep()) {
         jobs_.endSleep();
         continue;

@@ -27,7 +27,10 @@
 /// eventfd per session (it sets `daemon_sleeping` first; a client that sees it
 /// after publishing writes the eventfd). A client sleeps on a futex on
 /// `client_doorbell` (it sets `client_waiting` first; the daemon bumps the
-/// doorbell and wakes it after publishing). Every flag and index access is
+/// doorbell and wakes it after publishing). How long a client spins is the
+/// shorter of its own setting and `client_spin`, which the daemon keeps up
+/// to date: zero while the node has more ranks than CPUs, where a spinning
+/// waiter takes the core from a rank that has work. Every flag and index access is
 /// sequentially consistent where a lost wake-up would otherwise be possible.
 ///
 /// Hot path: no allocation, no lock, no system call unless the peer sleeps.
@@ -47,8 +50,9 @@ namespace dbuf::ipc {
 inline constexpr std::size_t kRingEntryBytes = 64;
 inline constexpr std::size_t kCompletionMessageBytes = 512;
 inline constexpr std::uint32_t kSegmentMagic = 0x474E4952;  // "RING"
-inline constexpr std::uint32_t kSegmentVersion = 3;         // 2: the stream counters page;
-                                                            // 3: an error's ranks in the completion
+inline constexpr std::uint32_t kSegmentVersion = 4;         // 2: the stream counters page;
+                                                            // 3: an error's ranks in the completion;
+                                                            // 4: the daemon's spin advice
 
 /// What a submission asks for. Raw values travel in shared memory; the
 /// daemon validates them with `opCodeFrom`.
@@ -184,6 +188,9 @@ class DaemonRings {
 
   /// Sleeping protocol: set before sleeping, then re-check hasSubmission().
   void setSleeping(bool sleeping) noexcept;
+  /// The longest a client should spin before it sleeps (0 until set: a
+  /// client of a segment never advised sleeps at once).
+  void adviseClientSpin(std::chrono::microseconds spin) noexcept;
 
   /// The session's stream counters (client-writable memory: read, not trusted).
   [[nodiscard]] StreamCounters& streamCounters() const noexcept;
