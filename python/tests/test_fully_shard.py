@@ -140,3 +140,44 @@ def test_clip_grad_norm_uses_the_whole_gradient(daemon, tmp_path):
         assert got == pytest.approx([step[0][rank] for step in losses], rel=1e-5)
     for name, value in state.items():
         assert torch.allclose(results[0]["state"][name], value, rtol=1e-4, atol=1e-6), name
+
+
+def test_the_inputs_routed_to_the_post_backward_are_those_pytree_finds():
+    # A unit's forward routes its inputs that need a gradient through the
+    # function whose backward runs its post-backward. The hooks look at the
+    # top level themselves and leave anything nested to torch's pytree: both
+    # must find the same tensors, in pytree's order.
+    from collections import namedtuple
+
+    from torch.utils._pytree import tree_flatten
+
+    from dbuf.torch._hooks import _top_level_grad_inputs
+
+    grad, plain = torch.ones(2, requires_grad=True), torch.ones(2)
+    Pair = namedtuple("Pair", "first second")
+
+    class Opaque:  # pytree does not look inside
+        tensor = grad
+
+    def pytree_finds(args, kwargs):
+        flat, _ = tree_flatten((args, kwargs))
+        return [id(t) for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def top_level_finds(args, kwargs, places):
+        return [id(args[p] if isinstance(p, int) else kwargs[p]) for p in places]
+
+    top_level = [
+        ((grad, plain, None, 3, "s"), {"mask": plain, "hidden": grad}, [0, "hidden"]),
+        ((plain, (plain, plain), {"k": [plain, 1.5]}), {"cache": Opaque()}, []),
+        ((), {"x": grad, "y": grad}, ["x", "y"]),
+    ]
+    for args, kwargs, places in top_level:
+        assert _top_level_grad_inputs(args, kwargs) == places
+        assert top_level_finds(args, kwargs, places) == pytree_finds(args, kwargs)
+    nested = [
+        (((grad,),), {}),
+        ((), {"d": {"h": [plain, grad]}}),
+        ((Pair(plain, plain),), {}),  # a pytree node other than tuple, list, dict: pytree decides
+    ]
+    for args, kwargs in nested:
+        assert _top_level_grad_inputs(args, kwargs) is None
