@@ -97,6 +97,27 @@ def resident_bytes() -> int:
 RSS_AT_START = resident_bytes()
 
 
+def scheduled_seconds() -> tuple[float, float]:
+    """This thread's time on a CPU and its time runnable but waiting for one, so far (Linux's schedstat;
+    NaN where the kernel keeps none)."""
+    try:
+        with open("/proc/thread-self/schedstat") as schedstat:
+            on_cpu, waiting = schedstat.read().split()[:2]
+    except OSError:
+        return float("nan"), float("nan")
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+# step_floor_bench.py's breakdown: dbufd's CPU time, read by rank 0 around the steps.
+DAEMON_PID = os.environ.get("DBUF_BENCH_DAEMON_PID") if rank == 0 else None
+
+
+def daemon_cpu_seconds() -> float:
+    with open(f"/proc/{DAEMON_PID}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def make_model() -> torch.nn.Module:
     import transformers
 
@@ -277,12 +298,16 @@ def chunked_loss(tokens: torch.Tensor) -> torch.Tensor:
 
 
 result: dict = {"losses": [], "norms": [], "all_gathers": [], "step_s": [],
-                "phase_s": {"forward and backward": [], "clip": [], "optimizer": []}}
+                "phase_s": {"forward and backward": [], "clip": [], "optimizer": []},
+                "sched_s": {"on cpu": [], "waiting for a cpu": []}, "daemon_cpu_s": []}
 profiler = cProfile.Profile() if args.profile and rank == 0 else None
 for step in range(args.steps):
     if profiler is not None and step == 2:
         profiler.enable()
     started = time.perf_counter()
+    scheduled_at_start = scheduled_seconds()
+    if DAEMON_PID is not None:
+        result["daemon_cpu_s"].append(daemon_cpu_seconds())  # (at each step's start, and once after the last)
     if args.backend == "dbuf":
         import dbuf.torch
 
@@ -313,6 +338,8 @@ for step in range(args.steps):
     optimizer.step()
     optimizer.zero_grad()
     finished = time.perf_counter()
+    for kind, now, before in zip(result["sched_s"], scheduled_seconds(), scheduled_at_start):
+        result["sched_s"][kind].append(now - before)
     result["step_s"].append(finished - started)
     phases = (backward_done - started, clipped - backward_done, finished - clipped)
     for phase, seconds in zip(result["phase_s"], phases):
@@ -320,6 +347,8 @@ for step in range(args.steps):
     if args.backend == "dbuf":
         result["all_gathers"].append(dbuf.torch.default_session().stats.all_gathers)
 
+if DAEMON_PID is not None:
+    result["daemon_cpu_s"].append(daemon_cpu_seconds())
 if profiler is not None:
     profiler.disable()
     profiler.dump_stats(args.profile)
