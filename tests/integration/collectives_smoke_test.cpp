@@ -2,9 +2,9 @@
 // all-gather, reduce-scatter and a barrier through the rings.
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <time.h>
 
 #include "harness.hpp"
+#include "support/thread_cpu_time.hpp"
 
 namespace dbuf::integration {
 namespace {
@@ -60,11 +60,7 @@ TEST(CollectivesSmoke, AllGatherReduceScatterBarrier) {
   });
 }
 
-std::chrono::nanoseconds threadCpuTime() {
-  timespec now{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
-}
+using dbuf::testing::threadCpuTime;
 
 TEST(CollectivesSmoke, ARankWaitingOnAnOversubscribedNodeSleepsRatherThanSpins) {
   // dbufd made on one CPU: with a rank attached, ranks and dbufd outnumber

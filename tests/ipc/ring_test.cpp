@@ -14,7 +14,6 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <array>
@@ -35,6 +34,7 @@
 
 #include "dbuf/common/shared_memory.hpp"
 #include "dbuf/common/stream_counter_word.hpp"
+#include "support/thread_cpu_time.hpp"
 
 namespace dbuf::ipc {
 namespace {
@@ -912,11 +912,7 @@ TEST(RingSleeping, WaitReturnsFalseAtTheDeadline) {
   EXPECT_LT(Clock::now() - start, 50ms);
 }
 
-std::chrono::nanoseconds threadCpuTime() {
-  timespec now{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
-}
+using dbuf::testing::threadCpuTime;
 
 TEST(RingSleeping, AClientSpinsNoLongerThanTheDaemonAdvises) {
   // The client's own busy-poll is 10 s; the daemon's advice caps it. Spinning
