@@ -10,7 +10,6 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
-#include <limits>
 #include <iterator>
 #include <limits>
 #include <thread>

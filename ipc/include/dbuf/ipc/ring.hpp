@@ -30,8 +30,9 @@
 /// doorbell and wakes it after publishing). How long a client spins is the
 /// shorter of its own setting and `client_spin`, which the daemon keeps up
 /// to date: zero while the node has more ranks than CPUs, where a spinning
-/// waiter takes the core from a rank that has work. Every flag and index access is
-/// sequentially consistent where a lost wake-up would otherwise be possible.
+/// waiter takes the core from a rank that has work. Every flag and index
+/// access is sequentially consistent where a lost wake-up would otherwise be
+/// possible.
 ///
 /// Hot path: no allocation, no lock, no system call unless the peer sleeps.
 /// Thread safety: one thread per side (one producer, one consumer per ring).
